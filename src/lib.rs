@@ -1,0 +1,18 @@
+//! wfjail: OS-enforced determinism protection for workflow code.
+//!
+//! Every execution runs in a fresh process confined by Landlock, a seccomp allowlist,
+//! namespaces, rlimits and dropped capabilities; violations are reported with the syscall,
+//! its arguments and a hint. See `docs/architecture.md` for the map of this crate.
+//!
+//! ```no_run
+//! use wfjail::{policy, run::{RunOptions, run}};
+//! let policy = policy::load("default").unwrap();
+//! let opts = RunOptions::raw(vec!["/bin/true".into()]);
+//! let report = run(&policy, &opts).unwrap();
+//! assert_eq!(report.status, wfjail::report::Status::Ok);
+//! ```
+#![deny(unsafe_code)]
+
+pub mod policy;
+#[allow(unsafe_code)]
+pub mod sys;

@@ -1,0 +1,459 @@
+//! Compiles a policy into a classic-BPF seccomp program, in the parent, before any fork.
+//!
+//! `seccompiler` compiles the argument conditions (its `SeccompRule`s); the layout is ours:
+//! the kernel evaluates a new filter once per syscall number to build its allow-cache, so the
+//! install cost is proportional to the decision path. A linear chain (what
+//! `seccompiler::SeccompFilter` emits) costs ~2.5x more to install than a binary search tree
+//! over syscall-number ranges, which is what [`compile`] lays out.
+//!
+//! Program shape:
+//! ```text
+//!   arch != x86_64        -> violation (foreign ABI: int 0x80)
+//!   nr >= 0x40000000      -> violation (x32 ABI)
+//!   binary tree on nr     -> leaf: ALLOW | ERRNO(ENOSYS) | violation | argument rules
+//! ```
+//! "violation" is `SECCOMP_RET_USER_NOTIF` in [`Mode::Notify`] (the supervisor decides and
+//! reports) and an in-filter action in [`Mode::Fallback`].
+
+use std::collections::BTreeMap;
+
+use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule};
+
+use super::syscalls::{self, ArgRule, Category};
+use super::{NetworkMode, OnViolation, Policy, Toggle};
+
+pub const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+/// Syscall numbers at or above this are the x32 ABI on x86_64.
+pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_USER_NOTIF: u32 = 0x7fc0_0000;
+const RET_LOG: u32 = 0x7ffc_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+
+const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+const BPF_JMP_JA: u16 = 0x05;
+const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
+const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
+const BPF_RET_K: u16 = 0x06;
+
+/// How violations are handled by the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Violations go to the supervisor over the user-notification listener.
+    Notify,
+    /// No listener: the filter itself denies (EPERM), kills, or logs per `on_violation`.
+    Fallback,
+}
+
+/// The decision for one syscall number.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Leaf {
+    Allow,
+    /// Allowed when one of the rules matches, a violation otherwise.
+    AllowIf(Vec<SeccompRule>),
+    /// Answered with ENOSYS and not reported (`clone3`: libc then falls back to `clone`,
+    /// whose flags a filter can read).
+    Enosys,
+    /// Denied and reported.
+    Violation,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("seccomp rule for {syscall}: {source}")]
+    Rule { syscall: &'static str, source: seccompiler::BackendError },
+    #[error("the seccomp program has {0} instructions; the kernel accepts at most 4096")]
+    TooLarge(usize),
+}
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> Cond {
+    // Only fails for arg > 5, which callers here never pass.
+    Cond::new(arg, len, op, value).expect("argument index is at most 5")
+}
+
+fn rule(conds: Vec<Cond>, syscall: &'static str) -> Result<SeccompRule, BpfError> {
+    SeccompRule::new(conds).map_err(|source| BpfError::Rule { syscall, source })
+}
+
+/// Argument rules for the base allowlist entries that have them.
+fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
+    const SOCK_TYPE_MASK: u64 = 0xf; // SOCK_NONBLOCK and SOCK_CLOEXEC live above it
+    Ok(match r {
+        ArgRule::Any => Leaf::Allow,
+        ArgRule::UnixStreamPair => Leaf::AllowIf(vec![rule(
+            vec![
+                cond(0, Len::Dword, Op::Eq, libc::AF_UNIX as u64),
+                cond(1, Len::Dword, Op::MaskedEq(SOCK_TYPE_MASK), libc::SOCK_STREAM as u64),
+            ],
+            name,
+        )?]),
+        ArgRule::NoDestAddr => {
+            Leaf::AllowIf(vec![rule(vec![cond(4, Len::Qword, Op::Eq, 0)], name)?])
+        }
+        ArgRule::SafeIoctl => Leaf::AllowIf(vec![rule(
+            vec![
+                cond(1, Len::Dword, Op::Ne, libc::TIOCSTI),
+                cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX),
+                cond(1, Len::Dword, Op::Ne, libc::TIOCSETD),
+            ],
+            name,
+        )?]),
+        ArgRule::NoListener => Leaf::AllowIf(vec![rule(
+            vec![cond(
+                1,
+                Len::Dword,
+                Op::MaskedEq(libc::SECCOMP_FILTER_FLAG_NEW_LISTENER),
+                0,
+            )],
+            name,
+        )?]),
+    })
+}
+
+fn nr(name: &str) -> u32 {
+    syscalls::number(name).unwrap_or_else(|| panic!("{name} is in the syscall table"))
+}
+
+/// The per-syscall decisions of `policy` (numbers absent from the map are violations).
+/// `initial_exec` is the address of the guest path that the child passes to `execve`: in
+/// fallback mode that one exec is allowed by pointer (see docs/architecture.md).
+pub fn decisions(
+    policy: &Policy,
+    mode: Mode,
+    initial_exec: Option<u64>,
+) -> Result<BTreeMap<u32, Leaf>, BpfError> {
+    let mut map = BTreeMap::new();
+    for a in syscalls::BASE_ALLOWLIST {
+        map.insert(nr(a.name), arg_rules(a.name, a.rule)?);
+    }
+    if policy.time.sleep == Toggle::Allow {
+        for n in syscalls::SLEEP {
+            map.insert(nr(n), Leaf::Allow);
+        }
+    }
+    if policy.random.getrandom == Toggle::Allow {
+        for n in syscalls::RANDOM {
+            map.insert(nr(n), Leaf::Allow);
+        }
+    }
+    if policy.network.mode == NetworkMode::Allow {
+        for n in syscalls::NETWORK.iter().chain(&["socketpair", "sendto"]) {
+            map.insert(nr(n), Leaf::Allow);
+        }
+    }
+    let clone_thread = libc::CLONE_THREAD as u64;
+    match (policy.process.threads, policy.process.subprocess) {
+        (Toggle::Allow, Toggle::Allow) => {
+            map.insert(nr("clone"), Leaf::Allow);
+        }
+        (Toggle::Allow, Toggle::Deny) => {
+            map.insert(
+                nr("clone"),
+                Leaf::AllowIf(vec![rule(
+                    vec![cond(0, Len::Dword, Op::MaskedEq(clone_thread), clone_thread)],
+                    "clone",
+                )?]),
+            );
+        }
+        (Toggle::Deny, Toggle::Allow) => {
+            map.insert(
+                nr("clone"),
+                Leaf::AllowIf(vec![rule(
+                    vec![cond(0, Len::Dword, Op::MaskedEq(clone_thread), 0)],
+                    "clone",
+                )?]),
+            );
+        }
+        (Toggle::Deny, Toggle::Deny) => {}
+    }
+    if policy.process.subprocess == Toggle::Allow {
+        map.insert(nr("fork"), Leaf::Allow);
+        map.insert(nr("vfork"), Leaf::Allow);
+    }
+    if policy.process.exec == Toggle::Allow {
+        map.insert(nr("execve"), Leaf::Allow);
+        map.insert(nr("execveat"), Leaf::Allow);
+    } else if let (Mode::Fallback, Some(ptr)) = (mode, initial_exec) {
+        map.insert(
+            nr("execve"),
+            Leaf::AllowIf(vec![rule(vec![cond(0, Len::Qword, Op::Eq, ptr)], "execve")?]),
+        );
+    }
+    for a in &policy.syscalls.allow {
+        map.insert(nr(&a.value.0), Leaf::Allow);
+    }
+    for d in &policy.syscalls.deny {
+        map.remove(&nr(&d.value.0));
+    }
+    map.insert(nr("clone3"), Leaf::Enosys);
+    Ok(map)
+}
+
+/// The return value for a violation of syscall `nr` (in fallback mode it depends on the
+/// category: privileged calls are denied even under `warn`).
+fn violation_action(policy: &Policy, mode: Mode, nr: Option<u32>) -> u32 {
+    if mode == Mode::Notify {
+        return RET_USER_NOTIF;
+    }
+    let privileged = nr
+        .and_then(syscalls::name)
+        .is_none_or(|n| syscalls::category(n) == Category::Privilege);
+    match policy.on_violation {
+        OnViolation::Deny => RET_ERRNO | libc::EPERM as u32,
+        OnViolation::Kill => RET_KILL_PROCESS,
+        OnViolation::Warn if privileged => RET_ERRNO | libc::EPERM as u32,
+        OnViolation::Warn => RET_LOG,
+    }
+}
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt: 0, jf: 0, k }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// A run of syscall numbers `[start, end)` that share one leaf.
+struct Range {
+    start: u32,
+    leaf: Leaf,
+    /// The syscall number when the range is a single syscall (for fallback categories).
+    single: Option<u32>,
+}
+
+/// Compiles `policy` into a seccomp program for `mode`.
+pub fn compile(
+    policy: &Policy,
+    mode: Mode,
+    initial_exec: Option<u64>,
+) -> Result<Vec<libc::sock_filter>, BpfError> {
+    let decisions = decisions(policy, mode, initial_exec)?;
+    let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
+    // Ranges over 0..=highest+1; the last one extends to the x32 bit.
+    let mut ranges: Vec<Range> = Vec::new();
+    for n in 0..=highest + 1 {
+        let leaf = if n > highest {
+            Leaf::Violation
+        } else {
+            decisions.get(&n).cloned().unwrap_or(Leaf::Violation)
+        };
+        // In fallback mode a violation's action depends on its syscall, so each denied
+        // syscall is its own range there; in notify mode equal leaves merge.
+        let mergeable = match &leaf {
+            Leaf::AllowIf(_) => false,
+            Leaf::Violation => mode == Mode::Notify || n > highest,
+            _ => true,
+        };
+        if let Some(last) = ranges.last_mut()
+            && mergeable
+            && last.leaf == leaf
+            && last.single.is_none()
+        {
+            continue;
+        }
+        ranges.push(Range { start: n, leaf, single: (!mergeable).then_some(n) });
+    }
+
+    let foreign = violation_action(policy, mode, None);
+    let mut prog = vec![
+        stmt(BPF_LD_W_ABS, 4), // seccomp_data.arch
+        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(BPF_RET_K, foreign),
+        stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
+        jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(BPF_RET_K, foreign),
+    ];
+    prog.extend(emit_tree(policy, mode, &ranges)?);
+    if prog.len() > 4096 {
+        return Err(BpfError::TooLarge(prog.len()));
+    }
+    Ok(prog)
+}
+
+/// Emits a binary search over `ranges` (sorted by start; the first starts at 0). The
+/// accumulator holds the syscall number on entry; every path ends in a RET.
+fn emit_tree(policy: &Policy, mode: Mode, ranges: &[Range]) -> Result<Vec<libc::sock_filter>, BpfError> {
+    if ranges.len() == 1 {
+        return emit_leaf(policy, mode, &ranges[0]);
+    }
+    let mid = ranges.len() / 2;
+    let left = emit_tree(policy, mode, &ranges[..mid])?;
+    let right = emit_tree(policy, mode, &ranges[mid..])?;
+    let mut out = Vec::with_capacity(left.len() + right.len() + 2);
+    let k = ranges[mid].start;
+    if let Ok(skip) = u8::try_from(left.len()) {
+        out.push(jump(BPF_JMP_JGE_K, k, skip, 0)); // >= k: jump over the left subtree
+    } else {
+        out.push(jump(BPF_JMP_JGE_K, k, 0, 1));
+        out.push(stmt(BPF_JMP_JA, left.len() as u32));
+    }
+    out.extend(left);
+    out.extend(right);
+    Ok(out)
+}
+
+fn emit_leaf(policy: &Policy, mode: Mode, range: &Range) -> Result<Vec<libc::sock_filter>, BpfError> {
+    let violation = violation_action(policy, mode, range.single);
+    Ok(match &range.leaf {
+        Leaf::Allow => vec![stmt(BPF_RET_K, RET_ALLOW)],
+        Leaf::Enosys => vec![stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)],
+        Leaf::Violation => vec![stmt(BPF_RET_K, violation)],
+        Leaf::AllowIf(rules) => {
+            let mut out = Vec::new();
+            for r in rules {
+                // A seccompiler rule falls through when it matches and jumps past the
+                // instruction that follows it when it does not.
+                let code: seccompiler::BpfProgram = r.clone().into();
+                out.extend(code.into_iter().map(|i| libc::sock_filter {
+                    code: i.code,
+                    jt: i.jt,
+                    jf: i.jf,
+                    k: i.k,
+                }));
+                out.push(stmt(BPF_RET_K, RET_ALLOW));
+            }
+            out.push(stmt(BPF_RET_K, violation));
+            out
+        }
+    })
+}
+
+/// A classic-BPF interpreter for the subset this compiler emits; used by tests to check the
+/// program's decisions without installing it.
+pub fn evaluate(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+    let mut data = [0u8; 64];
+    data[0..4].copy_from_slice(&nr.to_ne_bytes());
+    data[4..8].copy_from_slice(&arch.to_ne_bytes());
+    for (i, a) in args.iter().enumerate() {
+        data[16 + i * 8..24 + i * 8].copy_from_slice(&a.to_ne_bytes());
+    }
+    let mut acc: u32 = 0;
+    let mut pc = 0usize;
+    while pc < prog.len() {
+        let i = prog[pc];
+        match i.code {
+            BPF_LD_W_ABS => {
+                let o = i.k as usize;
+                acc = u32::from_ne_bytes(data[o..o + 4].try_into().unwrap());
+            }
+            0x54 => acc &= i.k, // ALU AND K
+            BPF_JMP_JA => {
+                pc += i.k as usize;
+            }
+            BPF_JMP_JEQ_K | 0x25 | BPF_JMP_JGE_K | 0x45 => {
+                let taken = match i.code {
+                    BPF_JMP_JEQ_K => acc == i.k,
+                    0x25 => acc > i.k,
+                    BPF_JMP_JGE_K => acc >= i.k,
+                    _ => acc & i.k != 0,
+                };
+                pc += if taken { i.jt } else { i.jf } as usize;
+            }
+            BPF_RET_K => return i.k,
+            other => panic!("unsupported BPF opcode {other:#x} at {pc}"),
+        }
+        pc += 1;
+    }
+    panic!("program fell off the end")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy;
+
+    fn run(prog: &[libc::sock_filter], name: &str, args: [u64; 6]) -> u32 {
+        evaluate(prog, AUDIT_ARCH_X86_64, nr(name), args)
+    }
+
+    #[test]
+    fn default_policy_decisions() {
+        let p = policy::load("default").unwrap();
+        let prog = compile(&p, Mode::Notify, None).unwrap();
+        assert!(prog.len() < 600, "program has {} instructions", prog.len());
+        assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
+        assert_eq!(run(&prog, "openat", [0; 6]), RET_ALLOW);
+        assert_eq!(run(&prog, "socket", [2, 1, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "connect", [3, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "execve", [0; 6]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "clone", [libc::CLONE_THREAD as u64, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "clone3", [0; 6]), RET_ERRNO | libc::ENOSYS as u32);
+        assert_eq!(run(&prog, "bpf", [0; 6]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "nanosleep", [0; 6]), RET_ALLOW);
+        assert_eq!(run(&prog, "getrandom", [0; 6]), RET_ALLOW);
+        // socketpair: AF_UNIX stream (with CLOEXEC) allowed, datagram not.
+        let unix = libc::AF_UNIX as u64;
+        let stream_cloexec = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
+        assert_eq!(run(&prog, "socketpair", [unix, stream_cloexec, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "socketpair", [unix, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(run(&prog, "socketpair", [libc::AF_INET as u64, 1, 0, 0, 0, 0]), RET_USER_NOTIF);
+        // sendto: only without a destination.
+        assert_eq!(run(&prog, "sendto", [3, 0x1000, 10, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "sendto", [3, 0x1000, 10, 0, 0x7fff_0000_1000, 16]), RET_USER_NOTIF);
+        // ioctl: TIOCSTI is not allowed.
+        assert_eq!(run(&prog, "ioctl", [0, libc::TCGETS, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "ioctl", [0, libc::TIOCSTI, 0, 0, 0, 0]), RET_USER_NOTIF);
+        // seccomp: no listener.
+        assert_eq!(run(&prog, "seccomp", [1, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "seccomp", [1, 8, 0, 0, 0, 0]), RET_USER_NOTIF);
+        // Foreign architecture and x32.
+        assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), RET_USER_NOTIF);
+        assert_eq!(evaluate(&prog, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 41, [0; 6]), RET_USER_NOTIF);
+        assert_eq!(evaluate(&prog, AUDIT_ARCH_X86_64, 10_000, [0; 6]), RET_USER_NOTIF);
+    }
+
+    #[test]
+    fn every_number_is_decided_like_the_table() {
+        let p = policy::load("default").unwrap();
+        let d = decisions(&p, Mode::Notify, None).unwrap();
+        let prog = compile(&p, Mode::Notify, None).unwrap();
+        for n in 0..600u32 {
+            let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
+            let want = match d.get(&n) {
+                Some(Leaf::Allow) => RET_ALLOW,
+                Some(Leaf::Enosys) => RET_ERRNO | libc::ENOSYS as u32,
+                Some(Leaf::AllowIf(_)) => continue, // depends on arguments: tested above
+                Some(Leaf::Violation) | None => RET_USER_NOTIF,
+            };
+            assert_eq!(got, want, "syscall {n} ({:?})", syscalls::name(n));
+        }
+    }
+
+    #[test]
+    fn strict_and_fallback() {
+        let p = policy::load("strict").unwrap();
+        let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000)).unwrap();
+        let eperm = RET_ERRNO | libc::EPERM as u32;
+        assert_eq!(run(&prog, "nanosleep", [0; 6]), eperm);
+        assert_eq!(run(&prog, "getrandom", [0; 6]), eperm);
+        assert_eq!(run(&prog, "execve", [0xdead_beef_0000, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "execve", [0xdead_beef_0008, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), eperm);
+        let mut killing = p.clone();
+        killing.on_violation = OnViolation::Kill;
+        let prog = compile(&killing, Mode::Fallback, None).unwrap();
+        assert_eq!(run(&prog, "socket", [0; 6]), RET_KILL_PROCESS);
+        assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
+    }
+
+    #[test]
+    fn permissive_warns_but_denies_privileged_calls_in_fallback() {
+        let p = policy::load("permissive").unwrap();
+        let prog = compile(&p, Mode::Fallback, None).unwrap();
+        assert_eq!(run(&prog, "socket", [0; 6]), RET_LOG);
+        assert_eq!(run(&prog, "bpf", [0; 6]), RET_ERRNO | libc::EPERM as u32);
+    }
+
+    #[test]
+    fn knobs() {
+        let mut p = policy::load("default").unwrap();
+        p.process.threads = Toggle::Allow;
+        let prog = compile(&p, Mode::Notify, None).unwrap();
+        let t = libc::CLONE_THREAD as u64 | libc::CLONE_VM as u64;
+        assert_eq!(run(&prog, "clone", [t, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, "clone", [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
+    }
+}

@@ -1,0 +1,191 @@
+//! The policy file as written: every field optional, so that `extends` can layer files.
+//! `deny_unknown_fields` everywhere: a typo is an error, never a silently ignored rule.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use super::values::{Dur, PathTemplate, Size, SyscallName};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// A built-in name or a path relative to this file.
+    pub extends: Option<Spanned<String>>,
+    pub description: Option<String>,
+    /// Layers that must be enforced; the run fails with 125 if one cannot be.
+    pub require: Option<Vec<Spanned<Layer>>>,
+    pub on_violation: Option<OnViolation>,
+    pub filesystem: Option<Filesystem>,
+    pub network: Option<Network>,
+    pub process: Option<Process>,
+    pub time: Option<Time>,
+    pub random: Option<Random>,
+    pub syscalls: Option<Syscalls>,
+    pub limits: Option<Limits>,
+    pub env: Option<Env>,
+    pub namespaces: Option<Namespaces>,
+}
+
+/// A confinement layer that a policy can `require` and that a report lists as `degraded`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layer {
+    /// Landlock filesystem rules.
+    Landlock,
+    /// Landlock TCP bind/connect rules (ABI >= 4).
+    LandlockNet,
+    /// Landlock abstract-unix-socket and signal scoping (ABI >= 6).
+    LandlockScope,
+    /// The seccomp-bpf allowlist.
+    Seccomp,
+    /// Seccomp user notification: violations named with their arguments.
+    SeccompNotify,
+    /// All five namespaces below.
+    Namespaces,
+    UserNs,
+    NetNs,
+    PidNs,
+    IpcNs,
+    UtsNs,
+    /// Every capability dropped, bounding set included.
+    Capabilities,
+    NoNewPrivs,
+}
+
+impl Layer {
+    pub const ALL: [Layer; 13] = [
+        Layer::Landlock,
+        Layer::LandlockNet,
+        Layer::LandlockScope,
+        Layer::Seccomp,
+        Layer::SeccompNotify,
+        Layer::Namespaces,
+        Layer::UserNs,
+        Layer::NetNs,
+        Layer::PidNs,
+        Layer::IpcNs,
+        Layer::UtsNs,
+        Layer::Capabilities,
+        Layer::NoNewPrivs,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Landlock => "landlock",
+            Layer::LandlockNet => "landlock-net",
+            Layer::LandlockScope => "landlock-scope",
+            Layer::Seccomp => "seccomp",
+            Layer::SeccompNotify => "seccomp-notify",
+            Layer::Namespaces => "namespaces",
+            Layer::UserNs => "user-ns",
+            Layer::NetNs => "net-ns",
+            Layer::PidNs => "pid-ns",
+            Layer::IpcNs => "ipc-ns",
+            Layer::UtsNs => "uts-ns",
+            Layer::Capabilities => "capabilities",
+            Layer::NoNewPrivs => "no-new-privs",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnViolation {
+    /// The call fails with EPERM; the run's status is `violation`.
+    Deny,
+    /// The execution is killed at once; the run's status is `violation`.
+    Kill,
+    /// The call proceeds; the violation is listed and the status stays `ok`.
+    Warn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Toggle {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// No sockets at all (AF_UNIX stream pairs excepted).
+    None,
+    /// Sockets allowed (the learning mode; pair with `[namespaces] net = false` to reach hosts).
+    Allow,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filesystem {
+    /// Read and execute.
+    pub read: Option<Vec<Spanned<PathTemplate>>>,
+    /// Read, write, create, remove.
+    pub write: Option<Vec<Spanned<PathTemplate>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub mode: Option<NetworkMode>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    pub threads: Option<Toggle>,
+    pub subprocess: Option<Toggle>,
+    /// After the guest has started (the initial exec is always allowed).
+    pub exec: Option<Toggle>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Time {
+    pub sleep: Option<Toggle>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Random {
+    pub getrandom: Option<Toggle>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Syscalls {
+    pub allow: Option<Vec<Spanned<SyscallName>>>,
+    pub deny: Option<Vec<Spanned<SyscallName>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub timeout: Option<Dur>,
+    pub memory: Option<Size>,
+    pub cpu: Option<Dur>,
+    pub open_files: Option<Spanned<u64>>,
+    pub output: Option<Size>,
+    pub file_size: Option<Size>,
+    pub processes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Env {
+    pub clear: Option<bool>,
+    pub keep: Option<Vec<String>>,
+    pub set: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Namespaces {
+    pub user: Option<bool>,
+    pub net: Option<bool>,
+    pub pid: Option<bool>,
+    pub ipc: Option<bool>,
+    pub uts: Option<bool>,
+}

@@ -1,0 +1,436 @@
+//! The syscall vocabulary: names and numbers, the base allowlist with the reason for each
+//! entry, the categories used in reports, and the set that no policy may allow.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use super::syscall_table::X86_64;
+
+/// Category of a denied operation, as named in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    Network,
+    Thread,
+    Subprocess,
+    Exec,
+    Filesystem,
+    Sleep,
+    Random,
+    Privilege,
+    Other,
+}
+
+impl Category {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Network => "network",
+            Category::Thread => "thread",
+            Category::Subprocess => "subprocess",
+            Category::Exec => "exec",
+            Category::Filesystem => "filesystem",
+            Category::Sleep => "sleep",
+            Category::Random => "random",
+            Category::Privilege => "privilege",
+            Category::Other => "other",
+        }
+    }
+
+    /// What the workflow author should do instead.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Category::Network => {
+                "network is denied in workflow code; do it in an activity"
+            }
+            Category::Thread => {
+                "threads are denied in workflow code; use asyncio tasks (workflow.wait, asyncio.gather)"
+            }
+            Category::Subprocess => {
+                "subprocesses are denied in workflow code; run the program from an activity"
+            }
+            Category::Exec => {
+                "exec is denied once the workflow runs; run the program from an activity"
+            }
+            Category::Filesystem => {
+                "this file operation is outside the policy; do file I/O in an activity or grant the path with --ro/--rw"
+            }
+            Category::Sleep => {
+                "blocking sleep is denied; use workflow.sleep() or asyncio.sleep() (durable timers)"
+            }
+            Category::Random => {
+                "randomness is denied; use workflow.random() or workflow.uuid4() (seeded from history)"
+            }
+            Category::Privilege => {
+                "this call could weaken the sandbox and is always denied"
+            }
+            Category::Other => {
+                "this syscall is not on the allowlist; if it is deterministic and safe, add it to [syscalls] allow"
+            }
+        }
+    }
+}
+
+fn by_name() -> &'static HashMap<&'static str, u32> {
+    static MAP: OnceLock<HashMap<&'static str, u32>> = OnceLock::new();
+    MAP.get_or_init(|| X86_64.iter().copied().collect())
+}
+
+/// The x86_64 number of `name`.
+pub fn number(name: &str) -> Option<u32> {
+    by_name().get(name).copied()
+}
+
+/// The name of syscall `nr`, if it has one.
+pub fn name(nr: u32) -> Option<&'static str> {
+    X86_64.binary_search_by_key(&nr, |&(_, n)| n).ok().map(|i| X86_64[i].0)
+}
+
+/// Up to `n` valid names closest to `wrong` (for "did you mean").
+pub fn closest(wrong: &str, n: usize) -> Vec<&'static str> {
+    let mut scored: Vec<(f64, &'static str)> = X86_64
+        .iter()
+        .map(|&(name, _)| (strsim::jaro_winkler(wrong, name), name))
+        .filter(|(s, _)| *s > 0.75)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    scored.into_iter().take(n).map(|(_, name)| name).collect()
+}
+
+/// The category a syscall belongs to when it is denied (arguments can refine this: `clone`
+/// with `CLONE_THREAD` is a thread, without it a subprocess).
+pub fn category(name: &str) -> Category {
+    use Category::*;
+    match name {
+        "socket" | "connect" | "bind" | "listen" | "accept" | "accept4" | "sendto" | "sendmsg"
+        | "sendmmsg" | "socketpair" | "getsockopt" | "setsockopt" => Network,
+        "clone" | "clone3" => Thread, // refined by flags in the supervisor
+        "fork" | "vfork" => Subprocess,
+        "execve" | "execveat" => Exec,
+        "nanosleep" | "clock_nanosleep" | "alarm" | "setitimer" | "timer_create"
+        | "timer_settime" | "timerfd_create" | "timerfd_settime" | "pause" => Sleep,
+        "getrandom" => Random,
+        "chmod" | "fchmod" | "fchmodat" | "fchmodat2" | "chown" | "fchown" | "lchown"
+        | "fchownat" | "utime" | "utimes" | "utimensat" | "futimesat" | "setxattr"
+        | "lsetxattr" | "fsetxattr" | "setxattrat" | "removexattr" | "lremovexattr"
+        | "fremovexattr" | "removexattrat" | "mknod" | "mknodat" | "file_setattr"
+        | "inotify_init" | "inotify_init1" | "inotify_add_watch" | "fanotify_init"
+        | "fanotify_mark" | "name_to_handle_at" | "open_by_handle_at" => Filesystem,
+        _ if always_denied(name) => Privilege,
+        _ => Other,
+    }
+}
+
+/// Syscalls no policy may allow: they could weaken or escape the sandbox (PRODUCT.md §6).
+pub fn always_denied(name: &str) -> bool {
+    matches!(
+        name,
+        "io_uring_setup" | "io_uring_enter" | "io_uring_register" | "bpf" | "ptrace"
+            | "userfaultfd" | "perf_event_open" | "keyctl" | "add_key" | "request_key"
+            | "mount" | "umount2" | "pivot_root" | "fsopen" | "fsconfig" | "fsmount"
+            | "fspick" | "move_mount" | "open_tree" | "open_tree_attr" | "mount_setattr"
+            | "unshare" | "setns" | "chroot" | "kexec_load" | "kexec_file_load"
+            | "init_module" | "finit_module" | "delete_module" | "reboot" | "swapon"
+            | "swapoff" | "acct" | "quotactl" | "quotactl_fd" | "iopl" | "ioperm"
+            | "modify_ldt" | "process_vm_readv" | "process_vm_writev" | "kcmp"
+            | "pidfd_getfd" | "pidfd_open" | "pidfd_send_signal" | "lookup_dcookie"
+            | "vhangup" | "syslog" | "settimeofday" | "clock_settime" | "adjtimex"
+            | "clock_adjtime" | "setuid" | "setgid" | "setreuid" | "setregid"
+            | "setresuid" | "setresgid" | "setfsuid" | "setfsgid" | "setgroups" | "capset"
+            | "sethostname" | "setdomainname" | "personality" | "uselib" | "memfd_secret"
+            | "process_madvise" | "process_mrelease" | "nfsservctl" | "create_module"
+            | "get_kernel_syms" | "query_module" | "_sysctl" | "lsm_set_self_attr"
+    )
+}
+
+/// How the base allowlist treats a syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgRule {
+    /// Allowed whatever the arguments.
+    Any,
+    /// `socketpair(AF_UNIX, SOCK_STREAM, ...)` only: asyncio's self-pipe. Datagram pairs could
+    /// send to named sockets on the host with `sendmsg`.
+    UnixStreamPair,
+    /// `sendto` without a destination address (on an already connected socket).
+    NoDestAddr,
+    /// `ioctl` except requests that inject into or reconfigure terminals.
+    SafeIoctl,
+    /// `seccomp` without `SECCOMP_FILTER_FLAG_NEW_LISTENER`: a guest may narrow itself further
+    /// but never become a supervisor.
+    NoListener,
+}
+
+/// One base allowlist entry: a syscall the guest may make, and why.
+pub struct Allowed {
+    pub name: &'static str,
+    pub rule: ArgRule,
+    pub why: &'static str,
+}
+
+const fn any(name: &'static str, why: &'static str) -> Allowed {
+    Allowed { name, rule: ArgRule::Any, why }
+}
+
+/// The syscalls every policy allows (before `[syscalls] deny` removes and the knobs add).
+/// Reads and writes are safe here because Landlock decides which paths they reach; sockets
+/// are safe because the guest cannot create any (no `socket`), only AF_UNIX stream pairs.
+pub const BASE_ALLOWLIST: &[Allowed] = &[
+    // Descriptor I/O: paths are checked by Landlock, not here.
+    any("read", "I/O on open descriptors"),
+    any("write", "I/O on open descriptors"),
+    any("readv", "I/O on open descriptors"),
+    any("writev", "I/O on open descriptors"),
+    any("pread64", "I/O on open descriptors"),
+    any("pwrite64", "I/O on open descriptors"),
+    any("preadv", "I/O on open descriptors"),
+    any("pwritev", "I/O on open descriptors"),
+    any("preadv2", "I/O on open descriptors"),
+    any("pwritev2", "I/O on open descriptors"),
+    any("lseek", "I/O on open descriptors"),
+    any("sendfile", "copy between open descriptors"),
+    any("copy_file_range", "copy between open descriptors"),
+    any("splice", "copy between open descriptors"),
+    any("tee", "copy between open descriptors"),
+    any("vmsplice", "copy between open descriptors"),
+    any("readahead", "read hint"),
+    any("fadvise64", "read hint"),
+    any("close", "descriptor housekeeping"),
+    any("close_range", "descriptor housekeeping"),
+    any("dup", "descriptor housekeeping"),
+    any("dup2", "descriptor housekeeping"),
+    any("dup3", "descriptor housekeeping"),
+    any("fcntl", "descriptor flags and locks"),
+    any("flock", "advisory locks"),
+    any("pipe", "in-process pipes"),
+    any("pipe2", "in-process pipes"),
+    Allowed { name: "ioctl", rule: ArgRule::SafeIoctl, why: "isatty, FIONBIO, FIONREAD" },
+    // Paths: Landlock restricts every one of these to the policy's read/write paths.
+    any("open", "opening files (Landlock checks the path)"),
+    any("openat", "opening files (Landlock checks the path)"),
+    any("openat2", "opening files (Landlock checks the path)"),
+    any("creat", "creating files (Landlock checks the path)"),
+    any("stat", "file metadata"),
+    any("lstat", "file metadata"),
+    any("fstat", "file metadata"),
+    any("newfstatat", "file metadata"),
+    any("statx", "file metadata"),
+    any("statfs", "file system metadata"),
+    any("fstatfs", "file system metadata"),
+    any("access", "permission checks"),
+    any("faccessat", "permission checks"),
+    any("faccessat2", "permission checks"),
+    any("readlink", "symlink targets"),
+    any("readlinkat", "symlink targets"),
+    any("getdents", "directory listings"),
+    any("getdents64", "directory listings"),
+    any("getcwd", "working directory"),
+    any("chdir", "working directory"),
+    any("fchdir", "working directory"),
+    any("getxattr", "extended attributes (read)"),
+    any("lgetxattr", "extended attributes (read)"),
+    any("fgetxattr", "extended attributes (read)"),
+    any("getxattrat", "extended attributes (read)"),
+    any("listxattr", "extended attributes (read)"),
+    any("llistxattr", "extended attributes (read)"),
+    any("flistxattr", "extended attributes (read)"),
+    any("listxattrat", "extended attributes (read)"),
+    any("file_getattr", "file attributes (read)"),
+    any("mkdir", "writes under --rw (Landlock checks the path)"),
+    any("mkdirat", "writes under --rw (Landlock checks the path)"),
+    any("rmdir", "writes under --rw (Landlock checks the path)"),
+    any("unlink", "writes under --rw (Landlock checks the path)"),
+    any("unlinkat", "writes under --rw (Landlock checks the path)"),
+    any("rename", "writes under --rw (Landlock checks the path)"),
+    any("renameat", "writes under --rw (Landlock checks the path)"),
+    any("renameat2", "writes under --rw (Landlock checks the path)"),
+    any("link", "writes under --rw (Landlock checks the path)"),
+    any("linkat", "writes under --rw (Landlock checks the path)"),
+    any("symlink", "writes under --rw (Landlock checks the path)"),
+    any("symlinkat", "writes under --rw (Landlock checks the path)"),
+    any("truncate", "writes under --rw (Landlock checks the path)"),
+    any("ftruncate", "writes to open descriptors"),
+    any("fallocate", "writes to open descriptors"),
+    any("fsync", "durability of written files"),
+    any("fdatasync", "durability of written files"),
+    any("sync_file_range", "durability of written files"),
+    any("syncfs", "durability of written files"),
+    any("umask", "file creation mask"),
+    // Memory.
+    any("brk", "heap"),
+    any("mmap", "memory mappings"),
+    any("munmap", "memory mappings"),
+    any("mremap", "memory mappings"),
+    any("mprotect", "memory mappings"),
+    any("pkey_mprotect", "memory mappings"),
+    any("pkey_alloc", "memory protection keys"),
+    any("pkey_free", "memory protection keys"),
+    any("madvise", "memory hints"),
+    any("mincore", "memory residency"),
+    any("msync", "mapped files"),
+    any("mseal", "glibc seals its mappings"),
+    any("map_shadow_stack", "CET shadow stacks"),
+    any("memfd_create", "anonymous in-memory files"),
+    any("membarrier", "runtime memory barriers"),
+    any("get_mempolicy", "NUMA queries by allocators"),
+    // Signals to itself (a PID namespace and Landlock signal scoping keep them in).
+    any("rt_sigaction", "signal handlers"),
+    any("rt_sigprocmask", "signal masks"),
+    any("rt_sigreturn", "return from signal handlers"),
+    any("rt_sigpending", "signal state"),
+    any("rt_sigsuspend", "waiting for a signal"),
+    any("rt_sigtimedwait", "waiting for a signal"),
+    any("sigaltstack", "signal stacks"),
+    any("signalfd", "signals as descriptors"),
+    any("signalfd4", "signals as descriptors"),
+    any("kill", "signals (scoped to the sandbox by the PID namespace and Landlock)"),
+    any("tkill", "signals to itself"),
+    any("tgkill", "signals to itself (raise, abort)"),
+    any("restart_syscall", "restarting interrupted calls"),
+    // Event loops (asyncio): waiting on descriptors of its own.
+    any("poll", "event loops"),
+    any("ppoll", "event loops"),
+    any("select", "event loops"),
+    any("pselect6", "event loops"),
+    any("epoll_create", "event loops"),
+    any("epoll_create1", "event loops"),
+    any("epoll_ctl", "event loops"),
+    any("epoll_wait", "event loops"),
+    any("epoll_pwait", "event loops"),
+    any("epoll_pwait2", "event loops"),
+    any("eventfd", "event loops"),
+    any("eventfd2", "event loops"),
+    // Sockets the guest already has (AF_UNIX pairs): it cannot create others.
+    Allowed { name: "socketpair", rule: ArgRule::UnixStreamPair, why: "asyncio self-pipe" },
+    Allowed { name: "sendto", rule: ArgRule::NoDestAddr, why: "send on a connected pair" },
+    any("sendmsg", "send on a connected pair (no other sockets exist)"),
+    any("sendmmsg", "send on a connected pair (no other sockets exist)"),
+    any("recvfrom", "receive on a connected pair"),
+    any("recvmsg", "receive on a connected pair"),
+    any("recvmmsg", "receive on a connected pair"),
+    any("shutdown", "close half of a pair"),
+    any("getsockname", "socket queries"),
+    any("getpeername", "socket queries"),
+    any("getsockopt", "socket queries"),
+    any("setsockopt", "options on a pair"),
+    // Identity and process queries.
+    any("getpid", "identity"),
+    any("gettid", "identity"),
+    any("getppid", "identity"),
+    any("getuid", "identity"),
+    any("geteuid", "identity"),
+    any("getgid", "identity"),
+    any("getegid", "identity"),
+    any("getresuid", "identity"),
+    any("getresgid", "identity"),
+    any("getgroups", "identity"),
+    any("getpgrp", "identity"),
+    any("getpgid", "identity"),
+    any("getsid", "identity"),
+    any("capget", "capability queries (all are zero)"),
+    any("uname", "system identity (hostname pinned in a UTS namespace)"),
+    any("sysinfo", "memory totals (libraries size caches)"),
+    any("getrlimit", "resource limits"),
+    any("prlimit64", "resource limits (lowering needs no privilege)"),
+    any("setrlimit", "resource limits (lowering needs no privilege)"),
+    any("getrusage", "own resource usage"),
+    any("times", "own CPU times"),
+    any("getpriority", "scheduling queries"),
+    any("sched_yield", "scheduling"),
+    any("sched_getaffinity", "os.cpu_count()"),
+    any("sched_getparam", "scheduling queries"),
+    any("sched_getscheduler", "scheduling queries"),
+    any("sched_getattr", "scheduling queries"),
+    any("sched_get_priority_max", "scheduling queries"),
+    any("sched_get_priority_min", "scheduling queries"),
+    any("sched_rr_get_interval", "scheduling queries"),
+    any("getcpu", "scheduling queries"),
+    any("ioprio_get", "scheduling queries"),
+    any("wait4", "waiting (the guest has no children)"),
+    any("waitid", "waiting (the guest has no children)"),
+    // Clocks: reads go through the vDSO anyway (see the README's known limit).
+    any("clock_gettime", "clock reads"),
+    any("clock_getres", "clock reads"),
+    any("gettimeofday", "clock reads"),
+    any("time", "clock reads"),
+    any("getitimer", "timer queries"),
+    any("timer_gettime", "timer queries"),
+    any("timer_getoverrun", "timer queries"),
+    any("timer_delete", "timer cleanup"),
+    any("timerfd_gettime", "timer queries"),
+    // Runtime set-up done by libc and interpreters.
+    any("arch_prctl", "thread pointer set-up"),
+    any("set_tid_address", "libc start-up"),
+    any("set_robust_list", "libc start-up"),
+    any("rseq", "libc start-up"),
+    any("prctl", "process attributes (names, no_new_privs queries)"),
+    any("futex", "locks (single-threaded runtimes still use them)"),
+    any("futex_waitv", "locks"),
+    any("futex_wake", "locks"),
+    any("futex_wait", "locks"),
+    any("futex_requeue", "locks"),
+    any("cachestat", "page cache queries"),
+    Allowed { name: "seccomp", rule: ArgRule::NoListener, why: "self-narrowing filters" },
+    any("landlock_create_ruleset", "self-narrowing Landlock domains"),
+    any("landlock_add_rule", "self-narrowing Landlock domains"),
+    any("landlock_restrict_self", "self-narrowing Landlock domains"),
+    any("exit", "process exit"),
+    any("exit_group", "process exit"),
+];
+
+/// Syscalls the `[time] sleep = "allow"` knob adds.
+pub const SLEEP: &[&str] = &[
+    "nanosleep",
+    "clock_nanosleep",
+    "alarm",
+    "setitimer",
+    "timer_create",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_settime",
+    "pause",
+];
+
+/// Syscalls the `[random] getrandom = "allow"` knob adds.
+pub const RANDOM: &[&str] = &["getrandom"];
+
+/// Syscalls governed by `[network] mode` (allowed only with `mode = "allow"`).
+pub const NETWORK: &[&str] = &["socket", "connect", "bind", "listen", "accept", "accept4"];
+
+/// Syscalls governed by `[process]`: they cannot be listed in `[syscalls] allow`.
+pub const PROCESS: &[&str] = &["clone", "clone3", "fork", "vfork", "execve", "execveat"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_and_complete() {
+        assert!(X86_64.windows(2).all(|w| w[0].1 < w[1].1));
+        assert_eq!(number("read"), Some(0));
+        assert_eq!(number("clone3"), Some(435));
+        assert_eq!(name(59), Some("execve"));
+        for a in BASE_ALLOWLIST {
+            assert!(number(a.name).is_some(), "{} not in table", a.name);
+            assert!(!always_denied(a.name), "{} is always denied", a.name);
+        }
+        for n in SLEEP.iter().chain(RANDOM).chain(NETWORK).chain(PROCESS) {
+            assert!(number(n).is_some(), "{n}");
+        }
+    }
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(closest("opnat", 1), vec!["openat"]);
+        assert!(closest("qqqqqqqqqqqq", 3).is_empty());
+    }
+
+    #[test]
+    fn categories() {
+        assert_eq!(category("connect"), Category::Network);
+        assert_eq!(category("bpf"), Category::Privilege);
+        assert_eq!(category("getrandom"), Category::Random);
+        assert_eq!(category("inotify_init1"), Category::Filesystem);
+        assert_eq!(category("mlock"), Category::Other);
+    }
+}

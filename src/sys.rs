@@ -1,0 +1,528 @@
+//! The few raw system calls wfjail needs that neither `nix` nor `std` wraps, as safe functions.
+//!
+//! This is the only module allowed to use `unsafe`. Every block says why it is sound. Functions
+//! marked *child-safe* neither allocate nor take locks: they may run in the child between
+//! `clone` and `execve` (see `confine::apply`).
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+
+/// Result of a child-safe call: the error is a plain errno (no allocation).
+pub type SysResult<T> = Result<T, Errno>;
+
+fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
+    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
+}
+
+fn check_int(ret: libc::c_int) -> SysResult<libc::c_int> {
+    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process creation
+
+/// What `clone_process` returns in the parent.
+#[derive(Debug)]
+pub struct Cloned {
+    pub pid: libc::pid_t,
+    pub pidfd: OwnedFd,
+}
+
+/// Creates a child process with `clone(2)` (fork semantics, no shared memory) and the given
+/// namespace flags, runs `child` in it, and returns the child's pid and a pidfd in the parent.
+///
+/// `child` runs in a copy of the parent's address space and must only make system calls: no
+/// allocation, no locks (another thread of the parent may have held them at the time of the
+/// clone). It should end with `execve` or [`exit_now`]; if it returns, the child exits 127.
+pub fn clone_process(namespaces: libc::c_int, child: impl FnOnce()) -> io::Result<Cloned> {
+    let mut pidfd: libc::c_int = -1;
+    let flags = (namespaces | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: raw clone without CLONE_VM and with a null stack behaves like fork(2): the child
+    // continues on a copy-on-write copy of this stack. The pidfd is written to `pidfd` (the
+    // parent_tid argument when CLONE_PIDFD is set), which outlives the call. The child only runs
+    // `child`, which by this function's contract makes system calls only, and never returns
+    // into Rust code that could observe the duplicated state.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut pidfd as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_int>(),
+            0usize,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ret == 0 {
+        child();
+        exit_now(127);
+    }
+    // SAFETY: with CLONE_PIDFD the kernel stored a new, owned descriptor in `pidfd`.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok(Cloned { pid: ret as libc::pid_t, pidfd })
+}
+
+/// Sends `sig` to the process behind `pidfd` (no pid-reuse race).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall with an fd we borrow for the duration and null siginfo.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// How a reaped child ended, with its resource usage.
+#[derive(Debug, Clone, Copy)]
+pub struct Reaped {
+    pub status: libc::c_int,
+    pub rusage: libc::rusage,
+}
+
+/// `wait4(pid)`: reaps the child and returns its wait status and resource usage.
+pub fn wait4(pid: libc::pid_t) -> io::Result<Reaped> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data; zero is a valid bit pattern.
+    let mut rusage: libc::rusage = unsafe { zeroed() };
+    loop {
+        // SAFETY: both out-pointers are valid for writes for the duration of the call.
+        let ret = unsafe { libc::wait4(pid, &mut status, libc::__WALL, &mut rusage) };
+        if ret >= 0 {
+            return Ok(Reaped { status, rusage });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child-safe confinement steps
+
+/// Child-safe. `prctl(PR_SET_PDEATHSIG, sig)`.
+pub fn set_parent_death_signal(sig: libc::c_int) -> SysResult<()> {
+    // SAFETY: prctl with integer arguments only.
+    check_int(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) })
+        .map(drop)
+}
+
+/// Child-safe. `unshare(flags)`.
+pub fn unshare(flags: libc::c_int) -> SysResult<()> {
+    // SAFETY: integer argument only.
+    check_int(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// Child-safe. `sethostname(name)`.
+pub fn sethostname(name: &[u8]) -> SysResult<()> {
+    // SAFETY: the pointer and length describe a live slice.
+    check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Child-safe. Opens `path` write-only, writes all of `data`, closes it.
+pub fn write_file(path: &CStr, data: &[u8]) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated; flags are constants.
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) })?;
+    let res = write_all(fd, data);
+    // SAFETY: we own `fd`, opened above, and close it once.
+    unsafe { libc::close(fd) };
+    res
+}
+
+/// Child-safe. Writes all of `data` to `fd`, retrying on EINTR and short writes.
+pub fn write_all(fd: RawFd, mut data: &[u8]) -> SysResult<()> {
+    while !data.is_empty() {
+        // SAFETY: the pointer and length describe a live slice.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            let e = Errno::last();
+            if e == Errno::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        data = data.get(n as usize..).unwrap_or(&[]);
+    }
+    Ok(())
+}
+
+/// Child-safe. `dup2(old, new)`, clearing close-on-exec on `new`. When `old == new` only the
+/// close-on-exec flag is cleared.
+pub fn dup_onto(old: RawFd, new: RawFd) -> SysResult<()> {
+    if old == new {
+        // SAFETY: fcntl with integer arguments on an fd number.
+        check_int(unsafe { libc::fcntl(new, libc::F_SETFD, 0) }).map(drop)
+    } else {
+        // SAFETY: dup2 with integer arguments; the result is not close-on-exec.
+        check_int(unsafe { libc::dup2(old, new) }).map(drop)
+    }
+}
+
+/// Child-safe. `fcntl(fd, F_DUPFD_CLOEXEC, min)`: duplicates `fd` to the lowest free number
+/// at or above `min`.
+pub fn dup_above(fd: RawFd, min: RawFd) -> SysResult<RawFd> {
+    // SAFETY: fcntl with integer arguments.
+    check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
+}
+
+/// Child-safe. Closes every descriptor in `first..=last`.
+pub fn close_range(first: u32, last: u32) -> SysResult<()> {
+    if first > last {
+        return Ok(());
+    }
+    // SAFETY: integer arguments only; descriptors closed here are owned by no live Rust
+    // object in the child, which only runs to exec.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) }).map(drop)
+}
+
+/// Child-safe. Closes `fd`.
+pub fn close(fd: RawFd) {
+    // SAFETY: closing a number we were handed; errors are irrelevant before exec.
+    unsafe { libc::close(fd) };
+}
+
+/// Child-safe. `prlimit64(0, resource, {soft, hard})` (lowering needs no privilege).
+pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> {
+    let lim = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: `lim` is a valid rlimit64 for the duration of the call; old value not requested.
+    check_int(unsafe {
+        libc::prlimit64(0, resource as libc::__rlimit_resource_t, &lim, std::ptr::null_mut())
+    })
+    .map(drop)
+}
+
+/// Child-safe. Drops every capability: bounding set (0..=last_cap), ambient set, then
+/// effective/permitted/inheritable via capset. Returns whether the bounding set could be
+/// cleared (it cannot without CAP_SETPCAP, which an unprivileged process outside a user
+/// namespace lacks; harmless once no_new_privs is set).
+pub fn drop_all_capabilities(last_cap: u32) -> SysResult<bool> {
+    let mut bounding_cleared = true;
+    for cap in 0..=last_cap {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+            let e = Errno::last();
+            if e == Errno::EPERM {
+                bounding_cleared = false;
+                break;
+            }
+            if e != Errno::EINVAL {
+                return Err(e);
+            }
+        }
+    }
+    // SAFETY: prctl with integer arguments only. EINVAL means no ambient support: nothing to clear.
+    let r = unsafe {
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0)
+    };
+    if r < 0 && Errno::last() != Errno::EINVAL {
+        return Err(Errno::last());
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: header and two data structs as capset(2) expects for version 3.
+    check(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) })?;
+    Ok(bounding_cleared)
+}
+
+/// Child-safe. `prctl(PR_SET_NO_NEW_PRIVS, 1)`.
+pub fn set_no_new_privs() -> SysResult<()> {
+    // SAFETY: prctl with integer arguments only.
+    check_int(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
+}
+
+/// Child-safe. `landlock_restrict_self(ruleset, 0)`.
+pub fn landlock_restrict_self(ruleset: RawFd) -> SysResult<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) }).map(drop)
+}
+
+/// Child-safe. Installs a classic-BPF seccomp filter with `seccomp(SECCOMP_SET_MODE_FILTER)`.
+/// With `SECCOMP_FILTER_FLAG_NEW_LISTENER` in `flags` the return value is the listener fd.
+pub fn seccomp_install(program: &[libc::sock_filter], flags: libc::c_ulong) -> SysResult<RawFd> {
+    let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+    // SAFETY: `prog` points at `program`, which is live for the call; the kernel copies it.
+    check(unsafe {
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, flags, &prog as *const _)
+    })
+    .map(|fd| fd as RawFd)
+}
+
+/// Child-safe. Sends `data` with `fd` attached (SCM_RIGHTS) on a connected socket.
+pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> SysResult<()> {
+    // Room for one int of ancillary data, aligned like cmsghdr.
+    #[repr(C)]
+    union Control {
+        buf: [u8; 32],
+        _align: libc::cmsghdr,
+    }
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    let mut control = Control { buf: [0; 32] };
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    // SAFETY: msghdr is plain old data; zero is valid.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: taking the address of a union field we initialised.
+    msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
+    msg.msg_controllen = space;
+    // SAFETY: msg_control points at `space` <= 32 writable bytes, so CMSG_FIRSTHDR is non-null
+    // and the header plus one int fit.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    }
+    loop {
+        // SAFETY: msg and everything it points at are live for the call.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        if Errno::last() != Errno::EINTR {
+            return Err(Errno::last());
+        }
+    }
+}
+
+/// Receives one datagram/record into `buf` and at most one passed descriptor.
+/// Returns `(bytes, fd)`; `(0, None)` is end-of-file.
+pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    #[repr(C)]
+    union Control {
+        buf: [u8; 64],
+        _align: libc::cmsghdr,
+    }
+    let mut control = Control { buf: [0; 64] };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain old data; zero is valid.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: address of a union field we initialised.
+    msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
+    msg.msg_controllen = 64;
+    let n = loop {
+        // SAFETY: msg and its buffers are live and writable for the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    };
+    let mut fd = None;
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk within it, and
+    // an SCM_RIGHTS payload of at least one int holds a descriptor now owned by us.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / size_of::<RawFd>();
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    let owned = OwnedFd::from_raw_fd(raw);
+                    if fd.is_none() {
+                        fd = Some(owned);
+                    } // extra descriptors are dropped (closed)
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n, fd))
+}
+
+/// Child-safe. `execve(path, argv, envp)`; returns only on failure.
+pub fn execve(
+    path: &CStr,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> Errno {
+    // SAFETY: `path` is NUL-terminated; argv and envp are NULL-terminated arrays of pointers to
+    // NUL-terminated strings that the caller keeps alive (prepared before fork).
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    Errno::last()
+}
+
+/// Child-safe. `_exit(code)`.
+pub fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: terminates the process without running any user-space cleanup.
+    unsafe { libc::_exit(code) }
+}
+
+/// Child-safe. `poll` for `POLLHUP` on `fd` without waiting: true when the peer is gone.
+pub fn peer_hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seccomp user notification (supervisor side)
+
+/// Kernel sizes of the notification structures (`SECCOMP_GET_NOTIF_SIZES`).
+pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
+    // SAFETY: plain old data; zero is valid.
+    let mut sizes: libc::seccomp_notif_sizes = unsafe { zeroed() };
+    // SAFETY: the kernel writes a seccomp_notif_sizes into `sizes`.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_GET_NOTIF_SIZES, 0, &mut sizes as *mut _)
+    };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(sizes) }
+}
+
+/// One seccomp notification, copied out of the kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct Notif {
+    pub id: u64,
+    pub pid: u32,
+    pub nr: i32,
+    pub arch: u32,
+    pub instruction_pointer: u64,
+    pub args: [u64; 6],
+}
+
+/// Receives one notification. `buf` must be at least `seccomp_notif_sizes().seccomp_notif`
+/// bytes and 8-byte aligned (use [`NotifBuf`]).
+pub fn notif_recv(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> io::Result<Notif> {
+    buf.0.fill(0);
+    // SAFETY: the buffer is at least as large as the kernel's struct seccomp_notif (checked
+    // when NotifBuf was built) and aligned for it; the kernel fills it.
+    let ret = unsafe {
+        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, buf.0.as_mut_ptr())
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel wrote a struct seccomp_notif at the start of the aligned buffer; its
+    // prefix layout is fixed by the UAPI and read here by value.
+    let n: libc::seccomp_notif = unsafe { std::ptr::read(buf.0.as_ptr().cast()) };
+    Ok(Notif {
+        id: n.id,
+        pid: n.pid,
+        nr: n.data.nr,
+        arch: n.data.arch,
+        instruction_pointer: n.data.instruction_pointer,
+        args: n.data.args,
+    })
+}
+
+/// An aligned receive buffer sized for this kernel's `struct seccomp_notif`.
+pub struct NotifBuf(Vec<u64>);
+
+impl NotifBuf {
+    pub fn new() -> io::Result<Self> {
+        let sizes = seccomp_notif_sizes()?;
+        let bytes = (sizes.seccomp_notif as usize).max(size_of::<libc::seccomp_notif>());
+        Ok(NotifBuf(vec![0u64; bytes.div_ceil(8)]))
+    }
+}
+
+/// The supervisor's answer to a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifAnswer {
+    /// Let the syscall run as if there were no filter.
+    Continue,
+    /// Fail the syscall with this errno.
+    Error(libc::c_int),
+}
+
+/// Answers notification `id`. ENOENT (the task died or the syscall was interrupted) is
+/// reported as an error for the caller to ignore.
+pub fn notif_send(listener: BorrowedFd<'_>, id: u64, answer: NotifAnswer) -> io::Result<()> {
+    // SAFETY: plain old data; zero is valid.
+    let mut resp: libc::seccomp_notif_resp = unsafe { zeroed() };
+    resp.id = id;
+    match answer {
+        NotifAnswer::Continue => resp.flags = libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+        NotifAnswer::Error(errno) => resp.error = -errno,
+    }
+    // SAFETY: `resp` is a valid seccomp_notif_resp for the duration of the call.
+    let ret = unsafe {
+        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp as *mut _)
+    };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// True while notification `id` is still pending (its task alive and waiting). Checked after
+/// reading the task's memory, so that what was read belongs to this syscall.
+pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
+    let mut id = id;
+    // SAFETY: the kernel reads a u64 from the pointer.
+    unsafe {
+        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &mut id as *mut u64)
+            == 0
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `addr` in process `pid` (`process_vm_readv`).
+pub fn read_process_memory(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: `local` describes our writable buffer; `remote` is only dereferenced by the kernel
+    // in the other process, with its own checks.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probes (parent side)
+
+/// The Landlock ABI version of the running kernel, or the errno explaining its absence
+/// (ENOSYS: not built in; EOPNOTSUPP: built in but disabled at boot).
+pub fn landlock_abi() -> Result<u32, Errno> {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: the version query takes a null attribute pointer and size 0.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 { Err(Errno::last()) } else { Ok(r as u32) }
+}
+
+/// Reads `/proc/self/status`'s `Seccomp:` line: 0 none, 1 strict, 2 filter.
+pub fn current_seccomp_mode() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether this process is single-threaded (fork from a multi-threaded process is allowed by
+/// our child code, but the `run` path asserts it to catch accidental threads early).
+pub fn thread_count() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+}
