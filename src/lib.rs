@@ -13,6 +13,14 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod check;
+pub mod cli;
+pub mod confine;
+pub mod plan;
 pub mod policy;
+pub mod process;
+pub mod report;
+pub mod run;
+pub mod supervise;
 #[allow(unsafe_code)]
 pub mod sys;

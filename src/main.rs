@@ -1,1 +1,147 @@
-fn main() {}
+//! wfjail's command line: parse, load the policy, dispatch, map the outcome to an exit status.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+use wfjail::cli::{CheckArgs, Cli, Command, PolicyCommand, RunArgs};
+use wfjail::plan::ExtraGrant;
+use wfjail::policy;
+use wfjail::report::Status;
+use wfjail::run::{RunOptions, run_raw};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors.
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let code = match cli.command {
+        Command::Run(args) => cmd_run(args),
+        Command::Check(args) => cmd_check(args),
+        Command::Policy(p) => cmd_policy(p),
+    };
+    match code {
+        Ok(c) => ExitCode::from(c),
+        Err(e) => {
+            eprintln!("wfjail: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load_policy(spec: &str) -> Result<policy::Policy, u8> {
+    policy::load(spec).map_err(|e| {
+        eprintln!("wfjail: {e}");
+        2
+    })
+}
+
+fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
+    let policy = match load_policy(&args.policy) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    if !args.raw {
+        eprintln!(
+            "wfjail: the framed protocol is not available yet; use --raw (the guest's stdin is the request, its stdout the result)"
+        );
+        return Ok(2);
+    }
+    let mut grants: Vec<ExtraGrant> = args
+        .ro
+        .iter()
+        .map(|p| ExtraGrant {
+            path: p.clone(),
+            write: false,
+        })
+        .collect();
+    grants.extend(args.rw.iter().map(|p| ExtraGrant {
+        path: p.clone(),
+        write: true,
+    }));
+    let opts = RunOptions {
+        argv: args.command.clone(),
+        grants,
+        timeout: args.timeout.map(|d| d.0),
+        input: args.input.clone(),
+        echo: !args.quiet,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let report = run_raw(&policy, &opts, &mut stdout);
+    stdout.flush().ok();
+    drop(stdout);
+    match args.report.as_deref() {
+        Some("-") => {
+            println!("{}", report.to_json());
+        }
+        Some(path) => {
+            std::fs::write(path, report.to_json() + "\n")
+                .with_context(|| format!("writing the report to {path}"))?;
+        }
+        None => {}
+    }
+    if !args.quiet
+        && (report.status != Status::Ok
+            || args.report.is_none() && !report.layers.degraded.is_empty())
+    {
+        eprintln!("{}", report.summary());
+    }
+    Ok(u8::try_from(report.exit_status).unwrap_or(125))
+}
+
+fn cmd_check(args: CheckArgs) -> anyhow::Result<u8> {
+    let policy = match load_policy(&args.policy) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let report = wfjail::check::check(&policy);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(if report.ok { 0 } else { 125 })
+}
+
+fn cmd_policy(cmd: PolicyCommand) -> anyhow::Result<u8> {
+    match cmd {
+        PolicyCommand::List => {
+            for (name, _) in policy::BUILTINS {
+                let p = policy::load(name).with_context(|| format!("built-in policy {name}"))?;
+                println!("{name:<16} {}", p.description);
+            }
+            Ok(0)
+        }
+        PolicyCommand::Show { policy: spec, json } => {
+            let p = match load_policy(&spec) {
+                Ok(p) => p,
+                Err(code) => return Ok(code),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p)?);
+            } else {
+                print!("{}", p.to_toml());
+            }
+            Ok(0)
+        }
+        PolicyCommand::Validate { files } => {
+            let mut bad = 0;
+            for f in &files {
+                match policy::validate_file(f) {
+                    Ok(_) => println!("{}: ok", f.display()),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        bad += 1;
+                    }
+                }
+            }
+            Ok(if bad > 0 { 2 } else { 0 })
+        }
+    }
+}

@@ -65,7 +65,10 @@ pub fn clone_process(namespaces: libc::c_int, child: impl FnOnce()) -> io::Resul
     }
     // SAFETY: with CLONE_PIDFD the kernel stored a new, owned descriptor in `pidfd`.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    Ok(Cloned { pid: ret as libc::pid_t, pidfd })
+    Ok(Cloned {
+        pid: ret as libc::pid_t,
+        pidfd,
+    })
 }
 
 /// Sends `sig` to the process behind `pidfd` (no pid-reuse race).
@@ -80,7 +83,11 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<
             0,
         )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// How a reaped child ended, with its resource usage.
@@ -194,10 +201,18 @@ pub fn close(fd: RawFd) {
 
 /// Child-safe. `prlimit64(0, resource, {soft, hard})` (lowering needs no privilege).
 pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> {
-    let lim = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
+    let lim = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     // SAFETY: `lim` is a valid rlimit64 for the duration of the call; old value not requested.
     check_int(unsafe {
-        libc::prlimit64(0, resource as libc::__rlimit_resource_t, &lim, std::ptr::null_mut())
+        libc::prlimit64(
+            0,
+            resource as libc::__rlimit_resource_t,
+            &lim,
+            std::ptr::null_mut(),
+        )
     })
     .map(drop)
 }
@@ -223,7 +238,13 @@ pub fn drop_all_capabilities(last_cap: u32) -> SysResult<bool> {
     }
     // SAFETY: prctl with integer arguments only. EINVAL means no ambient support: nothing to clear.
     let r = unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0)
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
     };
     if r < 0 && Errno::last() != Errno::EINVAL {
         return Err(Errno::last());
@@ -240,8 +261,15 @@ pub fn drop_all_capabilities(last_cap: u32) -> SysResult<bool> {
         permitted: u32,
         inheritable: u32,
     }
-    let mut header = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
     // SAFETY: header and two data structs as capset(2) expects for version 3.
     check(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) })?;
     Ok(bounding_cleared)
@@ -262,10 +290,18 @@ pub fn landlock_restrict_self(ruleset: RawFd) -> SysResult<()> {
 /// Child-safe. Installs a classic-BPF seccomp filter with `seccomp(SECCOMP_SET_MODE_FILTER)`.
 /// With `SECCOMP_FILTER_FLAG_NEW_LISTENER` in `flags` the return value is the listener fd.
 pub fn seccomp_install(program: &[libc::sock_filter], flags: libc::c_ulong) -> SysResult<RawFd> {
-    let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut _,
+    };
     // SAFETY: `prog` points at `program`, which is live for the call; the kernel copies it.
     check(unsafe {
-        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, flags, &prog as *const _)
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            flags,
+            &prog as *const _,
+        )
     })
     .map(|fd| fd as RawFd)
 }
@@ -281,7 +317,10 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> SysResult<()> {
     // SAFETY: CMSG_SPACE is a pure computation.
     let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
     let mut control = Control { buf: [0; 32] };
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut _,
+        iov_len: data.len(),
+    };
     // SAFETY: msghdr is plain old data; zero is valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
@@ -319,7 +358,10 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
         _align: libc::cmsghdr,
     }
     let mut control = Control { buf: [0; 64] };
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: msghdr is plain old data; zero is valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
@@ -345,8 +387,8 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / size_of::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
                 let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
                 for i in 0..count {
                     let raw = std::ptr::read_unaligned(data.add(i));
@@ -363,11 +405,7 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
 }
 
 /// Child-safe. `execve(path, argv, envp)`; returns only on failure.
-pub fn execve(
-    path: &CStr,
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
-) -> Errno {
+pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> Errno {
     // SAFETY: `path` is NUL-terminated; argv and envp are NULL-terminated arrays of pointers to
     // NUL-terminated strings that the caller keeps alive (prepared before fork).
     unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
@@ -382,7 +420,11 @@ pub fn exit_now(code: libc::c_int) -> ! {
 
 /// Child-safe. `poll` for `POLLHUP` on `fd` without waiting: true when the peer is gone.
 pub fn peer_hung_up(fd: RawFd) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, zero timeout.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     r > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
@@ -397,9 +439,18 @@ pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     let mut sizes: libc::seccomp_notif_sizes = unsafe { zeroed() };
     // SAFETY: the kernel writes a seccomp_notif_sizes into `sizes`.
     let ret = unsafe {
-        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_GET_NOTIF_SIZES, 0, &mut sizes as *mut _)
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_GET_NOTIF_SIZES,
+            0,
+            &mut sizes as *mut _,
+        )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(sizes) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sizes)
+    }
 }
 
 /// One seccomp notification, copied out of the kernel.
@@ -420,7 +471,11 @@ pub fn notif_recv(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> io::Result<No
     // SAFETY: the buffer is at least as large as the kernel's struct seccomp_notif (checked
     // when NotifBuf was built) and aligned for it; the kernel fills it.
     let ret = unsafe {
-        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, buf.0.as_mut_ptr())
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            buf.0.as_mut_ptr(),
+        )
     };
     if ret < 0 {
         return Err(io::Error::last_os_error());
@@ -470,9 +525,17 @@ pub fn notif_send(listener: BorrowedFd<'_>, id: u64, answer: NotifAnswer) -> io:
     }
     // SAFETY: `resp` is a valid seccomp_notif_resp for the duration of the call.
     let ret = unsafe {
-        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp as *mut _)
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp as *mut _,
+        )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// True while notification `id` is still pending (its task alive and waiting). Checked after
@@ -481,19 +544,32 @@ pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
     let mut id = id;
     // SAFETY: the kernel reads a u64 from the pointer.
     unsafe {
-        libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &mut id as *mut u64)
-            == 0
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
+            &mut id as *mut u64,
+        ) == 0
     }
 }
 
 /// Reads up to `buf.len()` bytes at `addr` in process `pid` (`process_vm_readv`).
 pub fn read_process_memory(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::Result<usize> {
-    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
     // SAFETY: `local` describes our writable buffer; `remote` is only dereferenced by the kernel
     // in the other process, with its own checks.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,13 +588,20 @@ pub fn landlock_abi() -> Result<u32, Errno> {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    if r < 0 { Err(Errno::last()) } else { Ok(r as u32) }
+    if r < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(r as u32)
+    }
 }
 
 /// Reads `/proc/self/status`'s `Seccomp:` line: 0 none, 1 strict, 2 filter.
 pub fn current_seccomp_mode() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).and_then(|v| v.trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Whether this process is single-threaded (fork from a multi-threaded process is allowed by

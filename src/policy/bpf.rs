@@ -17,7 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule};
+use seccompiler::{
+    SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule,
+};
 
 use super::syscalls::{self, ArgRule, Category};
 use super::{NetworkMode, OnViolation, Policy, Toggle};
@@ -32,7 +34,7 @@ const RET_LOG: u32 = 0x7ffc_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
 
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
 const BPF_JMP_JA: u16 = 0x05;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
@@ -56,6 +58,9 @@ pub enum Leaf {
     /// Answered with ENOSYS and not reported (`clone3`: libc then falls back to `clone`,
     /// whose flags a filter can read).
     Enosys,
+    /// Answered with ENOSYS, not reported, when one of the rules matches; a violation
+    /// otherwise (glibc's malloc-key `getrandom`, see [`decisions`]).
+    EnosysIf(Vec<SeccompRule>),
     /// Denied and reported.
     Violation,
 }
@@ -63,7 +68,10 @@ pub enum Leaf {
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
     #[error("seccomp rule for {syscall}: {source}")]
-    Rule { syscall: &'static str, source: seccompiler::BackendError },
+    Rule {
+        syscall: &'static str,
+        source: seccompiler::BackendError,
+    },
     #[error("the seccomp program has {0} instructions; the kernel accepts at most 4096")]
     TooLarge(usize),
 }
@@ -85,7 +93,12 @@ fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
         ArgRule::UnixStreamPair => Leaf::AllowIf(vec![rule(
             vec![
                 cond(0, Len::Dword, Op::Eq, libc::AF_UNIX as u64),
-                cond(1, Len::Dword, Op::MaskedEq(SOCK_TYPE_MASK), libc::SOCK_STREAM as u64),
+                cond(
+                    1,
+                    Len::Dword,
+                    Op::MaskedEq(SOCK_TYPE_MASK),
+                    libc::SOCK_STREAM as u64,
+                ),
             ],
             name,
         )?]),
@@ -137,6 +150,21 @@ pub fn decisions(
         for n in syscalls::RANDOM {
             map.insert(nr(n), Leaf::Allow);
         }
+    } else {
+        // glibc >= 2.26 asks for 8 bytes with GRND_NONBLOCK once, to key its malloc
+        // double-free check, and falls back to a clock-derived key when that fails. Answer it
+        // ENOSYS without a report: it is the C library's, not the workflow's, randomness.
+        // Every other getrandom (os.urandom, random's seeding) is a violation.
+        map.insert(
+            nr("getrandom"),
+            Leaf::EnosysIf(vec![rule(
+                vec![
+                    cond(1, Len::Qword, Op::Eq, 8),
+                    cond(2, Len::Dword, Op::Eq, libc::GRND_NONBLOCK as u64),
+                ],
+                "getrandom",
+            )?]),
+        );
     }
     if policy.network.mode == NetworkMode::Allow {
         for n in syscalls::NETWORK.iter().chain(&["socketpair", "sendto"]) {
@@ -152,7 +180,12 @@ pub fn decisions(
             map.insert(
                 nr("clone"),
                 Leaf::AllowIf(vec![rule(
-                    vec![cond(0, Len::Dword, Op::MaskedEq(clone_thread), clone_thread)],
+                    vec![cond(
+                        0,
+                        Len::Dword,
+                        Op::MaskedEq(clone_thread),
+                        clone_thread,
+                    )],
                     "clone",
                 )?]),
             );
@@ -178,7 +211,10 @@ pub fn decisions(
     } else if let (Mode::Fallback, Some(ptr)) = (mode, initial_exec) {
         map.insert(
             nr("execve"),
-            Leaf::AllowIf(vec![rule(vec![cond(0, Len::Qword, Op::Eq, ptr)], "execve")?]),
+            Leaf::AllowIf(vec![rule(
+                vec![cond(0, Len::Qword, Op::Eq, ptr)],
+                "execve",
+            )?]),
         );
     }
     for a in &policy.syscalls.allow {
@@ -209,7 +245,12 @@ fn violation_action(policy: &Policy, mode: Mode, nr: Option<u32>) -> u32 {
 }
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
-    libc::sock_filter { code, jt: 0, jf: 0, k }
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
@@ -243,7 +284,7 @@ pub fn compile(
         // In fallback mode a violation's action depends on its syscall, so each denied
         // syscall is its own range there; in notify mode equal leaves merge.
         let mergeable = match &leaf {
-            Leaf::AllowIf(_) => false,
+            Leaf::AllowIf(_) | Leaf::EnosysIf(_) => false,
             Leaf::Violation => mode == Mode::Notify || n > highest,
             _ => true,
         };
@@ -254,7 +295,11 @@ pub fn compile(
         {
             continue;
         }
-        ranges.push(Range { start: n, leaf, single: (!mergeable).then_some(n) });
+        ranges.push(Range {
+            start: n,
+            leaf,
+            single: (!mergeable).then_some(n),
+        });
     }
 
     let foreign = violation_action(policy, mode, None);
@@ -275,7 +320,11 @@ pub fn compile(
 
 /// Emits a binary search over `ranges` (sorted by start; the first starts at 0). The
 /// accumulator holds the syscall number on entry; every path ends in a RET.
-fn emit_tree(policy: &Policy, mode: Mode, ranges: &[Range]) -> Result<Vec<libc::sock_filter>, BpfError> {
+fn emit_tree(
+    policy: &Policy,
+    mode: Mode,
+    ranges: &[Range],
+) -> Result<Vec<libc::sock_filter>, BpfError> {
     if ranges.len() == 1 {
         return emit_leaf(policy, mode, &ranges[0]);
     }
@@ -295,13 +344,21 @@ fn emit_tree(policy: &Policy, mode: Mode, ranges: &[Range]) -> Result<Vec<libc::
     Ok(out)
 }
 
-fn emit_leaf(policy: &Policy, mode: Mode, range: &Range) -> Result<Vec<libc::sock_filter>, BpfError> {
+fn emit_leaf(
+    policy: &Policy,
+    mode: Mode,
+    range: &Range,
+) -> Result<Vec<libc::sock_filter>, BpfError> {
     let violation = violation_action(policy, mode, range.single);
     Ok(match &range.leaf {
         Leaf::Allow => vec![stmt(BPF_RET_K, RET_ALLOW)],
         Leaf::Enosys => vec![stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)],
         Leaf::Violation => vec![stmt(BPF_RET_K, violation)],
-        Leaf::AllowIf(rules) => {
+        Leaf::AllowIf(rules) | Leaf::EnosysIf(rules) => {
+            let on_match = match &range.leaf {
+                Leaf::EnosysIf(_) => RET_ERRNO | libc::ENOSYS as u32,
+                _ => RET_ALLOW,
+            };
             let mut out = Vec::new();
             for r in rules {
                 // A seccompiler rule falls through when it matches and jumps past the
@@ -313,7 +370,7 @@ fn emit_leaf(policy: &Policy, mode: Mode, range: &Range) -> Result<Vec<libc::soc
                     jf: i.jf,
                     k: i.k,
                 }));
-                out.push(stmt(BPF_RET_K, RET_ALLOW));
+                out.push(stmt(BPF_RET_K, on_match));
             }
             out.push(stmt(BPF_RET_K, violation));
             out
@@ -379,30 +436,64 @@ mod tests {
         assert_eq!(run(&prog, "socket", [2, 1, 0, 0, 0, 0]), RET_USER_NOTIF);
         assert_eq!(run(&prog, "connect", [3, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
         assert_eq!(run(&prog, "execve", [0; 6]), RET_USER_NOTIF);
-        assert_eq!(run(&prog, "clone", [libc::CLONE_THREAD as u64, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
-        assert_eq!(run(&prog, "clone3", [0; 6]), RET_ERRNO | libc::ENOSYS as u32);
+        assert_eq!(
+            run(&prog, "clone", [libc::CLONE_THREAD as u64, 0, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&prog, "clone3", [0; 6]),
+            RET_ERRNO | libc::ENOSYS as u32
+        );
         assert_eq!(run(&prog, "bpf", [0; 6]), RET_USER_NOTIF);
         assert_eq!(run(&prog, "nanosleep", [0; 6]), RET_ALLOW);
         assert_eq!(run(&prog, "getrandom", [0; 6]), RET_ALLOW);
         // socketpair: AF_UNIX stream (with CLOEXEC) allowed, datagram not.
         let unix = libc::AF_UNIX as u64;
         let stream_cloexec = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
-        assert_eq!(run(&prog, "socketpair", [unix, stream_cloexec, 0, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&prog, "socketpair", [unix, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), RET_USER_NOTIF);
-        assert_eq!(run(&prog, "socketpair", [libc::AF_INET as u64, 1, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(
+            run(&prog, "socketpair", [unix, stream_cloexec, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(
+                &prog,
+                "socketpair",
+                [unix, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]
+            ),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&prog, "socketpair", [libc::AF_INET as u64, 1, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
         // sendto: only without a destination.
         assert_eq!(run(&prog, "sendto", [3, 0x1000, 10, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&prog, "sendto", [3, 0x1000, 10, 0, 0x7fff_0000_1000, 16]), RET_USER_NOTIF);
+        assert_eq!(
+            run(&prog, "sendto", [3, 0x1000, 10, 0, 0x7fff_0000_1000, 16]),
+            RET_USER_NOTIF
+        );
         // ioctl: TIOCSTI is not allowed.
-        assert_eq!(run(&prog, "ioctl", [0, libc::TCGETS, 0, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&prog, "ioctl", [0, libc::TIOCSTI, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(
+            run(&prog, "ioctl", [0, libc::TCGETS, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&prog, "ioctl", [0, libc::TIOCSTI, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
         // seccomp: no listener.
         assert_eq!(run(&prog, "seccomp", [1, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&prog, "seccomp", [1, 8, 0, 0, 0, 0]), RET_USER_NOTIF);
         // Foreign architecture and x32.
         assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), RET_USER_NOTIF);
-        assert_eq!(evaluate(&prog, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 41, [0; 6]), RET_USER_NOTIF);
-        assert_eq!(evaluate(&prog, AUDIT_ARCH_X86_64, 10_000, [0; 6]), RET_USER_NOTIF);
+        assert_eq!(
+            evaluate(&prog, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 41, [0; 6]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            evaluate(&prog, AUDIT_ARCH_X86_64, 10_000, [0; 6]),
+            RET_USER_NOTIF
+        );
     }
 
     #[test]
@@ -415,7 +506,7 @@ mod tests {
             let want = match d.get(&n) {
                 Some(Leaf::Allow) => RET_ALLOW,
                 Some(Leaf::Enosys) => RET_ERRNO | libc::ENOSYS as u32,
-                Some(Leaf::AllowIf(_)) => continue, // depends on arguments: tested above
+                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_)) => continue, // by arguments: tested above
                 Some(Leaf::Violation) | None => RET_USER_NOTIF,
             };
             assert_eq!(got, want, "syscall {n} ({:?})", syscalls::name(n));
@@ -428,9 +519,24 @@ mod tests {
         let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000)).unwrap();
         let eperm = RET_ERRNO | libc::EPERM as u32;
         assert_eq!(run(&prog, "nanosleep", [0; 6]), eperm);
-        assert_eq!(run(&prog, "getrandom", [0; 6]), eperm);
-        assert_eq!(run(&prog, "execve", [0xdead_beef_0000, 0, 0, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&prog, "execve", [0xdead_beef_0008, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(run(&prog, "getrandom", [0x1000, 16, 0, 0, 0, 0]), eperm);
+        let nonblock = libc::GRND_NONBLOCK as u64;
+        assert_eq!(
+            run(&prog, "getrandom", [0x1000, 8, nonblock, 0, 0, 0]),
+            RET_ERRNO | libc::ENOSYS as u32
+        );
+        assert_eq!(
+            run(&prog, "getrandom", [0x1000, 2496, nonblock, 0, 0, 0]),
+            eperm
+        );
+        assert_eq!(
+            run(&prog, "execve", [0xdead_beef_0000, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&prog, "execve", [0xdead_beef_0008, 0, 0, 0, 0, 0]),
+            eperm
+        );
         assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), eperm);
         let mut killing = p.clone();
         killing.on_violation = OnViolation::Kill;
@@ -454,6 +560,9 @@ mod tests {
         let prog = compile(&p, Mode::Notify, None).unwrap();
         let t = libc::CLONE_THREAD as u64 | libc::CLONE_VM as u64;
         assert_eq!(run(&prog, "clone", [t, 0, 0, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&prog, "clone", [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]), RET_USER_NOTIF);
+        assert_eq!(
+            run(&prog, "clone", [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
     }
 }

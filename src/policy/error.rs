@@ -22,12 +22,22 @@ impl Location {
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
         let column = source[line_start..offset].chars().count() + 1;
-        Location { file: file.to_string(), line, column, field: field_at(source, offset) }
+        Location {
+            file: file.to_string(),
+            line,
+            column,
+            field: field_at(source, offset),
+        }
     }
 
     /// The first line of a file (for errors about the file as a whole).
     pub fn start_of(file: &str) -> Self {
-        Location { file: file.to_string(), line: 1, column: 1, field: None }
+        Location {
+            file: file.to_string(),
+            line: 1,
+            column: 1,
+            field: None,
+        }
     }
 }
 
@@ -41,7 +51,9 @@ impl fmt::Display for Location {
 /// above it and the nearest `key =` at or above it inside that table.
 fn field_at(source: &str, offset: usize) -> Option<String> {
     // Include the rest of the current line so that a key on this line is seen.
-    let line_end = source[offset..].find('\n').map_or(source.len(), |i| offset + i);
+    let line_end = source[offset..]
+        .find('\n')
+        .map_or(source.len(), |i| offset + i);
     let upto = &source[..line_end];
     let mut key: Option<&str> = None;
     let mut table: Option<&str> = None;
@@ -55,7 +67,10 @@ fn field_at(source: &str, offset: usize) -> Option<String> {
             && let Some((k, _)) = t.split_once('=')
         {
             let k = k.trim();
-            if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.\"".contains(c)) {
+            if !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.\"".contains(c))
+            {
                 key = Some(k);
             }
         }
@@ -76,11 +91,21 @@ pub enum PolicyError {
 
     /// A policy file (given on the command line) that does not exist or cannot be read.
     #[error("{file}: {source}; a policy is a built-in name ({builtins}) or a path to a .toml file")]
-    Unreadable { file: String, builtins: String, source: std::io::Error },
+    Unreadable {
+        file: String,
+        builtins: String,
+        source: std::io::Error,
+    },
 
     /// An unknown built-in name (no path separator, no .toml extension).
-    #[error("unknown policy {name:?}: built-ins are {builtins}; a path to a file needs a '/' or '.toml'{hint}")]
-    UnknownBuiltin { name: String, builtins: String, hint: String },
+    #[error(
+        "unknown policy {name:?}: built-ins are {builtins}; a path to a file needs a '/' or '.toml'{hint}"
+    )]
+    UnknownBuiltin {
+        name: String,
+        builtins: String,
+        hint: String,
+    },
 
     /// `extends` forms a cycle.
     #[error("{at}: extends: cycle {chain}; remove one of these `extends`")]
@@ -148,6 +173,9 @@ mod tests {
     #[test]
     fn suggests_fields() {
         let m = "unknown field `timout`, expected one of `timeout`, `memory`";
-        assert_eq!(unknown_field_suggestion(m).unwrap(), "; did you mean `timeout`?");
+        assert_eq!(
+            unknown_field_suggestion(m).unwrap(),
+            "; did you mean `timeout`?"
+        );
     }
 }

@@ -27,7 +27,10 @@ pub use values::{Dur, PathTemplate, Size, SyscallName, VarContext};
 pub const BUILTINS: &[(&str, &str)] = &[
     ("default", include_str!("../../policies/default.toml")),
     ("strict", include_str!("../../policies/strict.toml")),
-    ("temporal-python", include_str!("../../policies/temporal-python.toml")),
+    (
+        "temporal-python",
+        include_str!("../../policies/temporal-python.toml"),
+    ),
     ("permissive", include_str!("../../policies/permissive.toml")),
 ];
 
@@ -161,14 +164,20 @@ impl Policy {
             require: BTreeSet::new(),
             on_violation: OnViolation::Deny,
             filesystem: FilesystemRules::default(),
-            network: NetworkRules { mode: NetworkMode::None },
+            network: NetworkRules {
+                mode: NetworkMode::None,
+            },
             process: ProcessRules {
                 threads: Toggle::Deny,
                 subprocess: Toggle::Deny,
                 exec: Toggle::Deny,
             },
-            time: TimeRules { sleep: Toggle::Allow },
-            random: RandomRules { getrandom: Toggle::Allow },
+            time: TimeRules {
+                sleep: Toggle::Allow,
+            },
+            random: RandomRules {
+                getrandom: Toggle::Allow,
+            },
             syscalls: SyscallRules::default(),
             limits: Limits {
                 timeout: None,
@@ -179,8 +188,18 @@ impl Policy {
                 file_size: None,
                 processes: None,
             },
-            env: EnvRules { clear: true, keep: vec![], set: BTreeMap::new() },
-            namespaces: NamespaceRules { user: true, net: true, pid: true, ipc: true, uts: true },
+            env: EnvRules {
+                clear: true,
+                keep: vec![],
+                set: BTreeMap::new(),
+            },
+            namespaces: NamespaceRules {
+                user: true,
+                net: true,
+                pid: true,
+                ipc: true,
+                uts: true,
+            },
         }
     }
 
@@ -195,7 +214,10 @@ impl Policy {
 
     /// The policy as TOML, in the file format.
     pub fn to_toml(&self) -> String {
-        let mut out = format!("# policy {} (resolved: extends applied, defaults filled in)\n", self.name);
+        let mut out = format!(
+            "# policy {} (resolved: extends applied, defaults filled in)\n",
+            self.name
+        );
         out.push_str(&toml::to_string_pretty(self).unwrap_or_else(|e| format!("# {e}\n")));
         out
     }
@@ -218,7 +240,11 @@ impl Origin {
 }
 
 fn builtin_names() -> String {
-    BUILTINS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    BUILTINS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn builtin(name: &str) -> Option<(&'static str, &'static str)> {
@@ -371,7 +397,10 @@ fn append_located<T: PartialEq + Clone>(
 ) {
     for s in items.into_iter().flatten() {
         if !list.iter().any(|x| x.value == *s.get_ref()) {
-            list.push(At { value: s.get_ref().clone(), at: Location::of_span(file, source, s.span()) });
+            list.push(At {
+                value: s.get_ref().clone(),
+                at: Location::of_span(file, source, s.span()),
+            });
         }
     }
 }
@@ -422,8 +451,10 @@ fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
         t.memory = l.memory.or(t.memory);
         t.cpu = l.cpu.or(t.cpu);
         if let Some(n) = &l.open_files {
-            t.open_files =
-                Some(At { value: *n.get_ref(), at: Location::of_span(file, source, n.span()) });
+            t.open_files = Some(At {
+                value: *n.get_ref(),
+                at: Location::of_span(file, source, n.span()),
+            });
         }
         t.output = l.output.unwrap_or(t.output);
         t.file_size = l.file_size.or(t.file_size);
@@ -452,9 +483,16 @@ fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
 
 /// Checks that hold whatever the run: conflicting or forbidden settings.
 fn validate(p: &Policy) -> Result<(), PolicyError> {
-    for At { value: SyscallName(name), at } in &p.syscalls.allow {
+    for At {
+        value: SyscallName(name),
+        at,
+    } in &p.syscalls.allow
+    {
         let why = if syscalls::always_denied(name) {
-            Some("is always denied: it could weaken or escape the sandbox (see docs/security.md)".to_string())
+            Some(
+                "is always denied: it could weaken or escape the sandbox (see docs/security.md)"
+                    .to_string(),
+            )
         } else if syscalls::PROCESS.contains(&name.as_str()) {
             Some("is governed by [process] threads/subprocess/exec; set those instead".to_string())
         } else if syscalls::NETWORK.contains(&name.as_str()) {
@@ -469,7 +507,10 @@ fn validate(p: &Policy) -> Result<(), PolicyError> {
             None
         };
         if let Some(why) = why {
-            return Err(PolicyError::Invalid { at: at.clone(), message: format!("{name} {why}") });
+            return Err(PolicyError::Invalid {
+                at: at.clone(),
+                message: format!("{name} {why}"),
+            });
         }
     }
     if let Some(At { value: n, at }) = &p.limits.open_files

@@ -41,9 +41,7 @@ impl Category {
     /// What the workflow author should do instead.
     pub fn hint(self) -> &'static str {
         match self {
-            Category::Network => {
-                "network is denied in workflow code; do it in an activity"
-            }
+            Category::Network => "network is denied in workflow code; do it in an activity",
             Category::Thread => {
                 "threads are denied in workflow code; use asyncio tasks (workflow.wait, asyncio.gather)"
             }
@@ -62,9 +60,7 @@ impl Category {
             Category::Random => {
                 "randomness is denied; use workflow.random() or workflow.uuid4() (seeded from history)"
             }
-            Category::Privilege => {
-                "this call could weaken the sandbox and is always denied"
-            }
+            Category::Privilege => "this call could weaken the sandbox and is always denied",
             Category::Other => {
                 "this syscall is not on the allowlist; if it is deterministic and safe, add it to [syscalls] allow"
             }
@@ -84,7 +80,10 @@ pub fn number(name: &str) -> Option<u32> {
 
 /// The name of syscall `nr`, if it has one.
 pub fn name(nr: u32) -> Option<&'static str> {
-    X86_64.binary_search_by_key(&nr, |&(_, n)| n).ok().map(|i| X86_64[i].0)
+    X86_64
+        .binary_search_by_key(&nr, |&(_, n)| n)
+        .ok()
+        .map(|i| X86_64[i].0)
 }
 
 /// Up to `n` valid names closest to `wrong` (for "did you mean").
@@ -126,21 +125,80 @@ pub fn category(name: &str) -> Category {
 pub fn always_denied(name: &str) -> bool {
     matches!(
         name,
-        "io_uring_setup" | "io_uring_enter" | "io_uring_register" | "bpf" | "ptrace"
-            | "userfaultfd" | "perf_event_open" | "keyctl" | "add_key" | "request_key"
-            | "mount" | "umount2" | "pivot_root" | "fsopen" | "fsconfig" | "fsmount"
-            | "fspick" | "move_mount" | "open_tree" | "open_tree_attr" | "mount_setattr"
-            | "unshare" | "setns" | "chroot" | "kexec_load" | "kexec_file_load"
-            | "init_module" | "finit_module" | "delete_module" | "reboot" | "swapon"
-            | "swapoff" | "acct" | "quotactl" | "quotactl_fd" | "iopl" | "ioperm"
-            | "modify_ldt" | "process_vm_readv" | "process_vm_writev" | "kcmp"
-            | "pidfd_getfd" | "pidfd_open" | "pidfd_send_signal" | "lookup_dcookie"
-            | "vhangup" | "syslog" | "settimeofday" | "clock_settime" | "adjtimex"
-            | "clock_adjtime" | "setuid" | "setgid" | "setreuid" | "setregid"
-            | "setresuid" | "setresgid" | "setfsuid" | "setfsgid" | "setgroups" | "capset"
-            | "sethostname" | "setdomainname" | "personality" | "uselib" | "memfd_secret"
-            | "process_madvise" | "process_mrelease" | "nfsservctl" | "create_module"
-            | "get_kernel_syms" | "query_module" | "_sysctl" | "lsm_set_self_attr"
+        "io_uring_setup"
+            | "io_uring_enter"
+            | "io_uring_register"
+            | "bpf"
+            | "ptrace"
+            | "userfaultfd"
+            | "perf_event_open"
+            | "keyctl"
+            | "add_key"
+            | "request_key"
+            | "mount"
+            | "umount2"
+            | "pivot_root"
+            | "fsopen"
+            | "fsconfig"
+            | "fsmount"
+            | "fspick"
+            | "move_mount"
+            | "open_tree"
+            | "open_tree_attr"
+            | "mount_setattr"
+            | "unshare"
+            | "setns"
+            | "chroot"
+            | "kexec_load"
+            | "kexec_file_load"
+            | "init_module"
+            | "finit_module"
+            | "delete_module"
+            | "reboot"
+            | "swapon"
+            | "swapoff"
+            | "acct"
+            | "quotactl"
+            | "quotactl_fd"
+            | "iopl"
+            | "ioperm"
+            | "modify_ldt"
+            | "process_vm_readv"
+            | "process_vm_writev"
+            | "kcmp"
+            | "pidfd_getfd"
+            | "pidfd_open"
+            | "pidfd_send_signal"
+            | "lookup_dcookie"
+            | "vhangup"
+            | "syslog"
+            | "settimeofday"
+            | "clock_settime"
+            | "adjtimex"
+            | "clock_adjtime"
+            | "setuid"
+            | "setgid"
+            | "setreuid"
+            | "setregid"
+            | "setresuid"
+            | "setresgid"
+            | "setfsuid"
+            | "setfsgid"
+            | "setgroups"
+            | "capset"
+            | "sethostname"
+            | "setdomainname"
+            | "personality"
+            | "uselib"
+            | "memfd_secret"
+            | "process_madvise"
+            | "process_mrelease"
+            | "nfsservctl"
+            | "create_module"
+            | "get_kernel_syms"
+            | "query_module"
+            | "_sysctl"
+            | "lsm_set_self_attr"
     )
 }
 
@@ -169,7 +227,11 @@ pub struct Allowed {
 }
 
 const fn any(name: &'static str, why: &'static str) -> Allowed {
-    Allowed { name, rule: ArgRule::Any, why }
+    Allowed {
+        name,
+        rule: ArgRule::Any,
+        why,
+    }
 }
 
 /// The syscalls every policy allows (before `[syscalls] deny` removes and the knobs add).
@@ -204,7 +266,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("flock", "advisory locks"),
     any("pipe", "in-process pipes"),
     any("pipe2", "in-process pipes"),
-    Allowed { name: "ioctl", rule: ArgRule::SafeIoctl, why: "isatty, FIONBIO, FIONREAD" },
+    Allowed {
+        name: "ioctl",
+        rule: ArgRule::SafeIoctl,
+        why: "isatty, FIONBIO, FIONREAD",
+    },
     // Paths: Landlock restricts every one of these to the policy's read/write paths.
     any("open", "opening files (Landlock checks the path)"),
     any("openat", "opening files (Landlock checks the path)"),
@@ -283,7 +349,10 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("sigaltstack", "signal stacks"),
     any("signalfd", "signals as descriptors"),
     any("signalfd4", "signals as descriptors"),
-    any("kill", "signals (scoped to the sandbox by the PID namespace and Landlock)"),
+    any(
+        "kill",
+        "signals (scoped to the sandbox by the PID namespace and Landlock)",
+    ),
     any("tkill", "signals to itself"),
     any("tgkill", "signals to itself (raise, abort)"),
     any("restart_syscall", "restarting interrupted calls"),
@@ -301,10 +370,24 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("eventfd", "event loops"),
     any("eventfd2", "event loops"),
     // Sockets the guest already has (AF_UNIX pairs): it cannot create others.
-    Allowed { name: "socketpair", rule: ArgRule::UnixStreamPair, why: "asyncio self-pipe" },
-    Allowed { name: "sendto", rule: ArgRule::NoDestAddr, why: "send on a connected pair" },
-    any("sendmsg", "send on a connected pair (no other sockets exist)"),
-    any("sendmmsg", "send on a connected pair (no other sockets exist)"),
+    Allowed {
+        name: "socketpair",
+        rule: ArgRule::UnixStreamPair,
+        why: "asyncio self-pipe",
+    },
+    Allowed {
+        name: "sendto",
+        rule: ArgRule::NoDestAddr,
+        why: "send on a connected pair",
+    },
+    any(
+        "sendmsg",
+        "send on a connected pair (no other sockets exist)",
+    ),
+    any(
+        "sendmmsg",
+        "send on a connected pair (no other sockets exist)",
+    ),
     any("recvfrom", "receive on a connected pair"),
     any("recvmsg", "receive on a connected pair"),
     any("recvmmsg", "receive on a connected pair"),
@@ -328,7 +411,10 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("getpgid", "identity"),
     any("getsid", "identity"),
     any("capget", "capability queries (all are zero)"),
-    any("uname", "system identity (hostname pinned in a UTS namespace)"),
+    any(
+        "uname",
+        "system identity (hostname pinned in a UTS namespace)",
+    ),
     any("sysinfo", "memory totals (libraries size caches)"),
     any("getrlimit", "resource limits"),
     any("prlimit64", "resource limits (lowering needs no privilege)"),
@@ -370,7 +456,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("futex_wait", "locks"),
     any("futex_requeue", "locks"),
     any("cachestat", "page cache queries"),
-    Allowed { name: "seccomp", rule: ArgRule::NoListener, why: "self-narrowing filters" },
+    Allowed {
+        name: "seccomp",
+        rule: ArgRule::NoListener,
+        why: "self-narrowing filters",
+    },
     any("landlock_create_ruleset", "self-narrowing Landlock domains"),
     any("landlock_add_rule", "self-narrowing Landlock domains"),
     any("landlock_restrict_self", "self-narrowing Landlock domains"),

@@ -17,7 +17,9 @@ pub struct Dur(pub Duration);
 impl Dur {
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+        let split = s
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
         let value: f64 = num.parse().map_err(|_| bad_duration(s))?;
         let secs = match unit.trim() {
@@ -28,7 +30,9 @@ impl Dur {
             _ => return Err(bad_duration(s)),
         };
         if !secs.is_finite() || secs <= 0.0 || secs > 7.0 * 86400.0 {
-            return Err(format!("duration {s:?} is out of range: use something between 1ms and 7 days"));
+            return Err(format!(
+                "duration {s:?} is out of range: use something between 1ms and 7 days"
+            ));
         }
         Ok(Dur(Duration::from_secs_f64(secs)))
     }
@@ -41,9 +45,9 @@ fn bad_duration(s: &str) -> String {
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 60_000 == 0 {
+        if ms.is_multiple_of(60_000) {
             write!(f, "{}m", ms / 60_000)
-        } else if ms % 1000 == 0 {
+        } else if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -82,7 +86,10 @@ impl Size {
             "TiB" | "T" => 1 << 40,
             _ => return Err(bad_size(s)),
         };
-        value.checked_mul(mult).map(Size).ok_or_else(|| format!("size {s:?} is too large"))
+        value
+            .checked_mul(mult)
+            .map(Size)
+            .ok_or_else(|| format!("size {s:?} is too large"))
     }
 }
 
@@ -94,7 +101,7 @@ impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
         for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-            if b >= 1 << shift && b % (1 << shift) == 0 {
+            if b >= 1 << shift && b.is_multiple_of(1 << shift) {
                 return write!(f, "{}{unit}", b >> shift);
             }
         }
@@ -148,14 +155,20 @@ impl PathTemplate {
         while let Some(i) = rest.find('$') {
             let after = &rest[i + 1..];
             let Some(body) = after.strip_prefix('{') else {
-                return Err(format!("path {s:?}: write variables as ${{name}}; known: {}", var_list()));
+                return Err(format!(
+                    "path {s:?}: write variables as ${{name}}; known: {}",
+                    var_list()
+                ));
             };
             let Some(end) = body.find('}') else {
                 return Err(format!("path {s:?}: unclosed ${{"));
             };
             let name = &body[..end];
             if !VARIABLES.contains(&name) {
-                return Err(format!("path {s:?}: unknown variable ${{{name}}}; known: {}", var_list()));
+                return Err(format!(
+                    "path {s:?}: unknown variable ${{{name}}}; known: {}",
+                    var_list()
+                ));
             }
             rest = &body[end + 1..];
         }
@@ -170,9 +183,11 @@ impl PathTemplate {
     /// Substitutes the variables; the error names the variable that has no value.
     pub fn expand(&self, ctx: &VarContext) -> Result<String, String> {
         let mut out = self.0.clone();
-        for (name, value) in
-            [("cwd", &ctx.cwd), ("home", &ctx.home), ("exe_dir", &ctx.exe_dir)]
-        {
+        for (name, value) in [
+            ("cwd", &ctx.cwd),
+            ("home", &ctx.home),
+            ("exe_dir", &ctx.exe_dir),
+        ] {
             let pat = format!("${{{name}}}");
             if out.contains(&pat) {
                 let v = value.as_ref().ok_or_else(|| {
@@ -186,7 +201,11 @@ impl PathTemplate {
 }
 
 fn var_list() -> String {
-    VARIABLES.iter().map(|v| format!("${{{v}}}")).collect::<Vec<_>>().join(", ")
+    VARIABLES
+        .iter()
+        .map(|v| format!("${{{v}}}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl<'de> Deserialize<'de> for PathTemplate {
@@ -214,9 +233,14 @@ impl SyscallName {
         }
         let near = syscalls::closest(s, 3);
         if near.is_empty() {
-            Err(format!("unknown syscall {s:?}: not in the x86_64 syscall table"))
+            Err(format!(
+                "unknown syscall {s:?}: not in the x86_64 syscall table"
+            ))
         } else {
-            Err(format!("unknown syscall {s:?}: did you mean {}?", near.join(", ")))
+            Err(format!(
+                "unknown syscall {s:?}: did you mean {}?",
+                near.join(", ")
+            ))
         }
     }
 }
@@ -263,11 +287,33 @@ mod tests {
     fn paths() {
         assert!(PathTemplate::parse("/usr").is_ok());
         assert!(PathTemplate::parse("${exe_dir}/..").is_ok());
-        assert!(PathTemplate::parse("${nope}/x").unwrap_err().contains("unknown variable"));
-        assert!(PathTemplate::parse("usr/lib").unwrap_err().contains("relative"));
-        let ctx = VarContext { cwd: Some("/w".into()), ..Default::default() };
-        assert_eq!(PathTemplate::parse("${cwd}/a").unwrap().expand(&ctx).unwrap(), "/w/a");
-        assert!(PathTemplate::parse("${home}").unwrap().expand(&ctx).is_err());
+        assert!(
+            PathTemplate::parse("${nope}/x")
+                .unwrap_err()
+                .contains("unknown variable")
+        );
+        assert!(
+            PathTemplate::parse("usr/lib")
+                .unwrap_err()
+                .contains("relative")
+        );
+        let ctx = VarContext {
+            cwd: Some("/w".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            PathTemplate::parse("${cwd}/a")
+                .unwrap()
+                .expand(&ctx)
+                .unwrap(),
+            "/w/a"
+        );
+        assert!(
+            PathTemplate::parse("${home}")
+                .unwrap()
+                .expand(&ctx)
+                .is_err()
+        );
     }
 
     #[test]

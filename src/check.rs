@@ -1,0 +1,329 @@
+//! `wfjail check`: what this kernel and container can enforce, probed for real (each probe
+//! is a short-lived child that tries the operation), with what would enable what is missing.
+
+use serde::Serialize;
+
+use crate::policy::{Layer, Policy};
+use crate::sys;
+
+/// One layer's state on this host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub layer: &'static str,
+    pub available: bool,
+    pub required: bool,
+    /// What is there (`abi-7`, `stacked on an existing filter`) or why it is missing.
+    pub detail: String,
+    /// What would enable it, when it is missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub policy: String,
+    pub kernel: String,
+    pub uid: u32,
+    pub rows: Vec<Row>,
+    /// The policy's `require` can be met here.
+    pub ok: bool,
+}
+
+/// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
+fn probe_in_child(
+    flags: libc::c_int,
+    probe: impl Fn() -> Result<(), nix::errno::Errno>,
+) -> Result<(), nix::errno::Errno> {
+    match sys::clone_process(flags, || {
+        let code = match probe() {
+            Ok(()) => 0,
+            Err(e) => (e as i32).clamp(1, 255),
+        };
+        sys::exit_now(code)
+    }) {
+        Err(e) => Err(nix::errno::Errno::from_raw(
+            e.raw_os_error().unwrap_or(libc::EPERM),
+        )),
+        Ok(c) => {
+            let r = sys::wait4(c.pid).map_err(|_| nix::errno::Errno::ECHILD)?;
+            if libc::WIFEXITED(r.status) && libc::WEXITSTATUS(r.status) == 0 {
+                Ok(())
+            } else if libc::WIFEXITED(r.status) {
+                Err(nix::errno::Errno::from_raw(libc::WEXITSTATUS(r.status)))
+            } else {
+                Err(nix::errno::Errno::ECHILD)
+            }
+        }
+    }
+}
+
+const ALLOW_ALL: [libc::sock_filter; 1] = [libc::sock_filter {
+    code: 0x06,
+    jt: 0,
+    jf: 0,
+    k: 0x7fff_0000,
+}];
+
+fn namespace_hint(errno: nix::errno::Errno, user_ok: bool) -> String {
+    use nix::errno::Errno;
+    match errno {
+        Errno::ENOSPC => "user.max_user_namespaces is 0 or used up: `sysctl -w user.max_user_namespaces=15000`".into(),
+        Errno::EINVAL => "this kernel lacks the namespace (CONFIG_*_NS)".into(),
+        _ if !user_ok => "Docker's default seccomp profile denies namespaces without CAP_SYS_ADMIN: run with \
+             `--security-opt seccomp=unconfined` or a profile that allows unshare/clone namespace flags \
+             (on Ubuntu hosts also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); Kubernetes: \
+             a pod with `hostUsers: false` (user namespaces) or a seccomp profile allowing unshare; \
+             elsewhere: `sysctl user.max_user_namespaces` > 0"
+            .into(),
+        _ => "refused although user namespaces work: a seccomp profile or LSM denies this flag".into(),
+    }
+}
+
+/// Probes every layer and compares with `policy.require`.
+pub fn check(policy: &Policy) -> CheckReport {
+    use nix::errno::Errno;
+    let mut rows = Vec::new();
+    let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
+        rows.push(Row {
+            layer: layer.as_str(),
+            available,
+            required: policy.requires(layer),
+            detail,
+            enable,
+        });
+    };
+
+    // Landlock.
+    match sys::landlock_abi() {
+        Ok(abi) => {
+            row(Layer::Landlock, true, format!("abi-{abi}"), None);
+            row(
+                Layer::LandlockNet,
+                abi >= 4,
+                if abi >= 4 {
+                    "TCP bind/connect denied".into()
+                } else {
+                    format!("ABI {abi} has no network rules")
+                },
+                (abi < 4)
+                    .then(|| "Linux >= 6.7 (Landlock ABI 4); seccomp still denies sockets".into()),
+            );
+            row(
+                Layer::LandlockScope,
+                abi >= 6,
+                if abi >= 6 {
+                    "abstract unix sockets and signals scoped".into()
+                } else {
+                    format!("ABI {abi} has no scoping")
+                },
+                (abi < 6).then(|| "Linux >= 6.12 (Landlock ABI 6)".into()),
+            );
+        }
+        Err(e) => {
+            let (detail, enable) = match e {
+                Errno::ENOSYS => (
+                    "not in this kernel".to_string(),
+                    "Linux >= 5.13 built with CONFIG_SECURITY_LANDLOCK=y",
+                ),
+                Errno::EOPNOTSUPP => (
+                    "built in but disabled".to_string(),
+                    "add `landlock` to the kernel's lsm= boot parameter",
+                ),
+                Errno::EPERM => (
+                    "denied by a seccomp profile".to_string(),
+                    "a container runtime whose default profile allows landlock_* (Docker >= 23, recent containerd), or a custom profile",
+                ),
+                e => (
+                    format!("landlock_create_ruleset: {e}"),
+                    "see https://docs.kernel.org/userspace-api/landlock.html",
+                ),
+            };
+            for l in [Layer::Landlock, Layer::LandlockNet, Layer::LandlockScope] {
+                row(l, false, detail.clone(), Some(enable.into()));
+            }
+        }
+    }
+
+    // Seccomp and its listener.
+    let stacked = match sys::current_seccomp_mode() {
+        Some(2) => " (stacked on the filter this process already runs under)",
+        _ => "",
+    };
+    let nnp = || sys::set_no_new_privs();
+    let seccomp = probe_in_child(0, || {
+        nnp()?;
+        sys::seccomp_install(&ALLOW_ALL, 0).map(drop)
+    });
+    row(
+        Layer::Seccomp,
+        seccomp.is_ok(),
+        match &seccomp {
+            Ok(()) => format!("seccomp-bpf filters{stacked}"),
+            Err(e) => format!("cannot install a filter: {e}"),
+        },
+        seccomp
+            .is_err()
+            .then(|| "a kernel built with CONFIG_SECCOMP_FILTER".into()),
+    );
+    let notify = probe_in_child(0, || {
+        nnp()?;
+        let fd = sys::seccomp_install(&ALLOW_ALL, libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?;
+        sys::close(fd);
+        Ok(())
+    });
+    row(
+        Layer::SeccompNotify,
+        notify.is_ok(),
+        match &notify {
+            Ok(()) => "violations are named with their arguments".into(),
+            Err(e) => format!(
+                "no listener ({e}): violations fail or kill in the filter and cannot be named"
+            ),
+        },
+        notify
+            .is_err()
+            .then(|| "Linux >= 5.0, and a runtime that does not hold the listener itself".into()),
+    );
+
+    // Namespaces, the way `run` makes them: user and pid with clone, the others inside.
+    let user = probe_in_child(libc::CLONE_NEWUSER, || Ok(()));
+    let user_ok = user.is_ok();
+    let base = if user_ok { libc::CLONE_NEWUSER } else { 0 };
+    for (layer, flag, what) in [
+        (
+            Layer::UserNs,
+            libc::CLONE_NEWUSER,
+            "own uid/gid mapping, capabilities only inside",
+        ),
+        (
+            Layer::PidNs,
+            libc::CLONE_NEWPID,
+            "the guest is PID 1 and sees no other process",
+        ),
+        (
+            Layer::NetNs,
+            libc::CLONE_NEWNET,
+            "no interfaces, not even loopback",
+        ),
+        (Layer::IpcNs, libc::CLONE_NEWIPC, "no shared System V IPC"),
+        (
+            Layer::UtsNs,
+            libc::CLONE_NEWUTS,
+            "hostname pinned to \"wfjail\"",
+        ),
+    ] {
+        let r = if layer == Layer::UserNs {
+            user
+        } else {
+            probe_in_child(base | flag, || Ok(()))
+        };
+        match r {
+            Ok(()) => row(layer, true, what.into(), None),
+            Err(e) => row(
+                layer,
+                false,
+                format!("refused: {e}"),
+                Some(namespace_hint(e, user_ok)),
+            ),
+        }
+    }
+
+    // Capabilities: all can always be dropped; the bounding set needs CAP_SETPCAP.
+    let setpcap = caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SETPCAP)
+        .unwrap_or(false);
+    let bounding = setpcap || user_ok;
+    row(
+        Layer::Capabilities,
+        bounding,
+        if bounding {
+            "every set emptied, bounding set included".into()
+        } else {
+            "effective/permitted/inheritable/ambient emptied; the bounding set stays (no CAP_SETPCAP), harmless under no_new_privs".into()
+        },
+        (!bounding).then(|| "a user namespace (see user-ns) or CAP_SETPCAP".into()),
+    );
+    row(
+        Layer::NoNewPrivs,
+        true,
+        "set before Landlock and seccomp".into(),
+        None,
+    );
+
+    let cgroup = cgroup_summary();
+    let ok = rows.iter().all(|r| r.available || !r.required);
+    let mut report = CheckReport {
+        policy: policy.name.clone(),
+        kernel: nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        uid: nix::unistd::getuid().as_raw(),
+        rows,
+        ok,
+    };
+    report.rows.push(Row {
+        layer: "cgroups",
+        available: cgroup.0,
+        required: false,
+        detail: cgroup.1,
+        enable: None,
+    });
+    report
+}
+
+/// cgroups are not used for enforcement (memory is limited with RLIMIT_AS); this row says
+/// what the host has, for operators planning per-execution accounting.
+fn cgroup_summary() -> (bool, String) {
+    let unified = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let hybrid = std::path::Path::new("/sys/fs/cgroup/unified").exists();
+    let v1_memory = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    let what = if unified {
+        "cgroup v2"
+    } else if hybrid {
+        "cgroup v1 (hybrid)"
+    } else if v1_memory {
+        "cgroup v1"
+    } else {
+        "no cgroup file system mounted"
+    };
+    (
+        unified || hybrid || v1_memory,
+        format!("{what}; not used for enforcement: memory is limited per process with RLIMIT_AS"),
+    )
+}
+
+impl CheckReport {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "wfjail check: policy {} on Linux {} (uid {})\n\n{:<16} {:<10} {:<9} {}\n",
+            self.policy, self.kernel, self.uid, "LAYER", "AVAILABLE", "REQUIRED", "DETAIL"
+        );
+        for r in &self.rows {
+            s.push_str(&format!(
+                "{:<16} {:<10} {:<9} {}\n",
+                r.layer,
+                if r.available { "yes" } else { "NO" },
+                if r.required { "yes" } else { "-" },
+                r.detail
+            ));
+            if let Some(e) = &r.enable {
+                s.push_str(&format!("{:<37}to enable: {e}\n", ""));
+            }
+        }
+        s.push('\n');
+        if self.ok {
+            s.push_str("Everything the policy requires is available.\n");
+        } else {
+            let missing: Vec<&str> = self
+                .rows
+                .iter()
+                .filter(|r| r.required && !r.available)
+                .map(|r| r.layer)
+                .collect();
+            s.push_str(&format!(
+                "The policy requires {} but this host cannot provide it: `wfjail run` will exit 125.\n",
+                missing.join(", ")
+            ));
+        }
+        s
+    }
+}

@@ -1,0 +1,133 @@
+//! Command-line types (clap). Flags become policy overrides or run options; no syscalls here.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::policy::Dur;
+
+const ABOUT: &str =
+    "Run workflow code where the kernel, not a language-level proxy, keeps it deterministic.";
+
+const LONG_ABOUT: &str = "\
+Run workflow code where the kernel, not a language-level proxy, keeps it deterministic.
+
+Each execution gets a fresh process confined by Landlock (which files it may read or write), a
+seccomp allowlist (no network, threads, subprocesses or exec; optionally no sleep and no
+randomness), namespaces, rlimits and dropped capabilities. A forbidden call fails (or kills)
+and is reported with the syscall, its arguments, the policy rule and a hint.";
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0   ok                      3   policy violation       6   guest killed by a signal
+  1   guest error             4   timeout                125 wfjail could not confine
+  2   usage or invalid policy 5   resource limit         126 command not executable
+                                                         127 command not found
+
+Examples:
+  wfjail run --ro /usr -- /usr/bin/python3 -c 'print(1)'
+  wfjail run -p strict --raw --report - -- /usr/bin/python3 -c 'import os; os.urandom(8)'
+  wfjail check -p temporal-python
+  wfjail policy show default
+  wfjail policy validate my-policy.toml";
+
+#[derive(Debug, Parser)]
+#[command(name = "wfjail", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command confined by a policy, and report what happened.
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Show which confinement layers this kernel and container can enforce for a policy.
+    #[command(after_help = CHECK_HELP)]
+    Check(CheckArgs),
+    /// List, show and validate policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+const RUN_HELP: &str = "\
+The command's path must be readable under the policy: grant an interpreter's install prefix
+with --ro (e.g. --ro /usr, or --ro \"$(python3 -c 'import sys; print(sys.base_prefix)')\").
+Launcher shims such as pyenv's exec another program, which the policy forbids: run the real
+interpreter.
+
+Without --report, a one-line summary is printed to stderr when the status is not ok, and a
+line per violation as it happens. Exit status: 0 ok, 1 guest error, 2 usage/policy error,
+3 violation, 4 timeout, 5 resource limit, 6 killed by a signal, 125 could not confine,
+126 not executable, 127 not found.";
+
+const CHECK_HELP: &str = "\
+One row per layer: whether this host can apply it, whether the policy requires it, and what
+would enable it when it is missing. Exits 125 when the policy's `require` cannot be met.";
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Policy: a built-in name (default, strict, temporal-python, permissive) or a .toml path.
+    #[arg(short, long, default_value = "default", value_name = "POLICY")]
+    pub policy: String,
+    /// Also allow reading and executing under PATH.
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Also allow reading and writing under PATH.
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// The request payload (default: stdin).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// Write the JSON report to FILE, or to stdout with `-` (after the guest's output).
+    #[arg(long, value_name = "FILE|-")]
+    pub report: Option<String>,
+    /// Wall-clock limit, e.g. 500ms, 30s, 2m (overrides the policy's limits.timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub timeout: Option<Dur>,
+    /// The guest does not speak the wfjail protocol: the request is its stdin and the result
+    /// is its stdout.
+    #[arg(long)]
+    pub raw: bool,
+    /// Do not echo the guest's stderr or print summaries (the report still has them).
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn parse_dur(s: &str) -> Result<Dur, String> {
+    Dur::parse(s)
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The policy whose `require` list is checked.
+    #[arg(short, long, default_value = "default", value_name = "POLICY")]
+    pub policy: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// List the built-in policies.
+    List,
+    /// Print a policy with `extends` applied and defaults filled in (a valid policy file).
+    Show {
+        /// A built-in name or a path.
+        policy: String,
+        /// Print JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check policy files: syntax, keys, values, syscall names, `extends` chains.
+    Validate {
+        /// Files to check.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}

@@ -1,0 +1,90 @@
+//! Builds the Landlock ruleset in the parent. The child only calls `landlock_restrict_self`
+//! with the descriptor this returns.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+};
+
+/// What the kernel offers and what the ruleset handles.
+#[derive(Debug, Clone)]
+pub struct LandlockInfo {
+    /// The kernel's Landlock ABI version (0: unavailable).
+    pub abi: u32,
+    /// TCP bind/connect handled (denied) — ABI >= 4 and the policy asks for it.
+    pub tcp: bool,
+    /// Abstract unix sockets and signals scoped to the sandbox — ABI >= 6.
+    pub scoped: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("Landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("opening {path} for a Landlock rule: {source}")]
+    Path {
+        path: PathBuf,
+        source: landlock::PathFdError,
+    },
+}
+
+/// Whether `path` is a directory (rules on files may only carry file rights).
+fn is_dir(path: &Path) -> bool {
+    std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false)
+}
+
+/// Creates a ruleset at ABI `abi` granting read+execute under `read`, everything under
+/// `write`; with `deny_tcp` all TCP bind/connect is denied (no rule grants any port).
+pub fn build(
+    abi: u32,
+    read: &[PathBuf],
+    write: &[PathBuf],
+    deny_tcp: bool,
+) -> Result<(OwnedFd, LandlockInfo), LandlockError> {
+    let v = ABI::from(abi as i32);
+    let all = AccessFs::from_all(v);
+    let read_access = AccessFs::from_read(v);
+    let file_access = AccessFs::from_file(v);
+    let tcp = deny_tcp && abi >= 4;
+    let scoped = abi >= 6;
+
+    // HardRequirement: we asked for exactly what this ABI has; anything less is a bug to see.
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)?;
+    if tcp {
+        ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
+    }
+    if scoped {
+        ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
+    }
+    let mut created = ruleset.create()?;
+    let mut add = |path: &PathBuf, access: BitFlags<AccessFs>| -> Result<(), LandlockError> {
+        let access = if is_dir(path) {
+            access
+        } else {
+            access & file_access
+        };
+        let fd = PathFd::new(path).map_err(|source| LandlockError::Path {
+            path: path.clone(),
+            source,
+        })?;
+        created.as_mut().add_rule(PathBeneath::new(fd, access))?;
+        Ok(())
+    };
+    for p in read {
+        // Read paths never get ioctl on devices: isatty() and friends still work on pipes.
+        add(p, read_access)?;
+    }
+    for p in write {
+        add(p, all)?;
+    }
+    let fd: Option<OwnedFd> = created.into();
+    let fd = fd.ok_or(LandlockError::Ruleset(
+        landlock::RulesetError::CreateRuleset(landlock::CreateRulesetError::MissingHandledAccess),
+    ))?;
+    Ok((fd, LandlockInfo { abi, tcp, scoped }))
+}

@@ -1,0 +1,446 @@
+//! Everything prepared in the parent before the fork: the resolved command, its argv and
+//! environment as C strings, the path grants, the Landlock ruleset, the seccomp programs,
+//! rlimits and namespace choices. The child reads this (through `confine::ChildSpec`) and
+//! only makes system calls.
+
+pub mod landlock;
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::policy::{
+    self, Layer, Location, NetworkMode, OnViolation, PathRule, Policy, Toggle, VarContext, bpf,
+};
+
+/// A filesystem grant added on the command line (`--ro`/`--rw`).
+#[derive(Debug, Clone)]
+pub struct ExtraGrant {
+    pub path: PathBuf,
+    pub write: bool,
+}
+
+/// What the caller asks for, beyond the policy.
+#[derive(Debug, Clone, Default)]
+pub struct PlanRequest {
+    pub argv: Vec<String>,
+    pub grants: Vec<ExtraGrant>,
+    /// Extra environment for the guest (e.g. the protocol's descriptor numbers).
+    pub extra_env: Vec<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("no command given: write it after `--`, e.g. `wfjail run -- /usr/bin/python3 -c pass`")]
+    NoCommand,
+    #[error("command not found: {cmd} (searched PATH={path})")]
+    NotFound { cmd: String, path: String },
+    #[error("{path}: {reason}")]
+    NotExecutable { path: String, reason: String },
+    #[error(
+        "{path} is not readable under policy {policy}: grant it with --ro {dir} (or a parent \
+         directory such as the interpreter's install prefix)"
+    )]
+    NotGranted {
+        path: String,
+        dir: String,
+        policy: String,
+    },
+    #[error("--{flag} {path}: {source}")]
+    MissingGrant {
+        flag: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{at}: {message}")]
+    Variable { at: Location, message: String },
+    #[error("{0}")]
+    Policy(#[from] policy::PolicyError),
+    #[error(
+        "Landlock is required by policy {policy} but unavailable here: {why}; run `wfjail check`"
+    )]
+    LandlockRequired { policy: String, why: String },
+    #[error("{0}")]
+    Landlock(#[from] landlock::LandlockError),
+    #[error("compiling the seccomp filter: {0}")]
+    Bpf(#[from] bpf::BpfError),
+    #[error("argument or environment value contains a NUL byte: {0:?}")]
+    Nul(String),
+}
+
+impl PlanError {
+    /// wfjail's exit status for this error (PRODUCT.md §2).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            PlanError::NotFound { .. } => 127,
+            PlanError::NotExecutable { .. } | PlanError::NotGranted { .. } => 126,
+            PlanError::NoCommand
+            | PlanError::MissingGrant { .. }
+            | PlanError::Variable { .. }
+            | PlanError::Policy(_)
+            | PlanError::Nul(_) => 2,
+            PlanError::LandlockRequired { .. } | PlanError::Landlock(_) | PlanError::Bpf(_) => 125,
+        }
+    }
+}
+
+/// The namespaces to create, and which are required.
+#[derive(Debug, Clone, Copy)]
+pub struct NamespacePlan {
+    pub user: bool,
+    pub pid: bool,
+    pub net: bool,
+    pub ipc: bool,
+    pub uts: bool,
+}
+
+/// The guest program image: argv and envp as C strings with their pointer arrays.
+pub struct ExecImage {
+    pub path: CString,
+    #[allow(dead_code)]
+    argv: Vec<CString>,
+    #[allow(dead_code)]
+    envp: Vec<CString>,
+    pub argv_ptrs: Vec<*const libc::c_char>,
+    pub envp_ptrs: Vec<*const libc::c_char>,
+}
+
+impl ExecImage {
+    fn new(
+        path: &Path,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self, PlanError> {
+        let cstr = |s: &[u8]| {
+            CString::new(s).map_err(|_| PlanError::Nul(String::from_utf8_lossy(s).into()))
+        };
+        let path = cstr(path.as_os_str().as_bytes())?;
+        let argv: Vec<CString> = argv
+            .iter()
+            .map(|a| cstr(a.as_bytes()))
+            .collect::<Result<_, _>>()?;
+        let envp: Vec<CString> = env
+            .iter()
+            .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
+            .collect::<Result<_, _>>()?;
+        let ptrs = |v: &[CString]| {
+            v.iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let argv_ptrs = ptrs(&argv);
+        let envp_ptrs = ptrs(&envp);
+        Ok(ExecImage {
+            path,
+            argv,
+            envp,
+            argv_ptrs,
+            envp_ptrs,
+        })
+    }
+
+    /// The address the child passes to `execve` as its path (used by the fallback filter).
+    pub fn path_address(&self) -> u64 {
+        self.path.as_ptr() as u64
+    }
+}
+
+/// The prepared confinement of one execution.
+pub struct Plan {
+    pub policy: Policy,
+    /// The command as resolved (absolute path) and its arguments.
+    pub command: PathBuf,
+    pub argv: Vec<String>,
+    /// For `#!` scripts: the interpreter the kernel will run.
+    pub script_interpreter: Option<PathBuf>,
+    pub exec: ExecImage,
+    pub env: BTreeMap<String, String>,
+    pub namespaces: NamespacePlan,
+    pub uid_map: Vec<u8>,
+    pub gid_map: Vec<u8>,
+    pub rlimits: Vec<(libc::c_int, u64)>,
+    pub landlock: Option<(OwnedFd, landlock::LandlockInfo)>,
+    /// Why Landlock is absent, when it is.
+    pub landlock_missing: Option<String>,
+    pub seccomp_notify: Vec<libc::sock_filter>,
+    pub seccomp_fallback: Vec<libc::sock_filter>,
+    pub last_cap: u32,
+    pub read: Vec<PathBuf>,
+    pub write: Vec<PathBuf>,
+    /// Policy paths that do not exist on this host (skipped, listed in the report).
+    pub skipped: Vec<String>,
+}
+
+/// The hostname a guest sees in its UTS namespace.
+pub const HOSTNAME: &[u8] = b"wfjail";
+
+/// Resolves `cmd` like `execvp` would, in `path_env`.
+pub fn resolve_command(cmd: &str, path_env: &str) -> Result<PathBuf, PlanError> {
+    let candidate = |p: PathBuf| -> Result<PathBuf, PlanError> {
+        let meta = std::fs::metadata(&p).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                PlanError::NotFound {
+                    cmd: cmd.to_string(),
+                    path: path_env.to_string(),
+                }
+            } else {
+                PlanError::NotExecutable {
+                    path: p.display().to_string(),
+                    reason: e.to_string(),
+                }
+            }
+        })?;
+        if meta.is_dir() {
+            return Err(PlanError::NotExecutable {
+                path: p.display().to_string(),
+                reason: "is a directory".into(),
+            });
+        }
+        if meta.permissions().mode() & 0o111 == 0 {
+            return Err(PlanError::NotExecutable {
+                path: p.display().to_string(),
+                reason: "permission denied: not executable (chmod +x, or run it through its interpreter)".into(),
+            });
+        }
+        Ok(p)
+    };
+    if cmd.contains('/') {
+        return candidate(PathBuf::from(cmd)).map_err(|e| match e {
+            PlanError::NotFound { cmd, .. } => PlanError::NotFound {
+                cmd,
+                path: "(not searched: the command has a '/')".into(),
+            },
+            e => e,
+        });
+    }
+    for dir in path_env.split(':').filter(|d| !d.is_empty()) {
+        let p = Path::new(dir).join(cmd);
+        if let Ok(meta) = std::fs::metadata(&p)
+            && meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+        {
+            return Ok(p);
+        }
+    }
+    Err(PlanError::NotFound {
+        cmd: cmd.to_string(),
+        path: path_env.to_string(),
+    })
+}
+
+/// The interpreter named on a `#!` line, if `path` is a script.
+fn script_interpreter(path: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let end = line.iter().position(|&b| b == b'\n').unwrap_or(line.len());
+    let interp = line[..end]
+        .split(|b| b.is_ascii_whitespace())
+        .find(|s| !s.is_empty())?;
+    Some(PathBuf::from(OsStr::from_bytes(interp)))
+}
+
+/// Whether `path` lies under one of `grants` (all canonical).
+pub fn covered(path: &Path, grants: &[PathBuf]) -> bool {
+    grants.iter().any(|g| path.starts_with(g))
+}
+
+/// The guest's environment per the policy's `[env]`.
+fn guest_env(policy: &Policy, extra: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    if policy.env.clear {
+        for k in &policy.env.keep {
+            if let Ok(v) = std::env::var(k) {
+                env.insert(k.clone(), v);
+            }
+        }
+    } else {
+        env.extend(std::env::vars());
+    }
+    env.extend(policy.env.set.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(extra.iter().cloned());
+    env
+}
+
+/// Expands and canonicalizes policy grants; missing paths are skipped and returned.
+fn expand_grants(
+    rules: &[PathRule],
+    ctx: &VarContext,
+    out: &mut Vec<PathBuf>,
+    skipped: &mut Vec<String>,
+) -> Result<(), PlanError> {
+    for r in rules {
+        let p = r.value.expand(ctx).map_err(|message| PlanError::Variable {
+            at: r.at.clone(),
+            message,
+        })?;
+        match std::fs::canonicalize(&p) {
+            Ok(c) => {
+                if !out.contains(&c) {
+                    out.push(c)
+                }
+            }
+            Err(_) => skipped.push(p),
+        }
+    }
+    Ok(())
+}
+
+/// The highest capability number of this kernel.
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(
+            caps::runtime::thread_all_supported()
+                .len()
+                .saturating_sub(1) as u32,
+        )
+}
+
+/// Prepares one execution of `req.argv` under `policy`.
+pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let cmd = req.argv.first().ok_or(PlanError::NoCommand)?;
+    let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    let command = resolve_command(cmd, &path_env)?;
+    let canonical_cmd = std::fs::canonicalize(&command).unwrap_or_else(|_| command.clone());
+    let interpreter = script_interpreter(&canonical_cmd);
+
+    let ctx = VarContext {
+        cwd: std::env::current_dir()
+            .ok()
+            .map(|p| p.display().to_string()),
+        home: std::env::var("HOME").ok(),
+        exe_dir: canonical_cmd.parent().map(|p| p.display().to_string()),
+    };
+    let mut read = Vec::new();
+    let mut write = Vec::new();
+    let mut skipped = Vec::new();
+    expand_grants(&policy.filesystem.read, &ctx, &mut read, &mut skipped)?;
+    expand_grants(&policy.filesystem.write, &ctx, &mut write, &mut skipped)?;
+    for g in &req.grants {
+        let flag = if g.write { "rw" } else { "ro" };
+        let c = std::fs::canonicalize(&g.path).map_err(|source| PlanError::MissingGrant {
+            flag,
+            path: g.path.display().to_string(),
+            source,
+        })?;
+        if policy.random.getrandom == Toggle::Deny
+            && policy::covers_random_device(&c.to_string_lossy())
+        {
+            return Err(PlanError::MissingGrant {
+                flag,
+                path: g.path.display().to_string(),
+                source: std::io::Error::other(
+                    "would make /dev/urandom readable, but the policy denies randomness; grant single devices instead",
+                ),
+            });
+        }
+        let list = if g.write { &mut write } else { &mut read };
+        if !list.contains(&c) {
+            list.push(c);
+        }
+    }
+    // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
+    // say so now, with the fix, instead of after a fork.
+    let landlock_abi = crate::sys::landlock_abi();
+    if landlock_abi.is_ok() {
+        let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
+        for exe in std::iter::once(&canonical_cmd).chain(interpreter.as_ref()) {
+            let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.clone());
+            if !covered(&exe, &granted) {
+                return Err(PlanError::NotGranted {
+                    path: exe.display().to_string(),
+                    dir: exe.parent().unwrap_or(Path::new("/")).display().to_string(),
+                    policy: policy.name.clone(),
+                });
+            }
+        }
+    }
+
+    let env = guest_env(policy, &req.extra_env);
+    let exec = ExecImage::new(&command, &req.argv, &env)?;
+
+    // Landlock.
+    let deny_tcp =
+        policy.network.mode == NetworkMode::None && policy.on_violation != OnViolation::Warn;
+    let (landlock, landlock_missing) = match landlock_abi {
+        Ok(abi) => (Some(landlock::build(abi, &read, &write, deny_tcp)?), None),
+        Err(e) => {
+            let why = match e {
+                nix::errno::Errno::ENOSYS => "this kernel has no Landlock (Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK)".to_string(),
+                nix::errno::Errno::EOPNOTSUPP => "Landlock is built in but disabled: add `landlock` to the kernel's lsm= boot parameter".to_string(),
+                nix::errno::Errno::EPERM => "a seccomp profile (e.g. an old container runtime's) denies the landlock syscalls".to_string(),
+                e => format!("landlock_create_ruleset failed: {e}"),
+            };
+            if policy.requires(Layer::Landlock) {
+                return Err(PlanError::LandlockRequired {
+                    policy: policy.name.clone(),
+                    why,
+                });
+            }
+            (None, Some(why))
+        }
+    };
+
+    // Seccomp: both programs, so the child can fall back without calling us.
+    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None)?;
+    let seccomp_fallback = bpf::compile(policy, bpf::Mode::Fallback, Some(exec.path_address()))?;
+
+    let mut rlimits = Vec::new();
+    let l = &policy.limits;
+    if let Some(m) = l.memory {
+        rlimits.push((libc::RLIMIT_AS as libc::c_int, m.0));
+    }
+    if let Some(c) = l.cpu {
+        rlimits.push((
+            libc::RLIMIT_CPU as libc::c_int,
+            c.0.as_secs_f64().ceil() as u64,
+        ));
+    }
+    if let Some(n) = &l.open_files {
+        rlimits.push((libc::RLIMIT_NOFILE as libc::c_int, n.value));
+    }
+    if let Some(f) = l.file_size {
+        rlimits.push((libc::RLIMIT_FSIZE as libc::c_int, f.0));
+    }
+    if let Some(p) = l.processes {
+        rlimits.push((libc::RLIMIT_NPROC as libc::c_int, p));
+    }
+
+    let ns = policy.namespaces;
+    // SAFETY-free: plain getters.
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    Ok(Plan {
+        policy: policy.clone(),
+        command: canonical_cmd,
+        argv: req.argv.clone(),
+        script_interpreter: interpreter,
+        exec,
+        env,
+        namespaces: NamespacePlan {
+            user: ns.user,
+            pid: ns.pid,
+            net: ns.net,
+            ipc: ns.ipc,
+            uts: ns.uts,
+        },
+        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        rlimits,
+        landlock,
+        landlock_missing,
+        seccomp_notify,
+        seccomp_fallback,
+        last_cap: last_cap(),
+        read,
+        write,
+        skipped,
+    })
+}

@@ -1,0 +1,156 @@
+//! Creating the confined child: `clone` with the PID and user namespaces (falling back when
+//! the host refuses them and the policy allows it), the set-up channel, and the child entry.
+
+pub mod channel;
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+
+use crate::confine::{self, ChildSpec};
+use crate::plan::Plan;
+use crate::policy::Layer;
+use crate::sys;
+use channel::Step;
+
+/// A started child, before its exec has been confirmed.
+pub struct Spawned {
+    pub pid: libc::pid_t,
+    pub pidfd: OwnedFd,
+    /// Parent end of the set-up channel.
+    pub chan: OwnedFd,
+    /// Namespaces `clone` created.
+    pub user_ns: bool,
+    pub pid_ns: bool,
+    /// Namespaces `clone` could not create (best-effort ones only), with the reason.
+    pub clone_degraded: Vec<(Layer, Errno)>,
+    pub started: Instant,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("creating the set-up channel: {0}")]
+    Channel(Errno),
+    #[error(
+        "the {layer} namespace is required by the policy but this host refuses it ({errno}); \
+         run `wfjail check` for what would enable it"
+    )]
+    RequiredNamespace { layer: &'static str, errno: Errno },
+    #[error("clone: {0}")]
+    Clone(std::io::Error),
+}
+
+/// Whether a failed `clone` means "namespaces not allowed here" (so a smaller set may work).
+fn namespace_refused(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPERM | libc::EINVAL | libc::ENOSPC | libc::EUSERS | libc::ENOSYS | libc::EACCES
+        )
+    )
+}
+
+/// Starts the child: it applies `plan` through [`confine::apply`] and execs the guest, with
+/// `fd_targets` (source, target) as its descriptors 0..=4.
+pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, SpawnError> {
+    let (parent_end, child_end) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(SpawnError::Channel)?;
+
+    let p = &plan.policy;
+    let ns = plan.namespaces;
+    let mut unshare = Vec::with_capacity(3);
+    if ns.net {
+        unshare.push((libc::CLONE_NEWNET, Step::NetNs, p.requires(Layer::NetNs)));
+    }
+    if ns.ipc {
+        unshare.push((libc::CLONE_NEWIPC, Step::IpcNs, p.requires(Layer::IpcNs)));
+    }
+    if ns.uts {
+        unshare.push((libc::CLONE_NEWUTS, Step::UtsNs, p.requires(Layer::UtsNs)));
+    }
+
+    // Attempts, most confined first. A namespace the policy requires is never dropped.
+    let user_req = p.requires(Layer::UserNs);
+    let pid_req = p.requires(Layer::PidNs);
+    let mut attempts: Vec<(bool, bool)> = vec![(ns.user, ns.pid)];
+    for (u, pd) in [(false, ns.pid), (ns.user, false), (false, false)] {
+        if (ns.user && !u && user_req) || (ns.pid && !pd && pid_req) {
+            continue;
+        }
+        if !attempts.contains(&(u, pd)) {
+            attempts.push((u, pd));
+        }
+    }
+
+    let mut first_error: Option<std::io::Error> = None;
+    for (user, pid) in attempts {
+        let flags =
+            if user { libc::CLONE_NEWUSER } else { 0 } | if pid { libc::CLONE_NEWPID } else { 0 };
+        let spec = ChildSpec {
+            chan: child_end.as_raw_fd(),
+            chan_parent_end: parent_end.as_raw_fd(),
+            in_user_ns: user,
+            uid_map: &plan.uid_map,
+            gid_map: &plan.gid_map,
+            unshare: &unshare,
+            hostname: crate::plan::HOSTNAME,
+            fd_targets,
+            rlimits: &plan.rlimits,
+            last_cap: plan.last_cap,
+            capabilities_required: p.requires(Layer::Capabilities),
+            no_new_privs_required: p.requires(Layer::NoNewPrivs),
+            landlock_fd: plan.landlock.as_ref().map(|(fd, _)| fd.as_raw_fd()),
+            landlock_required: p.requires(Layer::Landlock),
+            seccomp_notify: Some(&plan.seccomp_notify),
+            seccomp_fallback: &plan.seccomp_fallback,
+            seccomp_required: p.requires(Layer::Seccomp),
+            seccomp_notify_required: p.requires(Layer::SeccompNotify),
+            exec_path: &plan.exec.path,
+            argv: &plan.exec.argv_ptrs,
+            envp: &plan.exec.envp_ptrs,
+        };
+        let started = Instant::now();
+        match sys::clone_process(flags, || confine::apply(&spec)) {
+            Ok(c) => {
+                drop(child_end);
+                let mut clone_degraded = Vec::new();
+                if ns.user && !user {
+                    clone_degraded.push((Layer::UserNs, errno_of(first_error.as_ref())));
+                }
+                if ns.pid && !pid {
+                    clone_degraded.push((Layer::PidNs, errno_of(first_error.as_ref())));
+                }
+                return Ok(Spawned {
+                    pid: c.pid,
+                    pidfd: c.pidfd,
+                    chan: parent_end,
+                    user_ns: user,
+                    pid_ns: pid,
+                    clone_degraded,
+                    started,
+                });
+            }
+            Err(e) if flags != 0 && namespace_refused(&e) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => return Err(SpawnError::Clone(e)),
+        }
+    }
+    // Every allowed attempt failed: a required namespace is refused.
+    let errno = errno_of(first_error.as_ref());
+    let layer = if user_req { "user" } else { "pid" };
+    Err(SpawnError::RequiredNamespace { layer, errno })
+}
+
+fn errno_of(e: Option<&std::io::Error>) -> Errno {
+    e.and_then(|e| e.raw_os_error())
+        .map(Errno::from_raw)
+        .unwrap_or(Errno::EPERM)
+}

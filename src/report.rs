@@ -1,0 +1,227 @@
+//! The execution report (PRODUCT.md §3) and how an outcome maps to a status and exit code.
+
+use serde::Serialize;
+
+use crate::policy::syscalls::Category;
+
+/// The outcome of one execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    GuestError,
+    Violation,
+    Timeout,
+    Limit,
+    Crashed,
+    LaunchError,
+}
+
+impl Status {
+    /// wfjail's exit status for this outcome (PRODUCT.md §2). Launch errors carry their own
+    /// code (125, 126 or 127) in [`Report::exit_status`].
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Status::Ok => 0,
+            Status::GuestError => 1,
+            Status::Violation => 3,
+            Status::Timeout => 4,
+            Status::Limit => 5,
+            Status::Crashed => 6,
+            Status::LaunchError => 125,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::GuestError => "guest_error",
+            Status::Violation => "violation",
+            Status::Timeout => "timeout",
+            Status::Limit => "limit",
+            Status::Crashed => "crashed",
+            Status::LaunchError => "launch_error",
+        }
+    }
+}
+
+/// What the supervisor did about a violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Denied,
+    Killed,
+    Warned,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Denied => "denied",
+            Action::Killed => "killed",
+            Action::Warned => "warned",
+        }
+    }
+}
+
+/// One forbidden operation the guest attempted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Violation {
+    pub category: Category,
+    pub syscall: String,
+    pub args: String,
+    pub action: Action,
+    /// The policy rule that forbids it.
+    pub rule: String,
+    pub hint: String,
+    /// How many times this same call was made (identical category, syscall, arguments).
+    pub count: u32,
+}
+
+impl Violation {
+    /// The one-line human summary the supervisor prints to stderr.
+    pub fn summary(&self) -> String {
+        let args = if self.args.is_empty() {
+            String::new()
+        } else {
+            self.args.clone()
+        };
+        let times = if self.count > 1 {
+            format!(" (x{})", self.count)
+        } else {
+            String::new()
+        };
+        format!(
+            "wfjail: violation: {} {}({}) {}{} [{}]: {}",
+            self.category.as_str(),
+            self.syscall,
+            args,
+            self.action.as_str(),
+            times,
+            self.rule,
+            self.hint
+        )
+    }
+}
+
+/// The layers that were actually applied.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Layers {
+    /// `abi-N`, or `none`.
+    pub landlock: String,
+    /// `user-notify` (violations named), `filter` (in-filter actions only), or `none`.
+    pub seccomp: String,
+    pub namespaces: Vec<&'static str>,
+    /// `none` when every capability set is empty; otherwise what remains.
+    pub capabilities: String,
+    pub no_new_privs: bool,
+    /// Layers that could not be applied, as `layer: reason`.
+    pub degraded: Vec<String>,
+}
+
+/// An error the guest reported over the protocol (exception type, message, traceback).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GuestError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    pub traceback: String,
+}
+
+/// The JSON report of one execution.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub status: Status,
+    /// The guest's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the guest, e.g. `SIGKILL`.
+    pub signal: Option<String>,
+    pub violations: Vec<Violation>,
+    pub duration_ms: f64,
+    pub cpu_ms: f64,
+    pub max_rss_kb: u64,
+    pub policy: String,
+    pub layers: Layers,
+    pub stderr_tail: String,
+    /// For `limit`: which one (`memory`, `cpu`, `file_size`, `output`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+    /// For `launch_error` and protocol failures: what went wrong and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_error: Option<GuestError>,
+    pub command: Vec<String>,
+    /// Policy paths that do not exist on this host and were skipped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped_paths: Vec<String>,
+    /// wfjail's own exit status for this report.
+    #[serde(skip)]
+    pub exit_status: i32,
+}
+
+impl Report {
+    /// A report for a run that failed before the guest started.
+    pub fn launch_error(
+        policy: &str,
+        command: &[String],
+        error: String,
+        exit_status: i32,
+    ) -> Report {
+        Report {
+            status: Status::LaunchError,
+            exit_code: None,
+            signal: None,
+            violations: vec![],
+            duration_ms: 0.0,
+            cpu_ms: 0.0,
+            max_rss_kb: 0,
+            policy: policy.to_string(),
+            layers: Layers::default(),
+            stderr_tail: String::new(),
+            limit: None,
+            error: Some(error),
+            guest_error: None,
+            command: command.to_vec(),
+            skipped_paths: vec![],
+            exit_status,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// One line for a human (stderr), e.g. `wfjail: violation (exit 3) in 2.1 ms ...`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "wfjail: {} in {:.1} ms under policy {}",
+            self.status.as_str(),
+            self.duration_ms,
+            self.policy
+        );
+        if let Some(code) = self.exit_code {
+            s.push_str(&format!("; guest exit code {code}"));
+        }
+        if let Some(sig) = &self.signal {
+            s.push_str(&format!("; guest killed by {sig}"));
+        }
+        if let Some(l) = &self.limit {
+            s.push_str(&format!("; {l} limit reached"));
+        }
+        if let Some(e) = &self.error {
+            s.push_str(&format!("; {e}"));
+        }
+        if let Some(g) = &self.guest_error {
+            s.push_str(&format!("; {}: {}", g.kind, g.message));
+        }
+        s
+    }
+}
+
+/// Signal names for reports.
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}

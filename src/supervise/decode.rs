@@ -1,0 +1,412 @@
+//! Turning a seccomp notification into a violation: category, readable arguments, the rule
+//! that forbids it, and a hint. Guest memory is read with `process_vm_readv` and trusted only
+//! after `SECCOMP_IOCTL_NOTIF_ID_VALID` confirms the call is still pending.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::policy::syscalls::{self, Category};
+use crate::policy::{NetworkMode, Policy, Toggle, bpf};
+use crate::sys::{self, Notif};
+
+/// A decoded notification (before the supervisor decides what to do with it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub category: Category,
+    pub syscall: String,
+    pub args: String,
+    pub rule: String,
+    /// Never let this call proceed, whatever `on_violation` says.
+    pub always_deny: bool,
+}
+
+/// Reads guest memory at `addr`, up to `len` bytes (fewer if a page is unmapped).
+fn read_mem(pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
+    if addr == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        // Stop at page boundaries so a string near the end of a mapping can still be read.
+        let a = addr + done as u64;
+        let to_page_end = (4096 - (a % 4096)) as usize;
+        let want = (len - done).min(to_page_end);
+        match sys::read_process_memory(pid as libc::pid_t, a, &mut buf[done..done + want]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => done += n,
+        }
+    }
+    if done == 0 {
+        return None;
+    }
+    buf.truncate(done);
+    Some(buf)
+}
+
+/// Reads a NUL-terminated string (at most 4 KiB) from guest memory.
+fn read_string(pid: u32, addr: u64) -> Option<String> {
+    let mut out = Vec::new();
+    let mut a = addr;
+    while out.len() < 4096 {
+        let chunk = read_mem(pid, a, (4096 - (a % 4096)) as usize)?;
+        if let Some(nul) = chunk.iter().position(|&b| b == 0) {
+            out.extend_from_slice(&chunk[..nul]);
+            return Some(String::from_utf8_lossy(&out).into_owned());
+        }
+        a += chunk.len() as u64;
+        out.extend_from_slice(&chunk);
+    }
+    Some(String::from_utf8_lossy(&out).into_owned() + "...")
+}
+
+fn family_name(f: u64) -> String {
+    match f as i32 {
+        libc::AF_UNIX => "AF_UNIX".into(),
+        libc::AF_INET => "AF_INET".into(),
+        libc::AF_INET6 => "AF_INET6".into(),
+        libc::AF_NETLINK => "AF_NETLINK".into(),
+        libc::AF_PACKET => "AF_PACKET".into(),
+        libc::AF_VSOCK => "AF_VSOCK".into(),
+        libc::AF_ALG => "AF_ALG".into(),
+        libc::AF_BLUETOOTH => "AF_BLUETOOTH".into(),
+        other => format!("family {other}"),
+    }
+}
+
+fn socket_type(t: u64) -> String {
+    let base = match (t & 0xf) as i32 {
+        libc::SOCK_STREAM => "SOCK_STREAM".to_string(),
+        libc::SOCK_DGRAM => "SOCK_DGRAM".to_string(),
+        libc::SOCK_RAW => "SOCK_RAW".to_string(),
+        libc::SOCK_SEQPACKET => "SOCK_SEQPACKET".to_string(),
+        other => format!("type {other}"),
+    };
+    let mut s = base;
+    if t & libc::SOCK_CLOEXEC as u64 != 0 {
+        s.push_str("|SOCK_CLOEXEC");
+    }
+    if t & libc::SOCK_NONBLOCK as u64 != 0 {
+        s.push_str("|SOCK_NONBLOCK");
+    }
+    s
+}
+
+/// Formats a `struct sockaddr` read from the guest: `AF_INET 10.0.0.1:443`,
+/// `AF_INET6 [::1]:80`, `AF_UNIX /run/x.sock` or `AF_UNIX @abstract`.
+pub fn format_sockaddr(b: &[u8]) -> String {
+    if b.len() < 2 {
+        return "(short address)".into();
+    }
+    let family = u16::from_ne_bytes([b[0], b[1]]) as i32;
+    match family {
+        libc::AF_INET if b.len() >= 8 => {
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            format!("AF_INET {ip}:{port}")
+        }
+        libc::AF_INET6 if b.len() >= 24 => {
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            let mut o = [0u8; 16];
+            o.copy_from_slice(&b[8..24]);
+            format!("AF_INET6 [{}]:{port}", Ipv6Addr::from(o))
+        }
+        libc::AF_UNIX => {
+            let path = &b[2..];
+            if path.first() == Some(&0) {
+                let name = &path[1..];
+                let end = name.iter().rposition(|&c| c != 0).map_or(0, |i| i + 1);
+                format!("AF_UNIX @{}", String::from_utf8_lossy(&name[..end]))
+            } else {
+                let end = path.iter().position(|&c| c == 0).unwrap_or(path.len());
+                format!("AF_UNIX {}", String::from_utf8_lossy(&path[..end]))
+            }
+        }
+        other => family_name(other as u64),
+    }
+}
+
+fn sockaddr_arg(n: &Notif, addr: u64, len: u64) -> String {
+    let len = (len as usize).min(128);
+    match read_mem(n.pid, addr, len) {
+        Some(b) => format_sockaddr(&b),
+        None if addr == 0 => "no address".into(),
+        None => format!("address {addr:#x} (unreadable)"),
+    }
+}
+
+const CLONE_FLAGS: &[(u64, &str)] = &[
+    (libc::CLONE_VM as u64, "CLONE_VM"),
+    (libc::CLONE_FS as u64, "CLONE_FS"),
+    (libc::CLONE_FILES as u64, "CLONE_FILES"),
+    (libc::CLONE_SIGHAND as u64, "CLONE_SIGHAND"),
+    (libc::CLONE_PIDFD as u64, "CLONE_PIDFD"),
+    (libc::CLONE_PTRACE as u64, "CLONE_PTRACE"),
+    (libc::CLONE_VFORK as u64, "CLONE_VFORK"),
+    (libc::CLONE_PARENT as u64, "CLONE_PARENT"),
+    (libc::CLONE_THREAD as u64, "CLONE_THREAD"),
+    (libc::CLONE_NEWNS as u64, "CLONE_NEWNS"),
+    (libc::CLONE_SYSVSEM as u64, "CLONE_SYSVSEM"),
+    (libc::CLONE_SETTLS as u64, "CLONE_SETTLS"),
+    (libc::CLONE_PARENT_SETTID as u64, "CLONE_PARENT_SETTID"),
+    (libc::CLONE_CHILD_CLEARTID as u64, "CLONE_CHILD_CLEARTID"),
+    (libc::CLONE_UNTRACED as u64, "CLONE_UNTRACED"),
+    (libc::CLONE_CHILD_SETTID as u64, "CLONE_CHILD_SETTID"),
+    (libc::CLONE_NEWCGROUP as u64, "CLONE_NEWCGROUP"),
+    (libc::CLONE_NEWUTS as u64, "CLONE_NEWUTS"),
+    (libc::CLONE_NEWIPC as u64, "CLONE_NEWIPC"),
+    (libc::CLONE_NEWUSER as u64, "CLONE_NEWUSER"),
+    (libc::CLONE_NEWPID as u64, "CLONE_NEWPID"),
+    (libc::CLONE_NEWNET as u64, "CLONE_NEWNET"),
+    (libc::CLONE_IO as u64, "CLONE_IO"),
+];
+
+/// `CLONE_VM|CLONE_THREAD|...|SIGCHLD`.
+pub fn format_clone_flags(flags: u64) -> String {
+    let mut parts: Vec<String> = CLONE_FLAGS
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| name.to_string())
+        .collect();
+    let sig = (flags & 0xff) as i32;
+    if sig != 0 {
+        parts.push(crate::report::signal_name(sig));
+    }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join("|")
+    }
+}
+
+fn timespec_arg(n: &Notif, addr: u64) -> String {
+    match read_mem(n.pid, addr, 16) {
+        Some(b) if b.len() == 16 => {
+            let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or_default());
+            let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or_default());
+            format!("{}s", sec as f64 + nsec as f64 / 1e9)
+        }
+        _ => format!("{addr:#x}"),
+    }
+}
+
+fn clock_name(c: u64) -> String {
+    match c as i32 {
+        libc::CLOCK_REALTIME => "CLOCK_REALTIME".into(),
+        libc::CLOCK_MONOTONIC => "CLOCK_MONOTONIC".into(),
+        libc::CLOCK_BOOTTIME => "CLOCK_BOOTTIME".into(),
+        other => format!("clock {other}"),
+    }
+}
+
+/// `execve` arguments: the path and the first few argv entries.
+fn exec_arg(n: &Notif, path: u64, argv: u64) -> String {
+    let mut s = read_string(n.pid, path).unwrap_or_else(|| format!("{path:#x}"));
+    if let Some(ptrs) = read_mem(n.pid, argv, 8 * 8) {
+        let words: Vec<u64> = ptrs
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
+            .take_while(|&p| p != 0)
+            .collect();
+        let mut shown = Vec::new();
+        for &p in words.iter().skip(1).take(6) {
+            shown.push(read_string(n.pid, p).unwrap_or_else(|| "?".into()));
+        }
+        if !shown.is_empty() {
+            s.push_str(&format!(" argv=[{}]", shown.join(", ")));
+        }
+    }
+    s
+}
+
+fn hex_args(a: &[u64; 6], count: usize) -> String {
+    a.iter()
+        .take(count)
+        .map(|v| format!("{v:#x}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Decodes notification `n` under `policy`.
+pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
+    let a = &n.args;
+    if n.arch != bpf::AUDIT_ARCH_X86_64 {
+        return Decoded {
+            category: Category::Privilege,
+            syscall: format!("foreign-arch syscall {}", n.nr),
+            args: format!("arch {:#x}", n.arch),
+            rule: "only the native x86_64 ABI is allowed".into(),
+            always_deny: true,
+        };
+    }
+    let nr = n.nr as u32;
+    if nr & bpf::X32_SYSCALL_BIT != 0 {
+        let base = nr & !bpf::X32_SYSCALL_BIT;
+        return Decoded {
+            category: Category::Privilege,
+            syscall: format!("x32 syscall {base}"),
+            args: hex_args(a, 3),
+            rule: "the x32 ABI is rejected".into(),
+            always_deny: true,
+        };
+    }
+    let name = syscalls::name(nr).unwrap_or("unknown");
+    let syscall = if name == "unknown" {
+        format!("syscall {nr}")
+    } else {
+        name.to_string()
+    };
+    let mut category = syscalls::category(name);
+    let mut always_deny = syscalls::always_denied(name);
+    let net_rule = || format!("network.mode = \"{}\"", mode_str(policy.network.mode));
+    let (args, rule) = match name {
+        "socket" => (
+            format!("{} {}", family_name(a[0]), socket_type(a[1])),
+            net_rule(),
+        ),
+        "socketpair" => (
+            format!("{} {}", family_name(a[0]), socket_type(a[1])),
+            "only AF_UNIX stream socket pairs are allowed".into(),
+        ),
+        "connect" | "bind" => (sockaddr_arg(n, a[1], a[2]), net_rule()),
+        "sendto" => (sockaddr_arg(n, a[4], a[5]), net_rule()),
+        "listen" | "accept" | "accept4" => (format!("fd {}", a[0] as i32), net_rule()),
+        "clone" => {
+            let thread = a[0] & libc::CLONE_THREAD as u64 != 0;
+            category = if thread {
+                Category::Thread
+            } else {
+                Category::Subprocess
+            };
+            let rule = if thread {
+                "process.threads = \"deny\""
+            } else {
+                "process.subprocess = \"deny\""
+            };
+            (format_clone_flags(a[0]), rule.into())
+        }
+        "fork" | "vfork" => (String::new(), "process.subprocess = \"deny\"".into()),
+        "execve" => (exec_arg(n, a[0], a[1]), "process.exec = \"deny\"".into()),
+        "execveat" => (exec_arg(n, a[1], a[2]), "process.exec = \"deny\"".into()),
+        "nanosleep" => (timespec_arg(n, a[0]), "time.sleep = \"deny\"".into()),
+        "clock_nanosleep" => {
+            let abs = if a[1] & libc::TIMER_ABSTIME as u64 != 0 {
+                " until"
+            } else {
+                ""
+            };
+            (
+                format!("{}{abs} {}", clock_name(a[0]), timespec_arg(n, a[2])),
+                "time.sleep = \"deny\"".into(),
+            )
+        }
+        "alarm" => (format!("{}s", a[0]), "time.sleep = \"deny\"".into()),
+        "getrandom" => (
+            format!("{} bytes", a[1]),
+            "random.getrandom = \"deny\"".into(),
+        ),
+        "ioctl" => (
+            format!("fd {}, request {:#x}", a[0] as i32, a[1]),
+            "ioctl requests that inject into terminals are denied".into(),
+        ),
+        "seccomp" => {
+            always_deny = true;
+            category = Category::Privilege;
+            (
+                format!("op {}, flags {:#x}", a[0], a[1]),
+                "creating a seccomp listener is always denied".into(),
+            )
+        }
+        "open" | "creat" | "chmod" | "chown" | "lchown" | "mknod" | "utime" | "utimes"
+        | "setxattr" | "lsetxattr" | "removexattr" | "lremovexattr" | "inotify_add_watch"
+        | "truncate" | "unlink" | "mkdir" | "rmdir" | "readlink" | "stat" | "lstat" | "access" => {
+            let idx = if name == "inotify_add_watch" { 1 } else { 0 };
+            (
+                read_string(n.pid, a[idx]).unwrap_or_else(|| hex_args(a, 3)),
+                rule_for(policy, name, always_deny),
+            )
+        }
+        "openat" | "openat2" | "fchmodat" | "fchmodat2" | "fchownat" | "mknodat" | "utimensat"
+        | "futimesat" | "unlinkat" | "mkdirat" | "newfstatat" | "faccessat" | "faccessat2"
+        | "readlinkat" | "name_to_handle_at" => (
+            read_string(n.pid, a[1]).unwrap_or_else(|| hex_args(a, 3)),
+            rule_for(policy, name, always_deny),
+        ),
+        "mount" => (
+            format!(
+                "{} on {}",
+                read_string(n.pid, a[0]).unwrap_or_else(|| "?".into()),
+                read_string(n.pid, a[1]).unwrap_or_else(|| "?".into())
+            ),
+            rule_for(policy, name, true),
+        ),
+        "unshare" | "setns" => (
+            format_clone_flags(a[if name == "setns" { 1 } else { 0 }]),
+            rule_for(policy, name, true),
+        ),
+        "kill" | "tgkill" | "tkill" => (hex_args(a, 3), rule_for(policy, name, always_deny)),
+        _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
+    };
+    if policy.syscalls.denies(name) && !always_deny {
+        return Decoded {
+            category,
+            syscall,
+            args,
+            rule: format!("syscalls.deny = [\"{name}\"]"),
+            always_deny,
+        };
+    }
+    Decoded {
+        category,
+        syscall,
+        args,
+        rule,
+        always_deny,
+    }
+}
+
+fn mode_str(m: NetworkMode) -> &'static str {
+    match m {
+        NetworkMode::None => "none",
+        NetworkMode::Allow => "allow",
+    }
+}
+
+fn rule_for(policy: &Policy, name: &str, always_deny: bool) -> String {
+    if always_deny {
+        "always denied: could weaken the sandbox".into()
+    } else if policy.syscalls.denies(name) {
+        format!("syscalls.deny = [\"{name}\"]")
+    } else if syscalls::SLEEP.contains(&name) && policy.time.sleep == Toggle::Deny {
+        "time.sleep = \"deny\"".into()
+    } else {
+        "not on the allowlist".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddrs() {
+        let mut v4 = vec![0u8; 16];
+        v4[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&443u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[10, 0, 0, 1]);
+        assert_eq!(format_sockaddr(&v4), "AF_INET 10.0.0.1:443");
+        let mut un = vec![0u8; 12];
+        un[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        un[2..8].copy_from_slice(b"/x.soc");
+        assert_eq!(format_sockaddr(&un), "AF_UNIX /x.soc");
+        let mut abs = vec![0u8; 6];
+        abs[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        abs[3..6].copy_from_slice(b"abc");
+        assert_eq!(format_sockaddr(&abs), "AF_UNIX @abc");
+    }
+
+    #[test]
+    fn clone_flags() {
+        let f = (libc::CLONE_VM | libc::CLONE_THREAD | libc::SIGCHLD) as u64;
+        assert_eq!(format_clone_flags(f), "CLONE_VM|CLONE_THREAD|SIGCHLD");
+    }
+}
