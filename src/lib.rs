@@ -5,10 +5,10 @@
 //! its arguments and a hint. See `docs/architecture.md` for the map of this crate.
 //!
 //! ```no_run
-//! use wfjail::{policy, run::{RunOptions, run}};
+//! use wfjail::{policy, run::{RunOptions, run_raw}};
 //! let policy = policy::load("default").unwrap();
 //! let opts = RunOptions::raw(vec!["/bin/true".into()]);
-//! let report = run(&policy, &opts).unwrap();
+//! let report = run_raw(&policy, &opts, &mut std::io::sink());
 //! assert_eq!(report.status, wfjail::report::Status::Ok);
 //! ```
 #![deny(unsafe_code)]
@@ -24,3 +24,4 @@ pub mod run;
 pub mod supervise;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod timing;

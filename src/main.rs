@@ -13,6 +13,7 @@ use wfjail::report::Status;
 use wfjail::run::{RunOptions, run_raw};
 
 fn main() -> ExitCode {
+    let start = std::time::Instant::now();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -26,6 +27,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cmd_check(args),
         Command::Policy(p) => cmd_policy(p),
     };
+    wfjail::timing::print(start);
     match code {
         Ok(c) => ExitCode::from(c),
         Err(e) => {
@@ -43,10 +45,12 @@ fn load_policy(spec: &str) -> Result<policy::Policy, u8> {
 }
 
 fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
+    wfjail::timing::mark("parse arguments");
     let policy = match load_policy(&args.policy) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    wfjail::timing::mark("load policy");
     if !args.raw {
         eprintln!(
             "wfjail: the framed protocol is not available yet; use --raw (the guest's stdin is the request, its stdout the result)"

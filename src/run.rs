@@ -51,6 +51,7 @@ pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Re
             return Report::launch_error(&policy.name, &opts.argv, e.to_string(), e.exit_code());
         }
     };
+    crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
     let stdin: OwnedFd = match &opts.input {
         Some(path) => match std::fs::File::open(path) {
             Ok(f) => f.into(),
@@ -94,6 +95,7 @@ pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Re
         Ok(s) => s,
         Err(e) => return Report::launch_error(&policy.name, &opts.argv, e.to_string(), 125),
     };
+    crate::timing::mark("spawn (clone)");
     drop((stdin, out_w, err_w));
     let timeout = opts.timeout.or(policy.limits.timeout.map(|d| d.0));
     let cfg = Config {
@@ -118,7 +120,10 @@ pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Re
         &cfg,
         sinks,
     );
-    build_report(&plan, layers_base, outcome, timeout)
+    crate::timing::mark("supervise (child set-up, exec, guest run, exit)");
+    let report = build_report(&plan, layers_base, outcome, timeout);
+    crate::timing::mark("report");
+    report
 }
 
 /// Small extension: a duplicate of stdin as an owned descriptor, if stdin is open.

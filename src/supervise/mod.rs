@@ -237,10 +237,12 @@ pub fn supervise(
                                     notif_buf = NotifBuf::new().ok();
                                     listener = Some(fd);
                                     o.notify = true;
+                                    crate::timing::mark("child confined (listener received)");
                                 }
                             }
                             Ok(Ok(Received::Eof)) => {
                                 o.exec_confirmed = o.fatal.is_none();
+                                crate::timing::mark("exec confirmed (channel closed)");
                                 chan = None;
                             }
                             Ok(Err(e)) => {
@@ -338,7 +340,10 @@ pub fn supervise(
                         *slot = None;
                     }
                 }
-                4 => exited_at = Some(Instant::now()),
+                4 => {
+                    crate::timing::mark("guest exited (pidfd)");
+                    exited_at = Some(Instant::now())
+                }
                 _ => {}
             }
         }
@@ -346,6 +351,7 @@ pub fn supervise(
     if let Some(w) = out_sink.as_mut() {
         let _ = w.flush();
     }
+    crate::timing::mark("output drained");
     o.reaped = sys::wait4(child.pid).ok();
     o.duration = child.started.elapsed();
     if tail.len() > STDERR_TAIL {
