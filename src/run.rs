@@ -101,6 +101,7 @@ pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Re
     let cfg = Config {
         timeout,
         output_limit: policy.limits.output.0,
+        write_grants: supervise::paths::WriteGrants::new(&plan.write),
     };
     let mut stderr = std::io::stderr();
     let mut echo_err = std::io::stderr();

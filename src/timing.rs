@@ -29,9 +29,15 @@ pub fn print(start: Instant) {
     MARKS.with(|m| {
         let mut prev = start;
         for (phase, t) in m.borrow().iter() {
-            eprintln!("wfjail timing: {:>8.3} ms  {phase}", (*t - prev).as_secs_f64() * 1000.0);
+            eprintln!(
+                "wfjail timing: {:>8.3} ms  {phase}",
+                (*t - prev).as_secs_f64() * 1000.0
+            );
             prev = *t;
         }
-        eprintln!("wfjail timing: {:>8.3} ms  total", (prev - start).as_secs_f64() * 1000.0);
+        eprintln!(
+            "wfjail timing: {:>8.3} ms  total",
+            (prev - start).as_secs_f64() * 1000.0
+        );
     });
 }

@@ -63,6 +63,11 @@ pub enum Leaf {
     EnosysIf(Vec<SeccompRule>),
     /// Denied and reported.
     Violation,
+    /// Sent to the supervisor in notify mode (which checks it and usually lets it run);
+    /// allowed in fallback mode, where Landlock alone decides.
+    Watch,
+    /// Allowed when one of the rules matches, [`Leaf::Watch`] otherwise.
+    AllowIfElseWatch(Vec<SeccompRule>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +118,15 @@ fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
             ],
             name,
         )?]),
+        ArgRule::Watch => Leaf::Watch,
+        ArgRule::WatchWrites(arg) => {
+            // O_WRONLY | O_RDWR | O_CREAT | O_TRUNC: any of them asks to change the file.
+            let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+            Leaf::AllowIfElseWatch(vec![rule(
+                vec![cond(arg, Len::Dword, Op::MaskedEq(write_bits), 0)],
+                name,
+            )?])
+        }
         ArgRule::NoListener => Leaf::AllowIf(vec![rule(
             vec![cond(
                 1,
@@ -244,6 +258,14 @@ fn violation_action(policy: &Policy, mode: Mode, nr: Option<u32>) -> u32 {
     }
 }
 
+/// Watched calls: the supervisor sees them in notify mode; Landlock alone decides otherwise.
+fn watch_action(mode: Mode) -> u32 {
+    match mode {
+        Mode::Notify => RET_USER_NOTIF,
+        Mode::Fallback => RET_ALLOW,
+    }
+}
+
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
         code,
@@ -284,7 +306,7 @@ pub fn compile(
         // In fallback mode a violation's action depends on its syscall, so each denied
         // syscall is its own range there; in notify mode equal leaves merge.
         let mergeable = match &leaf {
-            Leaf::AllowIf(_) | Leaf::EnosysIf(_) => false,
+            Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_) => false,
             Leaf::Violation => mode == Mode::Notify || n > highest,
             _ => true,
         };
@@ -354,10 +376,15 @@ fn emit_leaf(
         Leaf::Allow => vec![stmt(BPF_RET_K, RET_ALLOW)],
         Leaf::Enosys => vec![stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)],
         Leaf::Violation => vec![stmt(BPF_RET_K, violation)],
-        Leaf::AllowIf(rules) | Leaf::EnosysIf(rules) => {
+        Leaf::Watch => vec![stmt(BPF_RET_K, watch_action(mode))],
+        Leaf::AllowIf(rules) | Leaf::EnosysIf(rules) | Leaf::AllowIfElseWatch(rules) => {
             let on_match = match &range.leaf {
                 Leaf::EnosysIf(_) => RET_ERRNO | libc::ENOSYS as u32,
                 _ => RET_ALLOW,
+            };
+            let violation = match &range.leaf {
+                Leaf::AllowIfElseWatch(_) => watch_action(mode),
+                _ => violation,
             };
             let mut out = Vec::new();
             for r in rules {
@@ -484,6 +511,31 @@ mod tests {
         // seccomp: no listener.
         assert_eq!(run(&prog, "seccomp", [1, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&prog, "seccomp", [1, 8, 0, 0, 0, 0]), RET_USER_NOTIF);
+        // Opens: read-only stays in the kernel, write intent goes to the supervisor.
+        let rdonly = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
+        let wr = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC) as u64;
+        assert_eq!(
+            run(&prog, "openat", [0, 0x1000, rdonly, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&prog, "openat", [0, 0x1000, wr, 0o644, 0, 0]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&prog, "open", [0x1000, libc::O_RDWR as u64, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&prog, "unlink", [0x1000, 0, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
+        let fallback = compile(&p, Mode::Fallback, None).unwrap();
+        assert_eq!(
+            run(&fallback, "openat", [0, 0x1000, wr, 0o644, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(run(&fallback, "unlink", [0x1000, 0, 0, 0, 0, 0]), RET_ALLOW);
         // Foreign architecture and x32.
         assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), RET_USER_NOTIF);
         assert_eq!(
@@ -506,8 +558,8 @@ mod tests {
             let want = match d.get(&n) {
                 Some(Leaf::Allow) => RET_ALLOW,
                 Some(Leaf::Enosys) => RET_ERRNO | libc::ENOSYS as u32,
-                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_)) => continue, // by arguments: tested above
-                Some(Leaf::Violation) | None => RET_USER_NOTIF,
+                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_)) => continue, // by arguments: tested above
+                Some(Leaf::Violation | Leaf::Watch) | None => RET_USER_NOTIF,
             };
             assert_eq!(got, want, "syscall {n} ({:?})", syscalls::name(n));
         }

@@ -217,6 +217,13 @@ pub enum ArgRule {
     /// `seccomp` without `SECCOMP_FILTER_FLAG_NEW_LISTENER`: a guest may narrow itself further
     /// but never become a supervisor.
     NoListener,
+    /// A call that changes the file system. Landlock decides; the supervisor also sees it
+    /// (user notification) so that a write outside the policy is reported with its path.
+    /// Without notification it is simply allowed, and Landlock alone denies.
+    Watch,
+    /// An open whose flags (argument `n`) may ask for writing: read-only opens stay in the
+    /// kernel, write-intent opens are watched like [`ArgRule::Watch`].
+    WatchWrites(u8),
 }
 
 /// One base allowlist entry: a syscall the guest may make, and why.
@@ -230,6 +237,22 @@ const fn any(name: &'static str, why: &'static str) -> Allowed {
     Allowed {
         name,
         rule: ArgRule::Any,
+        why,
+    }
+}
+
+const fn watch(name: &'static str, why: &'static str) -> Allowed {
+    Allowed {
+        name,
+        rule: ArgRule::Watch,
+        why,
+    }
+}
+
+const fn watch_writes(name: &'static str, flags_arg: u8, why: &'static str) -> Allowed {
+    Allowed {
+        name,
+        rule: ArgRule::WatchWrites(flags_arg),
         why,
     }
 }
@@ -272,10 +295,21 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
         why: "isatty, FIONBIO, FIONREAD",
     },
     // Paths: Landlock restricts every one of these to the policy's read/write paths.
-    any("open", "opening files (Landlock checks the path)"),
-    any("openat", "opening files (Landlock checks the path)"),
-    any("openat2", "opening files (Landlock checks the path)"),
-    any("creat", "creating files (Landlock checks the path)"),
+    watch_writes(
+        "open",
+        1,
+        "opening files (Landlock checks the path; writes are reported)",
+    ),
+    watch_writes(
+        "openat",
+        2,
+        "opening files (Landlock checks the path; writes are reported)",
+    ),
+    watch(
+        "openat2",
+        "opening files (flags are behind a pointer: always watched)",
+    ),
+    watch("creat", "creating files (Landlock checks the path)"),
     any("stat", "file metadata"),
     any("lstat", "file metadata"),
     any("fstat", "file metadata"),
@@ -302,19 +336,19 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("flistxattr", "extended attributes (read)"),
     any("listxattrat", "extended attributes (read)"),
     any("file_getattr", "file attributes (read)"),
-    any("mkdir", "writes under --rw (Landlock checks the path)"),
-    any("mkdirat", "writes under --rw (Landlock checks the path)"),
-    any("rmdir", "writes under --rw (Landlock checks the path)"),
-    any("unlink", "writes under --rw (Landlock checks the path)"),
-    any("unlinkat", "writes under --rw (Landlock checks the path)"),
-    any("rename", "writes under --rw (Landlock checks the path)"),
-    any("renameat", "writes under --rw (Landlock checks the path)"),
-    any("renameat2", "writes under --rw (Landlock checks the path)"),
-    any("link", "writes under --rw (Landlock checks the path)"),
-    any("linkat", "writes under --rw (Landlock checks the path)"),
-    any("symlink", "writes under --rw (Landlock checks the path)"),
-    any("symlinkat", "writes under --rw (Landlock checks the path)"),
-    any("truncate", "writes under --rw (Landlock checks the path)"),
+    watch("mkdir", "writes under --rw (Landlock checks the path)"),
+    watch("mkdirat", "writes under --rw (Landlock checks the path)"),
+    watch("rmdir", "writes under --rw (Landlock checks the path)"),
+    watch("unlink", "writes under --rw (Landlock checks the path)"),
+    watch("unlinkat", "writes under --rw (Landlock checks the path)"),
+    watch("rename", "writes under --rw (Landlock checks the path)"),
+    watch("renameat", "writes under --rw (Landlock checks the path)"),
+    watch("renameat2", "writes under --rw (Landlock checks the path)"),
+    watch("link", "writes under --rw (Landlock checks the path)"),
+    watch("linkat", "writes under --rw (Landlock checks the path)"),
+    watch("symlink", "writes under --rw (Landlock checks the path)"),
+    watch("symlinkat", "writes under --rw (Landlock checks the path)"),
+    watch("truncate", "writes under --rw (Landlock checks the path)"),
     any("ftruncate", "writes to open descriptors"),
     any("fallocate", "writes to open descriptors"),
     any("fsync", "durability of written files"),

@@ -8,6 +8,8 @@ use crate::policy::syscalls::{self, Category};
 use crate::policy::{NetworkMode, Policy, Toggle, bpf};
 use crate::sys::{self, Notif};
 
+use super::paths::{self, WriteGrants};
+
 /// A decoded notification (before the supervisor decides what to do with it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decoded {
@@ -17,6 +19,60 @@ pub struct Decoded {
     pub rule: String,
     /// Never let this call proceed, whatever `on_violation` says.
     pub always_deny: bool,
+    /// The errno a denied call fails with (EACCES for file-system writes, like Landlock).
+    pub errno: i32,
+}
+
+/// The write-intent file-system calls the filter sends for checking, and where their paths
+/// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
+fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
+    match name {
+        "open" | "creat" | "truncate" => &[(None, 0, true)],
+        "openat" | "openat2" => &[(Some(0), 1, true)],
+        "mkdir" | "rmdir" | "unlink" => &[(None, 0, false)],
+        "mkdirat" | "unlinkat" => &[(Some(0), 1, false)],
+        "rename" => &[(None, 0, false), (None, 1, false)],
+        "renameat" | "renameat2" => &[(Some(0), 1, false), (Some(2), 3, false)],
+        "link" => &[(None, 1, false)],
+        "linkat" => &[(Some(2), 3, false)],
+        "symlink" => &[(None, 1, false)],
+        "symlinkat" => &[(Some(1), 2, false)],
+        _ => &[],
+    }
+}
+
+/// For a watched file-system call: `None` when every path it writes is granted (or cannot be
+/// told: Landlock decides), else the violation naming the first path outside the grants.
+fn check_writes(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
+    let a = &n.args;
+    if name == "openat2" {
+        // struct open_how { u64 flags; u64 mode; u64 resolve; }
+        let how = read_mem(n.pid, a[2], 8)?;
+        let flags = u64::from_ne_bytes(how.get(..8)?.try_into().ok()?);
+        let write = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+        if flags & write == 0 {
+            return None;
+        }
+    }
+    for &(dirfd_arg, path_arg, follow) in watched_paths(name) {
+        let path = read_string(n.pid, a[path_arg])?;
+        let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
+        let Some(base) = paths::base_dir(n.pid, dirfd, &path) else {
+            continue;
+        };
+        let full = base.join(&path);
+        if !grants.covers(&full, follow) {
+            return Some(Decoded {
+                category: Category::Filesystem,
+                syscall: name.to_string(),
+                args: format!("{} (write)", full.display()),
+                rule: "filesystem.write does not grant this path".into(),
+                always_deny: false,
+                errno: libc::EACCES,
+            });
+        }
+    }
+    None
 }
 
 /// Reads guest memory at `addr`, up to `len` bytes (fewer if a page is unmapped).
@@ -226,7 +282,22 @@ fn hex_args(a: &[u64; 6], count: usize) -> String {
         .join(", ")
 }
 
-/// Decodes notification `n` under `policy`.
+/// Classifies notification `n` under `policy`: `None` lets the call run (a watched write
+/// inside the grants), `Some` is a violation to act on.
+pub fn classify(n: &Notif, policy: &Policy, grants: &WriteGrants) -> Option<Decoded> {
+    if n.arch == bpf::AUDIT_ARCH_X86_64 && (n.nr as u32) & bpf::X32_SYSCALL_BIT == 0 {
+        let name = syscalls::name(n.nr as u32).unwrap_or("");
+        if !watched_paths(name).is_empty() || name == "openat2" {
+            if policy.syscalls.denies(name) {
+                return Some(decode(n, policy));
+            }
+            return check_writes(n, name, grants);
+        }
+    }
+    Some(decode(n, policy))
+}
+
+/// Decodes notification `n` under `policy` as a violation.
 pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
     let a = &n.args;
     if n.arch != bpf::AUDIT_ARCH_X86_64 {
@@ -236,6 +307,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             args: format!("arch {:#x}", n.arch),
             rule: "only the native x86_64 ABI is allowed".into(),
             always_deny: true,
+            errno: libc::EPERM,
         };
     }
     let nr = n.nr as u32;
@@ -247,6 +319,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             args: hex_args(a, 3),
             rule: "the x32 ABI is rejected".into(),
             always_deny: true,
+            errno: libc::EPERM,
         };
     }
     let name = syscalls::name(nr).unwrap_or("unknown");
@@ -353,6 +426,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             args,
             rule: format!("syscalls.deny = [\"{name}\"]"),
             always_deny,
+            errno: libc::EPERM,
         };
     }
     Decoded {
@@ -361,6 +435,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         args,
         rule,
         always_deny,
+        errno: libc::EPERM,
     }
 }
 

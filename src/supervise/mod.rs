@@ -2,6 +2,7 @@
 //! (bounded), the wall-clock timeout, and the exit. One `poll` loop, no threads.
 
 pub mod decode;
+pub mod paths;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -40,6 +41,8 @@ pub struct Sinks<'a> {
 pub struct Config {
     pub timeout: Option<Duration>,
     pub output_limit: u64,
+    /// What the policy lets the guest write (watched writes are checked against it).
+    pub write_grants: paths::WriteGrants,
 }
 
 /// The guest's pipes, parent ends.
@@ -282,16 +285,21 @@ pub fn supervise(
                         let _ = sys::notif_send(l.as_fd(), n.id, NotifAnswer::Continue);
                         continue;
                     }
-                    let d = decode::decode(&n, policy);
+                    let verdict = decode::classify(&n, policy, &cfg.write_grants);
                     if !sys::notif_id_valid(l.as_fd(), n.id) {
                         continue; // what we read may not belong to this call any more
                     }
+                    let Some(d) = verdict else {
+                        // A watched write inside the grants: Landlock has the last word.
+                        let _ = sys::notif_send(l.as_fd(), n.id, NotifAnswer::Continue);
+                        continue;
+                    };
                     let (answer, action) = match policy.on_violation {
-                        OnViolation::Kill => (NotifAnswer::Error(libc::EPERM), Action::Killed),
+                        OnViolation::Kill => (NotifAnswer::Error(d.errno), Action::Killed),
                         OnViolation::Warn if !d.always_deny => {
                             (NotifAnswer::Continue, Action::Warned)
                         }
-                        _ => (NotifAnswer::Error(libc::EPERM), Action::Denied),
+                        _ => (NotifAnswer::Error(d.errno), Action::Denied),
                     };
                     if action == Action::Killed {
                         o.killed_for_violation = true;
