@@ -360,11 +360,11 @@ pub fn build_report(
         } else if sig_num == Some(libc::SIGXFSZ) {
             limit = Some("file_size".into());
             Status::Limit
-        } else if policy.limits.memory.is_some()
-            && (exit_code.is_some_and(|c| c != 0) || sig_num.is_some())
-            && out_of_memory(&stderr_tail)
+        } else if let Some(which) = (exit_code.is_some_and(|c| c != 0) || sig_num.is_some())
+            .then(|| limit_from_stderr(policy, &stderr_tail))
+            .flatten()
         {
-            limit = Some("memory".into());
+            limit = Some(which.into());
             Status::Limit
         } else if sig_num.is_some() {
             Status::Crashed
@@ -400,16 +400,24 @@ pub fn build_report(
     }
 }
 
-/// Whether the guest's last words say it ran out of memory (the address-space limit makes
-/// allocations fail; the guest reports it its own way).
-fn out_of_memory(tail: &str) -> bool {
+/// Which limit a failed guest's last words say it hit. RLIMIT_AS makes allocations fail and
+/// RLIMIT_FSIZE makes writes fail with EFBIG (the guest is PID 1 of its namespace, so the
+/// SIGXFSZ that would kill it elsewhere is ignored): the guest reports either its own way.
+fn limit_from_stderr(policy: &Policy, tail: &str) -> Option<&'static str> {
     let last = tail
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("");
-    last.starts_with("MemoryError")
+    let memory = last.starts_with("MemoryError")
         || last.contains("std::bad_alloc")
         || last.contains("out of memory")
-        || last.contains("Cannot allocate memory")
+        || last.contains("Cannot allocate memory");
+    if memory && policy.limits.memory.is_some() {
+        return Some("memory");
+    }
+    if policy.limits.file_size.is_some() && tail.contains("File too large") {
+        return Some("file_size");
+    }
+    None
 }

@@ -322,10 +322,13 @@ pub fn supervise(
                     let Some(fd) = slot.as_ref() else { continue };
                     let mut exceeded = false;
                     let open = read_available(fd, &mut buf, |data| {
+                        // Keep what fits in the bound; the rest is dropped (and the guest killed).
+                        let room = cfg.output_limit.saturating_sub(output) as usize;
                         output += data.len() as u64;
-                        if output > cfg.output_limit {
+                        if data.len() > room {
                             exceeded = true;
                         }
+                        let data = &data[..data.len().min(room)];
                         if is_out {
                             if let Some(w) = out_sink.as_mut() {
                                 let _ = w.write_all(data);

@@ -1,0 +1,160 @@
+//! Shared helpers for the integration tests: run the real `wfjail` binary, read its report.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::Value;
+
+/// The interpreter used by tests: Debian's, which the default policy can read (`/usr`).
+pub const PY: &str = "/usr/bin/python3";
+
+pub fn wfjail_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_wfjail"))
+}
+
+/// A fresh scratch directory under the system temp dir, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "wfjail-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one `wfjail` invocation did.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// The JSON report (`Value::Null` when none was written).
+    pub report: Value,
+}
+
+impl Outcome {
+    pub fn status(&self) -> &str {
+        self.report["status"].as_str().unwrap_or("")
+    }
+
+    /// The first violation of `syscall`, if any.
+    pub fn violation(&self, syscall: &str) -> Option<&Value> {
+        self.report["violations"]
+            .as_array()?
+            .iter()
+            .find(|v| v["syscall"] == syscall)
+    }
+
+    /// Panics with the whole outcome when `cond` is false.
+    pub fn check(&self, cond: bool, what: &str) {
+        assert!(
+            cond,
+            "{what}\nexit {}\nstdout: {}\nstderr: {}\nreport: {:#}",
+            self.code, self.stdout, self.stderr, self.report
+        );
+    }
+
+    /// Asserts a denied violation of `syscall` in `category`, and returns it.
+    pub fn assert_violation(&self, syscall: &str, category: &str) -> &Value {
+        let v = self.violation(syscall);
+        self.check(v.is_some(), &format!("expected a violation of {syscall}"));
+        let v = v.unwrap();
+        self.check(
+            v["category"] == category,
+            &format!("{syscall} should be category {category}"),
+        );
+        self.check(
+            !v["hint"].as_str().unwrap_or("").is_empty(),
+            "a violation carries a hint",
+        );
+        self.check(
+            !v["rule"].as_str().unwrap_or("").is_empty(),
+            "a violation names its rule",
+        );
+        v
+    }
+}
+
+/// Runs `wfjail <args>` with `--report` inserted after `run`, and collects everything.
+pub fn wfjail(args: &[&str]) -> Outcome {
+    wfjail_with(args, |_| {})
+}
+
+/// Like [`wfjail`], letting the caller adjust the command (env, uid...).
+pub fn wfjail_with(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Outcome {
+    let scratch = Scratch::new("report");
+    let report_path = scratch.path("report.json");
+    let mut cmd = Command::new(wfjail_bin());
+    let mut iter = args.iter();
+    if let Some(first) = iter.next() {
+        cmd.arg(first);
+        if *first == "run" {
+            cmd.arg("--report").arg(&report_path);
+        }
+    }
+    cmd.args(iter);
+    cmd.stdin(Stdio::null());
+    adjust(&mut cmd);
+    let out = cmd.output().expect("spawn wfjail");
+    let report = std::fs::read_to_string(&report_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    Outcome {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report,
+    }
+}
+
+/// `wfjail run -p POLICY [extra...] --raw -- /usr/bin/python3 -c CODE`.
+pub fn py(policy: &str, extra: &[&str], code: &str) -> Outcome {
+    let mut args = vec!["run", "-p", policy];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--raw", "--", PY, "-c", code]);
+    wfjail(&args)
+}
+
+/// Python source that calls syscall `nr` with integer arguments through ctypes and prints
+/// `errno=N` (0 on success).
+pub fn raw_syscall(nr: u64, args: &[u64]) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("ctypes.c_long({a})")).collect();
+    format!(
+        "import ctypes, os\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         r = libc.syscall(ctypes.c_long({nr}){}{})\n\
+         print('errno=%d' % (ctypes.get_errno() if r == -1 else 0))\n",
+        if args.is_empty() { "" } else { ", " },
+        args.join(", ")
+    )
+}
+
+/// Whether a path exists (for optional checks).
+pub fn exists(p: &str) -> bool {
+    Path::new(p).exists()
+}
