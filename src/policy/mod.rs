@@ -288,7 +288,7 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
     let mut policy = Policy::empty(&name);
     // Oldest ancestor first, so that each file overrides what it extends.
     for (origin, source, file) in chain.iter().rev() {
-        apply(&mut policy, &origin.display(), source, file);
+        apply(&mut policy, &origin.display(), source, file)?;
     }
     validate(&policy)?;
     Ok(policy)
@@ -388,25 +388,35 @@ fn push_unique<T: PartialEq>(list: &mut Vec<T>, item: T) {
     }
 }
 
-/// Appends the located values of `items` to `list`, skipping values already there.
-fn append_located<T: PartialEq + Clone>(
+/// Parses each of `items` with `parse` and appends the located values to `list`, skipping
+/// values already there. An error points at the element.
+fn append_located<T: PartialEq>(
     list: &mut Vec<At<T>>,
     file: &str,
     source: &str,
-    items: Option<&Vec<Spanned<T>>>,
-) {
+    items: Option<&Vec<Spanned<String>>>,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<(), PolicyError> {
     for s in items.into_iter().flatten() {
-        if !list.iter().any(|x| x.value == *s.get_ref()) {
-            list.push(At {
-                value: s.get_ref().clone(),
-                at: Location::of_span(file, source, s.span()),
-            });
+        let at = Location::of_span(file, source, s.span());
+        let value = parse(s.get_ref()).map_err(|message| PolicyError::Invalid {
+            at: at.clone(),
+            message,
+        })?;
+        if !list.iter().any(|x| x.value == value) {
+            list.push(At { value, at });
         }
     }
+    Ok(())
 }
 
 /// Layers one parsed file over `p`: scalars replace, lists append, maps merge.
-fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
+fn apply(
+    p: &mut Policy,
+    file: &str,
+    source: &str,
+    f: &model::PolicyFile,
+) -> Result<(), PolicyError> {
     // `f` is borrowed: clone the parts we keep.
     if let Some(d) = &f.description {
         p.description = d.clone();
@@ -418,8 +428,20 @@ fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
         p.on_violation = v;
     }
     if let Some(fs) = &f.filesystem {
-        append_located(&mut p.filesystem.read, file, source, fs.read.as_ref());
-        append_located(&mut p.filesystem.write, file, source, fs.write.as_ref());
+        append_located(
+            &mut p.filesystem.read,
+            file,
+            source,
+            fs.read.as_ref(),
+            PathTemplate::parse,
+        )?;
+        append_located(
+            &mut p.filesystem.write,
+            file,
+            source,
+            fs.write.as_ref(),
+            PathTemplate::parse,
+        )?;
     }
     if let Some(mode) = f.network.as_ref().and_then(|n| n.mode) {
         p.network.mode = mode;
@@ -442,8 +464,20 @@ fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
         p.random.getrandom = v;
     }
     if let Some(sc) = &f.syscalls {
-        append_located(&mut p.syscalls.allow, file, source, sc.allow.as_ref());
-        append_located(&mut p.syscalls.deny, file, source, sc.deny.as_ref());
+        append_located(
+            &mut p.syscalls.allow,
+            file,
+            source,
+            sc.allow.as_ref(),
+            SyscallName::parse,
+        )?;
+        append_located(
+            &mut p.syscalls.deny,
+            file,
+            source,
+            sc.deny.as_ref(),
+            SyscallName::parse,
+        )?;
     }
     if let Some(l) = &f.limits {
         let t = &mut p.limits;
@@ -479,6 +513,7 @@ fn apply(p: &mut Policy, file: &str, source: &str, f: &model::PolicyFile) {
         t.ipc = n.ipc.unwrap_or(t.ipc);
         t.uts = n.uts.unwrap_or(t.uts);
     }
+    Ok(())
 }
 
 /// Checks that hold whatever the run: conflicting or forbidden settings.

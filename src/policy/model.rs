@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::values::{Dur, PathTemplate, Size, SyscallName};
+use super::values::{Dur, Size};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,13 +117,15 @@ pub enum NetworkMode {
     Allow,
 }
 
+// Paths and syscall names are parsed after deserialization (see `policy::apply`), so that an
+// error points at the element, not at the array that holds it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Filesystem {
     /// Read and execute.
-    pub read: Option<Vec<Spanned<PathTemplate>>>,
+    pub read: Option<Vec<Spanned<String>>>,
     /// Read, write, create, remove.
-    pub write: Option<Vec<Spanned<PathTemplate>>>,
+    pub write: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -156,8 +158,8 @@ pub struct Random {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Syscalls {
-    pub allow: Option<Vec<Spanned<SyscallName>>>,
-    pub deny: Option<Vec<Spanned<SyscallName>>>,
+    pub allow: Option<Vec<Spanned<String>>>,
+    pub deny: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,7 +1,8 @@
 //! Typed policy values parsed from strings: durations, sizes, path templates and syscall names.
 //!
-//! Each type validates in its `Deserialize` impl, so that `toml` attaches the line and column of
-//! the offending value to the error for free.
+//! Durations and sizes validate in their `Deserialize` impls, so that `toml` attaches the line
+//! and column of the offending value; paths and syscall names are parsed per array element by
+//! `policy::apply`, so that an error points at the element.
 
 use std::fmt;
 use std::time::Duration;
@@ -208,13 +209,6 @@ fn var_list() -> String {
         .join(", ")
 }
 
-impl<'de> Deserialize<'de> for PathTemplate {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        PathTemplate::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
-
 impl Serialize for PathTemplate {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)
@@ -242,13 +236,6 @@ impl SyscallName {
                 near.join(", ")
             ))
         }
-    }
-}
-
-impl<'de> Deserialize<'de> for SyscallName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        SyscallName::parse(&s).map_err(serde::de::Error::custom)
     }
 }
 
