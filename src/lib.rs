@@ -5,10 +5,10 @@
 //! its arguments and a hint. See `docs/architecture.md` for the map of this crate.
 //!
 //! ```no_run
-//! use wfjail::{policy, run::{RunOptions, run_raw}};
+//! use wfjail::{policy, run::{RunOptions, run}};
 //! let policy = policy::load("default").unwrap();
 //! let opts = RunOptions::raw(vec!["/bin/true".into()]);
-//! let report = run_raw(&policy, &opts, &mut std::io::sink());
+//! let report = run(&policy, &opts, &mut std::io::sink());
 //! assert_eq!(report.status, wfjail::report::Status::Ok);
 //! ```
 #![deny(unsafe_code)]
@@ -19,6 +19,7 @@ pub mod confine;
 pub mod plan;
 pub mod policy;
 pub mod process;
+pub mod protocol;
 pub mod report;
 pub mod run;
 pub mod supervise;

@@ -10,7 +10,7 @@ use wfjail::cli::{CheckArgs, Cli, Command, PolicyCommand, RunArgs};
 use wfjail::plan::ExtraGrant;
 use wfjail::policy;
 use wfjail::report::Status;
-use wfjail::run::{RunOptions, run_raw};
+use wfjail::run::{RunOptions, run};
 
 fn main() -> ExitCode {
     let start = std::time::Instant::now();
@@ -51,12 +51,6 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         Err(code) => return Ok(code),
     };
     wfjail::timing::mark("load policy");
-    if !args.raw {
-        eprintln!(
-            "wfjail: the framed protocol is not available yet; use --raw (the guest's stdin is the request, its stdout the result)"
-        );
-        return Ok(2);
-    }
     let mut grants: Vec<ExtraGrant> = args
         .ro
         .iter()
@@ -74,10 +68,11 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         grants,
         timeout: args.timeout.map(|d| d.0),
         input: args.input.clone(),
+        raw: args.raw,
         echo: !args.quiet,
     };
     let mut stdout = std::io::stdout().lock();
-    let report = run_raw(&policy, &opts, &mut stdout);
+    let report = run(&policy, &opts, &mut stdout);
     stdout.flush().ok();
     drop(stdout);
     match args.report.as_deref() {
@@ -89,6 +84,9 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
                 .with_context(|| format!("writing the report to {path}"))?;
         }
         None => {}
+    }
+    if let (false, Some(g)) = (args.quiet, &report.guest_error) {
+        eprint!("{}", g.traceback);
     }
     if !args.quiet
         && (report.status != Status::Ok

@@ -1,7 +1,7 @@
 //! `wfjail run`: plan, spawn, supervise, report.
 
-use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::policy::syscalls::Category;
 use crate::policy::{Layer, Policy};
 use crate::process::{self, Spawned, channel::Step};
 use crate::report::{Action, Layers, Report, Status, Violation, signal_name};
-use crate::supervise::{self, Config, GuestPipes, Outcome, Sinks};
+use crate::supervise::{self, Config, GuestPipes, Outcome, ProtocolPipes, Sinks};
 
 /// What `wfjail run` was asked to do, beyond the policy.
 #[derive(Debug, Clone, Default)]
@@ -22,81 +22,95 @@ pub struct RunOptions {
     pub grants: Vec<ExtraGrant>,
     /// Overrides the policy's `limits.timeout`.
     pub timeout: Option<Duration>,
-    /// The guest's stdin (raw mode); `None`: wfjail's own stdin.
+    /// The request: a file, or `None` for wfjail's own stdin.
     pub input: Option<PathBuf>,
+    /// The guest does not speak the protocol: the request is its stdin, the result its stdout.
+    pub raw: bool,
     /// Echo the guest's stderr and a line per violation to wfjail's stderr.
     pub echo: bool,
 }
 
 impl RunOptions {
+    /// Options for a raw run of `argv` (stdin in, stdout out).
     pub fn raw(argv: Vec<String>) -> Self {
         RunOptions {
             argv,
+            raw: true,
             ..Default::default()
         }
     }
 }
 
-/// Runs one confined execution in raw mode (stdin in, stdout out) and reports on it. The
-/// guest's stdout is written to `stdout`.
-pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report {
+/// The guest's descriptor numbers for the protocol pipes (docs/protocol.md).
+pub const PROTOCOL_FDS: (i32, i32) = (3, 4);
+
+/// Runs one confined execution and reports on it. The result (raw: the guest's stdout;
+/// framed: the RESULT payload) is written to `stdout`.
+pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report {
+    let fail = |msg: String, code: i32| Report::launch_error(&policy.name, &opts.argv, msg, code);
+    let extra_env = if opts.raw {
+        vec![]
+    } else {
+        vec![
+            (
+                "WFJAIL_PROTOCOL".to_string(),
+                crate::protocol::guest::VERSION.to_string(),
+            ),
+            (
+                "WFJAIL_FDS".to_string(),
+                format!("{},{}", PROTOCOL_FDS.0, PROTOCOL_FDS.1),
+            ),
+            (
+                "WFJAIL_FRAME_CAP".to_string(),
+                frame_cap(policy).to_string(),
+            ),
+        ]
+    };
     let req = PlanRequest {
         argv: opts.argv.clone(),
         grants: opts.grants.clone(),
-        extra_env: vec![],
+        extra_env,
     };
     let plan = match plan::build(policy, &req) {
         Ok(p) => p,
-        Err(e) => {
-            return Report::launch_error(&policy.name, &opts.argv, e.to_string(), e.exit_code());
-        }
+        Err(e) => return fail(e.to_string(), e.exit_code()),
     };
     crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
-    let stdin: OwnedFd = match &opts.input {
-        Some(path) => match std::fs::File::open(path) {
-            Ok(f) => f.into(),
-            Err(e) => {
-                return Report::launch_error(
-                    &policy.name,
-                    &opts.argv,
-                    format!("--input {}: {e}", path.display()),
-                    2,
-                );
-            }
-        },
-        None => match std::io::stdin().as_fd_owned() {
-            Some(fd) => fd,
-            None => match std::fs::File::open("/dev/null") {
-                Ok(f) => f.into(),
-                Err(e) => {
-                    return Report::launch_error(
-                        &policy.name,
-                        &opts.argv,
-                        format!("/dev/null: {e}"),
-                        125,
-                    );
-                }
-            },
-        },
+    let io = match GuestIo::open(policy, opts) {
+        Ok(io) => io,
+        Err((msg, code)) => return fail(msg, code),
     };
-    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC);
-    let ((out_r, out_w), (err_r, err_w)) = match (pipe(), pipe()) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            return Report::launch_error(&policy.name, &opts.argv, format!("pipe: {e}"), 125);
-        }
-    };
-    let targets = [
+    let GuestIo {
+        stdin,
+        out: (out_r, out_w),
+        err: (err_r, err_w),
+        proto,
+    } = io;
+    let mut targets = vec![
         (stdin.as_raw_fd(), 0),
         (out_w.as_raw_fd(), 1),
         (err_w.as_raw_fd(), 2),
     ];
+    if let Some(p) = &proto {
+        targets.push((p.to_guest.0.as_raw_fd(), PROTOCOL_FDS.0));
+        targets.push((p.from_guest.1.as_raw_fd(), PROTOCOL_FDS.1));
+    }
     let spawned = match process::spawn(&plan, &targets) {
         Ok(s) => s,
-        Err(e) => return Report::launch_error(&policy.name, &opts.argv, e.to_string(), 125),
+        Err(e) => return fail(e.to_string(), 125),
     };
     crate::timing::mark("spawn (clone)");
     drop((stdin, out_w, err_w));
+    let protocol = proto.map(|p| {
+        let ((to_r, to_w), (from_r, from_w)) = (p.to_guest, p.from_guest);
+        drop((to_r, from_w)); // the guest's ends
+        ProtocolPipes {
+            to_guest: to_w,
+            from_guest: from_r,
+            request: p.request,
+            cap: p.cap,
+        }
+    });
     let timeout = opts.timeout.or(policy.limits.timeout.map(|d| d.0));
     let cfg = Config {
         timeout,
@@ -105,38 +119,112 @@ pub fn run_raw(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Re
     };
     let mut stderr = std::io::stderr();
     let mut echo_err = std::io::stderr();
+    let mut logs = std::io::stderr();
+    let framed = protocol.is_some();
     let sinks = Sinks {
-        stdout: Some(stdout),
+        // Framed, the guest's stdout is a log: it goes with its stderr.
+        stdout: if framed {
+            opts.echo.then_some(&mut logs as &mut dyn Write)
+        } else {
+            Some(&mut *stdout)
+        },
         stderr: opts.echo.then_some(&mut stderr as &mut dyn Write),
         violations: opts.echo.then_some(&mut echo_err as &mut dyn Write),
     };
     let layers_base = LayersBase::of(&plan, &spawned);
-    let outcome = supervise::supervise(
-        spawned,
-        GuestPipes {
-            stdout: out_r,
-            stderr: err_r,
-        },
-        policy,
-        &cfg,
-        sinks,
-    );
+    let pipes = GuestPipes {
+        stdout: out_r,
+        stderr: err_r,
+        protocol,
+    };
+    let outcome = supervise::supervise(spawned, pipes, policy, &cfg, sinks);
     crate::timing::mark("supervise (child set-up, exec, guest run, exit)");
+    if let Some(result) = &outcome.result {
+        let _ = stdout.write_all(result);
+        let _ = stdout.flush();
+    }
     let report = build_report(&plan, layers_base, outcome, timeout);
     crate::timing::mark("report");
     report
 }
 
-/// Small extension: a duplicate of stdin as an owned descriptor, if stdin is open.
-trait StdinFd {
-    fn as_fd_owned(&self) -> Option<OwnedFd>;
+/// A pipe: (read end, write end).
+type Pipe = (OwnedFd, OwnedFd);
+
+/// The framed-mode pipes and request.
+struct ProtoIo {
+    to_guest: Pipe,
+    from_guest: Pipe,
+    request: Vec<u8>,
+    cap: usize,
 }
 
-impl StdinFd for std::io::Stdin {
-    fn as_fd_owned(&self) -> Option<OwnedFd> {
-        use std::os::fd::AsFd;
-        self.as_fd().try_clone_to_owned().ok()
+/// The descriptors a guest gets, before they are handed over.
+struct GuestIo {
+    stdin: OwnedFd,
+    out: Pipe,
+    err: Pipe,
+    proto: Option<ProtoIo>,
+}
+
+impl GuestIo {
+    /// Raw: stdin is the request. Framed: the request is read whole (bounded) and written to
+    /// the protocol pipe; stdin is /dev/null. Errors are (message, exit status).
+    fn open(policy: &Policy, opts: &RunOptions) -> Result<GuestIo, (String, i32)> {
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| (format!("pipe: {e}"), 125));
+        let null = || dev_null().map_err(|e| (format!("/dev/null: {e}"), 125));
+        let input = match &opts.input {
+            Some(path) => std::fs::File::open(path)
+                .map(OwnedFd::from)
+                .map_err(|e| (format!("--input {}: {e}", path.display()), 2))?,
+            None => match std::io::stdin().as_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(_) => null()?,
+            },
+        };
+        let (out, err) = (pipe()?, pipe()?);
+        if opts.raw {
+            return Ok(GuestIo {
+                stdin: input,
+                out,
+                err,
+                proto: None,
+            });
+        }
+        let cap = frame_cap(policy);
+        let mut request = Vec::new();
+        std::fs::File::from(input)
+            .take(cap as u64 + 1)
+            .read_to_end(&mut request)
+            .map_err(|e| (format!("reading the request: {e}"), 2))?;
+        if request.len() > cap {
+            return Err((
+                format!("the request is larger than the {cap}-byte frame cap (limits.output)"),
+                2,
+            ));
+        }
+        let proto = ProtoIo {
+            to_guest: pipe()?,
+            from_guest: pipe()?,
+            request,
+            cap,
+        };
+        Ok(GuestIo {
+            stdin: null()?,
+            out,
+            err,
+            proto: Some(proto),
+        })
     }
+}
+
+/// The largest frame payload accepted: 16 MiB, or `limits.output` if smaller.
+pub fn frame_cap(policy: &Policy) -> usize {
+    (policy.limits.output.0 as usize).min(crate::protocol::MAX_FRAME)
+}
+
+fn dev_null() -> std::io::Result<OwnedFd> {
+    std::fs::File::open("/dev/null").map(OwnedFd::from)
 }
 
 /// What is known of the layers at spawn time.
@@ -339,18 +427,33 @@ pub fn build_report(
             });
         }
         let enforced = violations.iter().any(|v| v.action != Action::Warned);
+        // A SIGKILL we did not send comes from the kernel's RLIMIT_CPU (the guest is PID 1,
+        // so the SIGXCPU before it is ignored). rusage times are tick-sampled and may read
+        // lower than the kernel's precise count, hence the loose lower bound.
+        let we_killed = o.timed_out
+            || o.killed_for_violation
+            || o.output_exceeded
+            || o.protocol_error.is_some();
         let cpu_limit_hit = policy.limits.cpu.is_some_and(|c| {
             sig_num == Some(libc::SIGXCPU)
                 || (sig_num == Some(libc::SIGKILL)
-                    && !o.timed_out
-                    && !o.killed_for_violation
-                    && !o.output_exceeded
-                    && cpu_ms >= c.0.as_secs_f64() * 1000.0 - 50.0)
+                    && !we_killed
+                    && cpu_ms >= c.0.as_secs_f64() * 500.0)
         });
+        let memory_error = o
+            .guest_error
+            .as_ref()
+            .is_some_and(|g| g.kind == "MemoryError");
         if enforced {
             Status::Violation
         } else if o.timed_out {
             Status::Timeout
+        } else if let Some(e) = &o.protocol_error {
+            error = Some(format!("{e}; the guest was stopped (docs/protocol.md)"));
+            Status::GuestError
+        } else if memory_error && policy.limits.memory.is_some() {
+            limit = Some("memory".into());
+            Status::Limit
         } else if o.output_exceeded {
             limit = Some("output".into());
             Status::Limit
@@ -368,7 +471,14 @@ pub fn build_report(
             Status::Limit
         } else if sig_num.is_some() {
             Status::Crashed
-        } else if exit_code.is_some_and(|c| c != 0) {
+        } else if exit_code.is_some_and(|c| c != 0) || o.guest_error.is_some() {
+            Status::GuestError
+        } else if o.framed && o.result.is_none() {
+            error = Some(
+                "the guest exited without a RESULT or ERROR frame: is it a protocol guest? \
+                 (plain programs run with --raw)"
+                    .into(),
+            );
             Status::GuestError
         } else {
             Status::Ok
@@ -393,7 +503,7 @@ pub fn build_report(
         stderr_tail,
         limit,
         error,
-        guest_error: None,
+        guest_error: o.guest_error,
         command: plan.argv.clone(),
         skipped_paths: plan.skipped.clone(),
         exit_status: exit_status.unwrap_or(status.exit_code()),

@@ -13,8 +13,9 @@ class ProtocolError(Exception):
     ``code`` is machine-readable. The codec uses exactly the names of
     ``docs/protocol-vectors.json``: ``"truncated"``, ``"oversized"``, ``"empty"``,
     ``"unknown-kind"``. The conversation layer (``wfjail.guest``) adds ``"handshake"``
-    (bad HELLO), ``"unexpected"`` (a frame of the wrong kind) and ``"closed"``
-    (the supervisor's pipe ended).
+    (bad HELLO), ``"unexpected"`` (a frame of the wrong kind), ``"payload"`` (a
+    VIOLATIONS payload that is not a JSON array of objects) and ``"closed"`` (the
+    supervisor's pipe ended).
     """
 
     __module__ = "wfjail"

@@ -245,6 +245,26 @@ fn timespec_arg(n: &Notif, addr: u64) -> String {
     }
 }
 
+/// The requested sleep as a duration; an absolute deadline is turned into "from now" (the
+/// guest shares our clocks: there is no time namespace).
+fn sleep_duration(n: &Notif, clock: u64, addr: u64, absolute: bool) -> String {
+    let Some(b) = read_mem(n.pid, addr, 16).filter(|b| b.len() == 16) else {
+        return format!("{addr:#x}");
+    };
+    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or_default());
+    let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or_default());
+    let mut secs = sec as f64 + nsec as f64 / 1e9;
+    if absolute {
+        if let Ok(now) =
+            nix::time::clock_gettime(nix::time::ClockId::from_raw(clock as libc::clockid_t))
+        {
+            secs -= now.tv_sec() as f64 + now.tv_nsec() as f64 / 1e9;
+        }
+        return format!("{:.3}s (until an absolute time)", secs.max(0.0));
+    }
+    format!("{secs}s")
+}
+
 fn clock_name(c: u64) -> String {
     match c as i32 {
         libc::CLOCK_REALTIME => "CLOCK_REALTIME".into(),
@@ -362,13 +382,13 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         "execveat" => (exec_arg(n, a[1], a[2]), "process.exec = \"deny\"".into()),
         "nanosleep" => (timespec_arg(n, a[0]), "time.sleep = \"deny\"".into()),
         "clock_nanosleep" => {
-            let abs = if a[1] & libc::TIMER_ABSTIME as u64 != 0 {
-                " until"
-            } else {
-                ""
-            };
+            let absolute = a[1] & libc::TIMER_ABSTIME as u64 != 0;
             (
-                format!("{}{abs} {}", clock_name(a[0]), timespec_arg(n, a[2])),
+                format!(
+                    "{} {}",
+                    clock_name(a[0]),
+                    sleep_duration(n, a[0], a[2], absolute)
+                ),
                 "time.sleep = \"deny\"".into(),
             )
         }

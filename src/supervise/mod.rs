@@ -1,10 +1,11 @@
 //! The parent while the guest runs: set-up records, seccomp notifications, the guest's output
-//! (bounded), the wall-clock timeout, and the exit. One `poll` loop, no threads.
+//! (bounded), the protocol conversation, the wall-clock timeout, and the exit. One `poll`
+//! loop, no threads.
 
 pub mod decode;
 pub mod paths;
+pub mod violations;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -13,25 +14,26 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::policy::{OnViolation, Policy};
+use crate::policy::Policy;
 use crate::process::Spawned;
 use crate::process::channel::{self, ChildMsg, Received, Step};
-use crate::report::{Action, Violation};
-use crate::sys::{self, NotifAnswer, NotifBuf, Reaped};
+use crate::protocol::guest::{Conversation, Event};
+use crate::protocol::{Kind, encode};
+use crate::report::{GuestError, Violation};
+use crate::sys::{self, NotifBuf, Reaped};
+use violations::{Handled, Violations, handle_notification};
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
-/// Distinct violations kept in a report; repeats are counted, further kinds are dropped.
-const MAX_DISTINCT_VIOLATIONS: usize = 256;
 /// Bytes of stderr kept for the report.
 pub const STDERR_TAIL: usize = 4096;
 
 /// Where the guest's output goes.
 pub struct Sinks<'a> {
-    /// The guest's stdout (raw mode: the result).
+    /// The guest's stdout (raw mode: the result; framed mode: logs).
     pub stdout: Option<&'a mut dyn Write>,
-    /// Echo the guest's stderr live to ours.
+    /// Echo the guest's stderr (and, framed, its LOG frames) live here.
     pub stderr: Option<&'a mut dyn Write>,
     /// Print a one-line summary of each new violation here.
     pub violations: Option<&'a mut dyn Write>,
@@ -49,6 +51,19 @@ pub struct Config {
 pub struct GuestPipes {
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// The protocol pipes and the request, in framed mode.
+    pub protocol: Option<ProtocolPipes>,
+}
+
+/// Parent ends of the protocol pipes (docs/protocol.md).
+pub struct ProtocolPipes {
+    /// Written by us, read by the guest on its fd 3.
+    pub to_guest: OwnedFd,
+    /// Written by the guest on its fd 4.
+    pub from_guest: OwnedFd,
+    pub request: Vec<u8>,
+    /// The largest payload accepted from the guest.
+    pub cap: usize,
 }
 
 /// What happened, before classification into a report.
@@ -71,6 +86,12 @@ pub struct Outcome {
     pub stderr_tail: Vec<u8>,
     /// A malformed set-up record (a bug or a hostile child).
     pub channel_error: Option<String>,
+    /// Framed mode: the result payload, the guest's error, or what broke the conversation.
+    pub result: Option<Vec<u8>>,
+    pub guest_error: Option<GuestError>,
+    pub protocol_error: Option<String>,
+    /// Framed mode was used (the report then expects a RESULT or an ERROR).
+    pub framed: bool,
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -93,29 +114,65 @@ fn read_available(fd: &OwnedFd, buf: &mut [u8], mut on_data: impl FnMut(&[u8])) 
     }
 }
 
-/// The violation bookkeeping for one execution.
-struct Violations<'a> {
-    list: Vec<Violation>,
-    index: HashMap<(String, String, &'static str), usize>,
-    echo: Option<&'a mut dyn Write>,
+/// The framed-mode state: our outgoing bytes and the guest's conversation.
+struct Framed {
+    to_guest: Option<OwnedFd>,
+    from_guest: Option<OwnedFd>,
+    outbox: Vec<u8>,
+    /// Close our writing end once the outbox is flushed (the call is answered).
+    close_when_flushed: bool,
+    conv: Conversation,
 }
 
-impl Violations<'_> {
-    fn record(&mut self, v: Violation) {
-        let key = (v.syscall.clone(), v.args.clone(), v.action.as_str());
-        if let Some(&i) = self.index.get(&key) {
-            self.list[i].count += 1;
-            return;
+impl Framed {
+    /// Writes what the pipe takes now.
+    fn flush(&mut self) {
+        while let Some(fd) = &self.to_guest {
+            if self.outbox.is_empty() {
+                break;
+            }
+            match nix::unistd::write(fd, &self.outbox) {
+                Ok(n) => {
+                    self.outbox.drain(..n);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.to_guest = None; // the guest closed its end
+                    self.outbox.clear();
+                }
+            }
         }
-        if self.list.len() >= MAX_DISTINCT_VIOLATIONS {
-            return;
+        if self.outbox.is_empty() && self.close_when_flushed {
+            self.to_guest = None; // end-of-file tells the guest there is no further call
         }
-        if let Some(w) = self.echo.as_mut() {
-            let _ = writeln!(w, "{}", v.summary());
-        }
-        self.index.insert(key, self.list.len());
-        self.list.push(v);
     }
+}
+
+/// Adds `fd` (if present) to the poll set, remembering what it is.
+fn add<'a>(
+    fds: &mut Vec<PollFd<'a>>,
+    srcs: &mut Vec<Src>,
+    fd: Option<&'a OwnedFd>,
+    flags: PollFlags,
+    src: Src,
+) {
+    if let Some(fd) = fd {
+        fds.push(PollFd::new(fd.as_fd(), flags));
+        srcs.push(src);
+    }
+}
+
+/// Poll-set entries, by what they are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Src {
+    Chan,
+    Listener,
+    Stdout,
+    Stderr,
+    Pidfd,
+    FromGuest,
+    ToGuest,
 }
 
 /// Supervises `child` until it exits (and its output is drained).
@@ -131,19 +188,31 @@ pub fn supervise(
         stderr: mut err_sink,
         violations: echo,
     } = sinks;
-    let mut o = Outcome::default();
-    let mut violations = Violations {
-        list: vec![],
-        index: HashMap::new(),
-        echo,
+    let mut o = Outcome {
+        framed: pipes.protocol.is_some(),
+        ..Outcome::default()
     };
+    let mut violations = Violations::new(echo);
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
     let mut notif_buf: Option<NotifBuf> = None;
     let mut stdout = Some(pipes.stdout);
     let mut stderr = Some(pipes.stderr);
+    let mut framed = pipes.protocol.map(|p| Framed {
+        outbox: crate::protocol::guest::opening(&p.request),
+        to_guest: Some(p.to_guest),
+        from_guest: Some(p.from_guest),
+        close_when_flushed: false,
+        conv: Conversation::new(p.cap),
+    });
     for fd in [&stdout, &stderr, &chan].into_iter().flatten() {
         set_nonblocking(fd);
+    }
+    if let Some(f) = framed.as_mut() {
+        for fd in [&f.to_guest, &f.from_guest].into_iter().flatten() {
+            set_nonblocking(fd);
+        }
+        f.flush(); // HELLO and the request wait in the pipe for the guest
     }
     let deadline = cfg.timeout.map(|t| child.started + t);
     let mut exited_at: Option<Instant> = None;
@@ -157,41 +226,77 @@ pub fn supervise(
     };
 
     loop {
+        let streams_open = stdout.is_some()
+            || stderr.is_some()
+            || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
         if let Some(t) = exited_at
-            && (chan.is_none() && stdout.is_none() && stderr.is_none() || t.elapsed() > DRAIN_GRACE)
+            && ((chan.is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
         {
             break;
         }
-        // Poll set, in a fixed order; absent sources are skipped.
-        let mut fds: Vec<PollFd> = Vec::with_capacity(5);
-        let mut kinds: Vec<u8> = Vec::with_capacity(5);
-        if let Some(c) = &chan {
-            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
-            kinds.push(0);
-        }
-        if let Some(l) = &listener {
-            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
-            kinds.push(1);
-        }
-        if let Some(s) = &stdout {
-            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-            kinds.push(2);
-        }
-        if let Some(s) = &stderr {
-            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-            kinds.push(3);
-        }
+        let mut fds: Vec<PollFd> = Vec::with_capacity(7);
+        let mut srcs: Vec<Src> = Vec::with_capacity(7);
+        add(
+            &mut fds,
+            &mut srcs,
+            chan.as_ref(),
+            PollFlags::POLLIN,
+            Src::Chan,
+        );
+        add(
+            &mut fds,
+            &mut srcs,
+            listener.as_ref(),
+            PollFlags::POLLIN,
+            Src::Listener,
+        );
+        add(
+            &mut fds,
+            &mut srcs,
+            stdout.as_ref(),
+            PollFlags::POLLIN,
+            Src::Stdout,
+        );
+        add(
+            &mut fds,
+            &mut srcs,
+            stderr.as_ref(),
+            PollFlags::POLLIN,
+            Src::Stderr,
+        );
         if exited_at.is_none() {
-            fds.push(PollFd::new(child.pidfd.as_fd(), PollFlags::POLLIN));
-            kinds.push(4);
+            add(
+                &mut fds,
+                &mut srcs,
+                Some(&child.pidfd),
+                PollFlags::POLLIN,
+                Src::Pidfd,
+            );
         }
-        let now = Instant::now();
+        if let Some(f) = &framed {
+            add(
+                &mut fds,
+                &mut srcs,
+                f.from_guest.as_ref(),
+                PollFlags::POLLIN,
+                Src::FromGuest,
+            );
+            if !f.outbox.is_empty() {
+                add(
+                    &mut fds,
+                    &mut srcs,
+                    f.to_guest.as_ref(),
+                    PollFlags::POLLOUT,
+                    Src::ToGuest,
+                );
+            }
+        }
         let mut wait = match exited_at {
             Some(t) => DRAIN_GRACE.saturating_sub(t.elapsed()),
             None => Duration::from_secs(3600),
         };
         if let (Some(d), None, false) = (deadline, exited_at, o.timed_out) {
-            wait = wait.min(d.saturating_duration_since(now));
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
         let ms = wait.as_millis().min(i32::MAX as u128) as i32;
         let ready = match poll(
@@ -202,10 +307,11 @@ pub fn supervise(
             Err(Errno::EINTR) => continue,
             Err(_) => 0,
         };
-        let revents: Vec<(u8, PollFlags)> = kinds
+        let revents: Vec<(Src, PollFlags)> = srcs
             .iter()
             .zip(fds.iter())
-            .map(|(&k, f)| (k, f.revents().unwrap_or(PollFlags::empty())))
+            .map(|(&s, f)| (s, f.revents().unwrap_or(PollFlags::empty())))
+            .filter(|(_, r)| !r.is_empty())
             .collect();
         drop(fds);
 
@@ -219,13 +325,10 @@ pub fn supervise(
             }
             continue;
         }
-        for (kind, rev) in revents {
-            if rev.is_empty() {
-                continue;
-            }
-            match kind {
-                0 => {
-                    // Set-up channel: records until end-of-file.
+        for (src, rev) in revents {
+            match src {
+                Src::Chan => {
+                    // Set-up records until end-of-file (= the exec happened).
                     while let Some(c) = &chan {
                         match channel::recv(c) {
                             Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
@@ -259,65 +362,41 @@ pub fn supervise(
                         }
                     }
                 }
-                1 => {
+                Src::Listener => {
                     let (Some(l), Some(nb)) = (&listener, notif_buf.as_mut()) else {
                         continue;
                     };
-                    if rev.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)
-                        && !rev.contains(PollFlags::POLLIN)
-                    {
+                    if !rev.contains(PollFlags::POLLIN) {
                         listener = None; // every task using the filter is gone
                         continue;
                     }
-                    let n = match sys::notif_recv(l.as_fd(), nb) {
-                        Ok(n) => n,
-                        Err(_) => continue, // ENOENT: the task died or the call was interrupted
-                    };
                     // The one exec that starts the guest: the child's first execve, before the
                     // set-up channel closed. Every later one is the guest's.
-                    if !initial_exec_done
-                        && chan.is_some()
-                        && n.pid == child.pid as u32
-                        && n.nr == libc::SYS_execve as i32
-                        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+                    let chan_open = chan.is_some();
+                    let is_initial_exec = |n: &sys::Notif| {
+                        let yes = !initial_exec_done
+                            && chan_open
+                            && n.pid == child.pid as u32
+                            && n.nr == libc::SYS_execve as i32
+                            && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
+                        initial_exec_done |= yes;
+                        yes
+                    };
+                    if handle_notification(
+                        l.as_fd(),
+                        nb,
+                        policy,
+                        &cfg.write_grants,
+                        &mut violations,
+                        is_initial_exec,
+                        kill,
+                    ) == Handled::Kill
                     {
-                        initial_exec_done = true;
-                        let _ = sys::notif_send(l.as_fd(), n.id, NotifAnswer::Continue);
-                        continue;
-                    }
-                    let verdict = decode::classify(&n, policy, &cfg.write_grants);
-                    if !sys::notif_id_valid(l.as_fd(), n.id) {
-                        continue; // what we read may not belong to this call any more
-                    }
-                    let Some(d) = verdict else {
-                        // A watched write inside the grants: Landlock has the last word.
-                        let _ = sys::notif_send(l.as_fd(), n.id, NotifAnswer::Continue);
-                        continue;
-                    };
-                    let (answer, action) = match policy.on_violation {
-                        OnViolation::Kill => (NotifAnswer::Error(d.errno), Action::Killed),
-                        OnViolation::Warn if !d.always_deny => {
-                            (NotifAnswer::Continue, Action::Warned)
-                        }
-                        _ => (NotifAnswer::Error(d.errno), Action::Denied),
-                    };
-                    if action == Action::Killed {
                         o.killed_for_violation = true;
-                        kill();
                     }
-                    let _ = sys::notif_send(l.as_fd(), n.id, answer);
-                    violations.record(Violation {
-                        hint: d.category.hint().to_string(),
-                        category: d.category,
-                        syscall: d.syscall,
-                        args: d.args,
-                        action,
-                        rule: d.rule,
-                        count: 1,
-                    });
                 }
-                2 | 3 => {
-                    let is_out = kind == 2;
+                Src::Stdout | Src::Stderr => {
+                    let is_out = src == Src::Stdout;
                     let slot = if is_out { &mut stdout } else { &mut stderr };
                     let Some(fd) = slot.as_ref() else { continue };
                     let mut exceeded = false;
@@ -325,15 +404,12 @@ pub fn supervise(
                         // Keep what fits in the bound; the rest is dropped (and the guest killed).
                         let room = cfg.output_limit.saturating_sub(output) as usize;
                         output += data.len() as u64;
-                        if data.len() > room {
-                            exceeded = true;
-                        }
+                        exceeded |= data.len() > room;
                         let data = &data[..data.len().min(room)];
-                        if is_out {
-                            if let Some(w) = out_sink.as_mut() {
-                                let _ = w.write_all(data);
-                            }
-                        } else {
+                        if is_out && let Some(w) = out_sink.as_mut() {
+                            let _ = w.write_all(data);
+                        }
+                        if !is_out {
                             if let Some(w) = err_sink.as_mut() {
                                 let _ = w.write_all(data);
                             }
@@ -351,11 +427,74 @@ pub fn supervise(
                         *slot = None;
                     }
                 }
-                4 => {
+                Src::Pidfd => {
                     crate::timing::mark("guest exited (pidfd)");
-                    exited_at = Some(Instant::now())
+                    exited_at = Some(Instant::now());
                 }
-                _ => {}
+                Src::ToGuest => {
+                    if let Some(f) = framed.as_mut() {
+                        f.flush();
+                    }
+                }
+                Src::FromGuest => {
+                    let Some(f) = framed.as_mut() else { continue };
+                    let Some(fd) = f.from_guest.as_ref() else {
+                        continue;
+                    };
+                    let mut got = Vec::new();
+                    let open = read_available(fd, &mut buf, |d| got.extend_from_slice(d));
+                    let mut r = f.conv.feed(&got);
+                    if !open {
+                        f.from_guest = None;
+                        r = r.and_then(|ev| f.conv.eof().map(|_| ev));
+                    }
+                    match r {
+                        Ok(events) => {
+                            for ev in events {
+                                match ev {
+                                    Event::Log { level, text } => {
+                                        // Logs count against the output bound like stderr.
+                                        output += text.len() as u64;
+                                        if output > cfg.output_limit && !o.output_exceeded {
+                                            o.output_exceeded = true;
+                                            kill();
+                                        }
+                                        if let Some(w) = err_sink.as_mut() {
+                                            let _ = writeln!(
+                                                w,
+                                                "wfjail: guest log ({}): {text}",
+                                                level_name(level)
+                                            );
+                                        }
+                                    }
+                                    Event::Query => {
+                                        let list = violations.take_since_query();
+                                        let json = serde_json::to_vec(&list)
+                                            .unwrap_or_else(|_| b"[]".to_vec());
+                                        f.outbox.extend(encode(Kind::Violations, &json));
+                                    }
+                                    Event::Result(bytes) => {
+                                        o.result = Some(bytes);
+                                        f.close_when_flushed = true;
+                                    }
+                                    Event::Error(e) => {
+                                        o.guest_error = Some(e);
+                                        f.close_when_flushed = true;
+                                    }
+                                }
+                            }
+                            f.flush();
+                        }
+                        Err(e) => {
+                            if o.protocol_error.is_none() {
+                                o.protocol_error = Some(e.0);
+                            }
+                            f.from_guest = None;
+                            f.to_guest = None;
+                            kill();
+                        }
+                    }
+                }
             }
         }
     }
@@ -371,4 +510,13 @@ pub fn supervise(
     o.stderr_tail = tail;
     o.violations = violations.list;
     o
+}
+
+fn level_name(level: u8) -> &'static str {
+    match level {
+        0..=10 => "debug",
+        11..=20 => "info",
+        21..=30 => "warning",
+        _ => "error",
+    }
 }

@@ -1,0 +1,232 @@
+//! Frames: `length:u32le kind:u8 payload[length-1]`, with a cap on the payload checked before
+//! anything is allocated for it. Test vectors: docs/protocol-vectors.json.
+
+use std::fmt;
+
+/// The default cap on a frame's payload (16 MiB).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Frame kinds of the guest protocol (docs/protocol.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 1,
+    Request = 2,
+    Result = 3,
+    Error = 4,
+    Log = 5,
+    Query = 6,
+    Violations = 7,
+}
+
+impl Kind {
+    pub fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Request,
+            3 => Kind::Result,
+            4 => Kind::Error,
+            5 => Kind::Log,
+            6 => Kind::Query,
+            7 => Kind::Violations,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Hello => "HELLO",
+            Kind::Request => "REQUEST",
+            Kind::Result => "RESULT",
+            Kind::Error => "ERROR",
+            Kind::Log => "LOG",
+            Kind::Query => "QUERY",
+            Kind::Violations => "VIOLATIONS",
+        }
+    }
+}
+
+/// Why a byte stream is not a valid sequence of frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The stream ended inside a frame.
+    Truncated { have: usize, need: usize },
+    /// A payload longer than the cap was announced.
+    Oversized { length: u64, cap: usize },
+    /// A length of 0 (it must count the kind byte).
+    Empty,
+    /// A kind byte outside the protocol.
+    UnknownKind(u8),
+}
+
+impl FrameError {
+    /// The short code used by the test vectors.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FrameError::Truncated { .. } => "truncated",
+            FrameError::Oversized { .. } => "oversized",
+            FrameError::Empty => "empty",
+            FrameError::UnknownKind(_) => "unknown-kind",
+        }
+    }
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Truncated { have, need } => {
+                write!(
+                    f,
+                    "truncated frame: the stream ended after {have} of {need} bytes"
+                )
+            }
+            FrameError::Oversized { length, cap } => {
+                write!(f, "frame of {length} bytes exceeds the {cap}-byte cap")
+            }
+            FrameError::Empty => write!(f, "frame with length 0 (the length counts the kind byte)"),
+            FrameError::UnknownKind(k) => write!(f, "frame of unknown kind {k:#04x}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Encodes one frame.
+pub fn encode(kind: Kind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + payload.len());
+    out.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
+    out.push(kind as u8);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// An incremental decoder: feed it bytes as they arrive, take frames out.
+///
+/// It never holds more than one frame header plus `cap` payload bytes plus what the last
+/// `feed` brought, and it checks an announced length against the cap before reserving room.
+#[derive(Debug)]
+pub struct Decoder {
+    cap: usize,
+    buf: Vec<u8>,
+    failed: Option<FrameError>,
+}
+
+impl Decoder {
+    pub fn new(cap: usize) -> Self {
+        Decoder {
+            cap,
+            buf: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Appends bytes read from the stream.
+    pub fn feed(&mut self, data: &[u8]) {
+        if self.failed.is_none() {
+            self.buf.extend_from_slice(data);
+        }
+    }
+
+    /// The next complete frame, `Ok(None)` if more bytes are needed, or the error that makes
+    /// the rest of the stream unreadable (sticky).
+    pub fn next_frame(&mut self) -> Result<Option<(Kind, Vec<u8>)>, FrameError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let r = self.parse();
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+            self.buf = Vec::new();
+        }
+        r
+    }
+
+    fn parse(&mut self) -> Result<Option<(Kind, Vec<u8>)>, FrameError> {
+        let Some(header) = self.buf.get(..4) else {
+            return Ok(None);
+        };
+        let length = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as u64;
+        if length == 0 {
+            return Err(FrameError::Empty);
+        }
+        if length - 1 > self.cap as u64 {
+            return Err(FrameError::Oversized {
+                length: length - 1,
+                cap: self.cap,
+            });
+        }
+        let Some(&kind) = self.buf.get(4) else {
+            return Ok(None);
+        };
+        let kind = Kind::from_u8(kind).ok_or(FrameError::UnknownKind(kind))?;
+        let total = 4 + length as usize;
+        if self.buf.len() < total {
+            // Reserve at most what this (capped) frame still needs.
+            self.buf.reserve(total - self.buf.len());
+            return Ok(None);
+        }
+        let payload = self.buf[5..total].to_vec();
+        self.buf.drain(..total);
+        Ok(Some((kind, payload)))
+    }
+
+    /// Call at end-of-file: an error if the stream stopped inside a frame.
+    pub fn finish(&mut self) -> Result<(), FrameError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let need = match self.buf.get(..4) {
+            Some(h) => 4 + u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize,
+            None => 4,
+        };
+        let e = FrameError::Truncated {
+            have: self.buf.len(),
+            need,
+        };
+        self.failed = Some(e.clone());
+        Err(e)
+    }
+
+    /// Bytes held (for tests of the allocation bound).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_in_pieces() {
+        let mut stream = encode(Kind::Hello, b"wfjail\x01\x00");
+        stream.extend(encode(Kind::Result, b"payload"));
+        let mut d = Decoder::new(MAX_FRAME);
+        let mut frames = Vec::new();
+        for b in &stream {
+            d.feed(std::slice::from_ref(b));
+            while let Some(f) = d.next_frame().unwrap() {
+                frames.push(f);
+            }
+        }
+        d.finish().unwrap();
+        assert_eq!(
+            frames,
+            vec![
+                (Kind::Hello, b"wfjail\x01\x00".to_vec()),
+                (Kind::Result, b"payload".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn oversized_is_rejected_before_allocating() {
+        let mut d = Decoder::new(10);
+        d.feed(&[0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(d.next_frame().unwrap_err().code(), "oversized");
+        assert_eq!(d.buffered(), 0);
+    }
+}

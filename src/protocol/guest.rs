@@ -1,0 +1,276 @@
+//! The supervisor's side of the guest conversation (docs/protocol.md): what may come from the
+//! guest and when. Pure logic, fed with bytes; the supervisor does the I/O.
+
+use super::frame::{Decoder, FrameError, Kind, encode};
+use crate::report::GuestError;
+
+/// The protocol version this supervisor speaks.
+pub const VERSION: u16 = 1;
+/// The magic that starts a HELLO payload.
+pub const MAGIC: &[u8; 6] = b"wfjail";
+
+/// The HELLO payload for `version`.
+pub fn hello(version: u16) -> Vec<u8> {
+    let mut p = MAGIC.to_vec();
+    p.extend_from_slice(&version.to_le_bytes());
+    p
+}
+
+/// What the supervisor first writes to a guest: HELLO and the request.
+pub fn opening(request: &[u8]) -> Vec<u8> {
+    let mut out = encode(Kind::Hello, &hello(VERSION));
+    out.extend(encode(Kind::Request, request));
+    out
+}
+
+/// Something the guest said that the supervisor must act on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Log {
+        level: u8,
+        text: String,
+    },
+    /// Answer with the violations recorded since the previous query.
+    Query,
+    Result(Vec<u8>),
+    Error(GuestError),
+}
+
+/// A broken conversation; the execution ends as `guest_error` with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+impl From<FrameError> for ProtocolError {
+    fn from(e: FrameError) -> Self {
+        ProtocolError(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    AwaitHello,
+    /// A call is in progress: LOG, QUERY, then RESULT or ERROR.
+    Calling,
+    /// The call is answered; only LOG may follow (until the next call).
+    Answered,
+}
+
+/// One guest's conversation.
+#[derive(Debug)]
+pub struct Conversation {
+    decoder: Decoder,
+    state: State,
+}
+
+impl Conversation {
+    /// `cap`: the largest payload accepted from this guest.
+    pub fn new(cap: usize) -> Self {
+        Conversation {
+            decoder: Decoder::new(cap),
+            state: State::AwaitHello,
+        }
+    }
+
+    /// Whether the current call has been answered (RESULT or ERROR seen).
+    pub fn answered(&self) -> bool {
+        self.state == State::Answered
+    }
+
+    /// Starts the next call of a session (after the supervisor wrote another REQUEST).
+    pub fn next_call(&mut self) {
+        if self.state == State::Answered {
+            self.state = State::Calling;
+        }
+    }
+
+    /// Feeds bytes from the guest; returns the events they complete.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Vec<Event>, ProtocolError> {
+        self.decoder.feed(data);
+        let mut events = Vec::new();
+        while let Some((kind, payload)) = self.decoder.next_frame()? {
+            if let Some(e) = self.on_frame(kind, payload)? {
+                events.push(e);
+            }
+        }
+        Ok(events)
+    }
+
+    /// The guest's output ended: fine between frames, an error inside one.
+    pub fn eof(&mut self) -> Result<(), ProtocolError> {
+        self.decoder.finish()?;
+        Ok(())
+    }
+
+    fn on_frame(&mut self, kind: Kind, payload: Vec<u8>) -> Result<Option<Event>, ProtocolError> {
+        let unexpected = |why: &str| {
+            Err(ProtocolError(format!(
+                "unexpected {} frame from the guest {why}",
+                kind.name()
+            )))
+        };
+        match (self.state, kind) {
+            (State::AwaitHello, Kind::Hello) => {
+                let version = check_hello(&payload)?;
+                if version != VERSION {
+                    return Err(ProtocolError(format!(
+                        "the guest speaks protocol version {version}; this wfjail speaks {VERSION}"
+                    )));
+                }
+                self.state = State::Calling;
+                Ok(None)
+            }
+            // A guest that cannot speak our version says so with an ERROR instead of HELLO.
+            (State::AwaitHello, Kind::Error) => {
+                self.state = State::Answered;
+                Ok(Some(Event::Error(parse_error(&payload)?)))
+            }
+            (State::AwaitHello, _) => unexpected("(its first frame must be HELLO)"),
+            (_, Kind::Log) => {
+                let (&level, text) = payload
+                    .split_first()
+                    .ok_or_else(|| ProtocolError("LOG frame without a level byte".into()))?;
+                Ok(Some(Event::Log {
+                    level,
+                    text: String::from_utf8_lossy(text).into_owned(),
+                }))
+            }
+            (State::Calling, Kind::Query) => Ok(Some(Event::Query)),
+            (State::Calling, Kind::Result) => {
+                self.state = State::Answered;
+                Ok(Some(Event::Result(payload)))
+            }
+            (State::Calling, Kind::Error) => {
+                self.state = State::Answered;
+                Ok(Some(Event::Error(parse_error(&payload)?)))
+            }
+            (State::Answered, Kind::Result | Kind::Error | Kind::Query) => {
+                unexpected("after its answer")
+            }
+            (_, Kind::Hello) => unexpected("(HELLO is sent once)"),
+            (_, Kind::Request | Kind::Violations) => unexpected("(only the supervisor sends it)"),
+        }
+    }
+}
+
+/// Checks a HELLO payload and returns its version.
+pub fn check_hello(payload: &[u8]) -> Result<u16, ProtocolError> {
+    if payload.len() != 8 || &payload[..6] != MAGIC {
+        return Err(ProtocolError(
+            "HELLO without the \"wfjail\" magic and a 2-byte version".into(),
+        ));
+    }
+    Ok(u16::from_le_bytes([payload[6], payload[7]]))
+}
+
+/// Parses an ERROR payload: a JSON object with string `type`, `message`, `traceback`.
+fn parse_error(payload: &[u8]) -> Result<GuestError, ProtocolError> {
+    let bad = || {
+        ProtocolError(
+            "ERROR payload is not a JSON object with string type, message and traceback".into(),
+        )
+    };
+    let v: serde_json::Value = serde_json::from_slice(payload).map_err(|_| bad())?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+            .ok_or_else(bad)
+    };
+    Ok(GuestError {
+        kind: field("type")?,
+        message: field("message")?,
+        traceback: field("traceback")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guest_bytes(frames: &[(Kind, &[u8])]) -> Vec<u8> {
+        frames.iter().flat_map(|(k, p)| encode(*k, p)).collect()
+    }
+
+    #[test]
+    fn a_good_conversation() {
+        let mut c = Conversation::new(1024);
+        let bytes = guest_bytes(&[
+            (Kind::Hello, &hello(1)),
+            (Kind::Log, b"\x14hello"),
+            (Kind::Query, b""),
+            (Kind::Result, b"42"),
+            (Kind::Log, b"\x14bye"),
+        ]);
+        let events = c.feed(&bytes).unwrap();
+        assert_eq!(
+            events,
+            vec![
+                Event::Log {
+                    level: 20,
+                    text: "hello".into()
+                },
+                Event::Query,
+                Event::Result(b"42".to_vec()),
+                Event::Log {
+                    level: 20,
+                    text: "bye".into()
+                },
+            ]
+        );
+        c.eof().unwrap();
+    }
+
+    #[test]
+    fn out_of_order_and_malformed() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                guest_bytes(&[(Kind::Result, b"x")]),
+                "first frame must be HELLO",
+            ),
+            (guest_bytes(&[(Kind::Hello, &hello(2))]), "version 2"),
+            (guest_bytes(&[(Kind::Hello, b"nope")]), "magic"),
+            (
+                guest_bytes(&[
+                    (Kind::Hello, &hello(1)),
+                    (Kind::Result, b""),
+                    (Kind::Result, b""),
+                ]),
+                "after its answer",
+            ),
+            (
+                guest_bytes(&[(Kind::Hello, &hello(1)), (Kind::Request, b"")]),
+                "only the supervisor",
+            ),
+            (
+                guest_bytes(&[(Kind::Hello, &hello(1)), (Kind::Error, b"{}")]),
+                "JSON object",
+            ),
+            (
+                guest_bytes(&[(Kind::Hello, &hello(1)), (Kind::Log, b"")]),
+                "level byte",
+            ),
+        ];
+        for (bytes, want) in cases {
+            let e = Conversation::new(1024).feed(&bytes).unwrap_err();
+            assert!(e.0.contains(want), "{e} should mention {want}");
+        }
+        let mut c = Conversation::new(1024);
+        c.feed(&encode(Kind::Hello, &hello(1))[..5]).unwrap();
+        assert!(c.eof().unwrap_err().0.contains("truncated"));
+    }
+
+    #[test]
+    fn sessions_allow_another_call() {
+        let mut c = Conversation::new(64);
+        c.feed(&guest_bytes(&[
+            (Kind::Hello, &hello(1)),
+            (Kind::Result, b"1"),
+        ]))
+        .unwrap();
+        assert!(c.answered());
+        c.next_call();
+        let e = c.feed(&guest_bytes(&[(Kind::Result, b"2")])).unwrap();
+        assert_eq!(e, vec![Event::Result(b"2".to_vec())]);
+    }
+}
