@@ -214,6 +214,24 @@ fn a_policy_file_layers_over_a_builtin() {
 }
 
 #[test]
+fn require_replaces_what_it_extends() {
+    let s = Scratch::new("require");
+    let p = s.write("p.toml", "extends = \"default\"\nrequire = [\"seccomp\"]\n");
+    let o = wfjail(&["policy", "show", p.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    o.check(
+        v["require"] == serde_json::json!(["seccomp"]),
+        "landlock made best-effort again",
+    );
+    let o = wfjail(&["policy", "show", "temporal-python", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    o.check(
+        v["require"] == serde_json::json!(["landlock", "seccomp"]),
+        "inherited when not set",
+    );
+}
+
+#[test]
 fn help_teaches_and_bad_usage_is_2() {
     let o = wfjail(&["--help"]);
     o.check(

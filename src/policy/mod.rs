@@ -410,7 +410,8 @@ fn append_located<T: PartialEq>(
     Ok(())
 }
 
-/// Layers one parsed file over `p`: scalars replace, lists append, maps merge.
+/// Layers one parsed file over `p`: scalars and `require` replace, other lists append, maps
+/// merge.
 fn apply(
     p: &mut Policy,
     file: &str,
@@ -421,8 +422,10 @@ fn apply(
     if let Some(d) = &f.description {
         p.description = d.clone();
     }
-    for layer in f.require.iter().flatten() {
-        p.require.insert(*layer.get_ref());
+    // `require` states this policy's whole requirement, so it replaces what it extends:
+    // that is how a policy makes a layer best-effort again (and `policy show` tells).
+    if let Some(layers) = &f.require {
+        p.require = layers.iter().map(|l| *l.get_ref()).collect();
     }
     if let Some(v) = f.on_violation {
         p.on_violation = v;

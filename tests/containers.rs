@@ -1,0 +1,743 @@
+//! Containers and unprivileged hosts (PRODUCT.md §7): the enforcement tests of
+//! `tests/isolation.rs`, run again as an unprivileged user (uid/gid 65534) and under
+//! `examples/container_sim.rs`, which imposes a container runtime's seccomp profile (Docker's
+//! default: no namespaces; an old runtime's: no Landlock; a runtime holding the seccomp
+//! listener: no user notification). Each test is one `wfjail` invocation on the real kernel.
+//!
+//! Running as another user needs root; when the tests run unprivileged already, the
+//! "unprivileged" cases run as the current user instead.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::{Outcome, PY};
+use serde_json::Value;
+
+/// nobody/nogroup.
+const NOBODY: u32 = 65534;
+
+/// The namespace layers a container without namespaces degrades.
+const NS_LAYERS: [&str; 5] = ["user-ns", "pid-ns", "net-ns", "ipc-ns", "uts-ns"];
+
+/// Docker's default profile for a root container (which has no CAP_SYS_ADMIN).
+const DOCKER_ROOT: &[&str] = &["--deny-namespaces", "--drop-sys-admin"];
+/// Docker's default profile for a container running as a non-root user.
+const DOCKER_USER: &[&str] = &["--deny-namespaces"];
+
+// ---- helpers --------------------------------------------------------------------------------
+
+/// A fresh directory directly under /tmp (the build tree and `$TMPDIR` may not be
+/// traversable by nobody), with `mode`, removed on drop.
+struct TmpDir(PathBuf);
+
+impl TmpDir {
+    fn new(tag: &str, mode: u32) -> TmpDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = PathBuf::from("/tmp").join(format!(
+            "wfjail-containers-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        // Explicitly: create_dir is subject to the umask.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        TmpDir(dir)
+    }
+
+    /// A directory anyone (nobody included) can write in.
+    fn shared(tag: &str) -> TmpDir {
+        TmpDir::new(tag, 0o777)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn s(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+
+    /// Writes a world-readable file.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        p
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn wfjail_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_wfjail"))
+}
+
+/// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
+/// `cargo test --test containers` does not, so build it here if it is missing, with the
+/// same profile, target and target directory as the wfjail binary.
+fn container_sim_bin() -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let wfjail = wfjail_bin();
+    let profile_dir = wfjail.parent().unwrap();
+    let sim = profile_dir.join("examples/container_sim");
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if sim.exists() {
+        return sim;
+    }
+    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+        "debug" => "dev",
+        other => other,
+    };
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--example", "container_sim", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    // target/<triple>/<profile> when a target is set (.cargo/config.toml sets one),
+    // target/<profile> otherwise.
+    let above = profile_dir.parent().unwrap();
+    let triple = above.file_name().unwrap().to_str().unwrap();
+    let target_dir = if triple.contains("-linux-") {
+        cmd.args(["--target", triple]);
+        above.parent().unwrap()
+    } else {
+        above
+    };
+    cmd.arg("--target-dir").arg(target_dir);
+    let out = cmd
+        .output()
+        .expect("run cargo build --example container_sim");
+    assert!(
+        out.status.success() && sim.exists(),
+        "building container_sim failed ({:?}): {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sim
+}
+
+/// Whether the tests can switch to nobody (they run as root).
+fn can_switch_user() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Places `src` in `dir`, readable and executable by anyone: a hard link when the file
+/// systems allow it, a copy otherwise.
+fn install(src: &Path, dir: &TmpDir) -> PathBuf {
+    let dst = dir.path(src.file_name().unwrap().to_str().unwrap());
+    if std::fs::hard_link(src, &dst).is_err() {
+        std::fs::copy(src, &dst).unwrap();
+    }
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dst
+}
+
+/// How to start wfjail: as whom, and under which simulated container profile.
+#[derive(Clone, Copy)]
+struct How {
+    /// Run as uid/gid 65534 (when the tests run as root).
+    nobody: bool,
+    /// Run under `container_sim` with these flags.
+    sim: Option<&'static [&'static str]>,
+}
+
+const NOBODY_HOST: How = How {
+    nobody: true,
+    sim: None,
+};
+
+fn sim_root(flags: &'static [&'static str]) -> How {
+    How {
+        nobody: false,
+        sim: Some(flags),
+    }
+}
+
+fn sim_nobody(flags: &'static [&'static str]) -> How {
+    How {
+        nobody: true,
+        sim: Some(flags),
+    }
+}
+
+/// Runs `wfjail <args>` as `how` says, with `--report` inserted after `run`; the report and
+/// the working directory are in a fresh directory anyone can write.
+fn wfjail(how: How, args: &[&str]) -> Outcome {
+    let work = TmpDir::shared("work");
+    let switch = how.nobody && can_switch_user();
+    // Binaries nobody can reach: the build tree may not be traversable by nobody.
+    let bins = switch.then(|| TmpDir::new("bin", 0o755));
+    let place = |p: PathBuf| match &bins {
+        Some(d) => install(&p, d),
+        None => p,
+    };
+    let wfjail = place(wfjail_bin());
+    let mut cmd = match how.sim {
+        Some(flags) => {
+            let mut c = Command::new(place(container_sim_bin()));
+            c.args(flags).arg("--").arg(&wfjail);
+            c
+        }
+        None => Command::new(&wfjail),
+    };
+    let report_path = work.path("report.json");
+    let mut iter = args.iter();
+    if let Some(first) = iter.next() {
+        cmd.arg(first);
+        if *first == "run" {
+            cmd.arg("--report").arg(&report_path);
+        }
+    }
+    cmd.args(iter);
+    cmd.current_dir(&work.0).stdin(Stdio::null());
+    if switch {
+        cmd.uid(NOBODY).gid(NOBODY);
+    }
+    let out = cmd.output().expect("spawn wfjail");
+    let report = std::fs::read_to_string(&report_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    Outcome {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report,
+    }
+}
+
+/// `wfjail run -p POLICY [extra...] --raw -- python3 -c CODE`.
+fn py(how: How, policy: &str, extra: &[&str], code: &str) -> Outcome {
+    let mut args = vec!["run", "-p", policy];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--raw", "--", PY, "-c", code]);
+    wfjail(how, &args)
+}
+
+/// Python that runs `stmt` and prints `errno=N` for the OSError it raises.
+fn errno_of(stmt: &str) -> String {
+    format!("try:\n    {stmt}\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n")
+}
+
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+        .unwrap_or_default()
+}
+
+fn degraded(o: &Outcome) -> Vec<&str> {
+    strs(&o.report["layers"]["degraded"])
+}
+
+/// Asserts a `layer: ...` entry in `layers.degraded`.
+fn assert_degraded(o: &Outcome, layer: &str) {
+    let prefix = format!("{layer}: ");
+    o.check(
+        degraded(o).iter().any(|d| d.starts_with(&prefix)),
+        &format!("layers.degraded lists {layer}"),
+    );
+}
+
+/// The report of a run where the container refused every namespace.
+fn assert_no_namespaces(o: &Outcome) {
+    for layer in NS_LAYERS {
+        let prefix = format!("{layer}: Operation not permitted");
+        o.check(
+            degraded(o).iter().any(|d| d.starts_with(&prefix)),
+            &format!("layers.degraded lists {layer} refused with EPERM"),
+        );
+    }
+    o.check(
+        o.report["layers"]["namespaces"]
+            .as_array()
+            .is_some_and(|a| a.is_empty()),
+        "layers.namespaces is empty",
+    );
+    o.check(
+        o.report["layers"]["landlock"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("abi-"),
+        "Landlock still applied",
+    );
+    o.check(
+        o.report["layers"]["seccomp"] == "user-notify",
+        "seccomp still applied, with user notification",
+    );
+    o.check(o.report["layers"]["no_new_privs"] == true, "no_new_privs");
+}
+
+// ---- a. unprivileged host: every layer, every denial --------------------------------------
+
+#[test]
+fn unprivileged_true_is_ok_with_every_layer() {
+    let o = wfjail(NOBODY_HOST, &["run", "--raw", "--", "/bin/true"]);
+    o.check(o.code == 0 && o.status() == "ok", "/bin/true as nobody");
+    let layers = &o.report["layers"];
+    o.check(
+        layers["landlock"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("abi-"),
+        "Landlock applied",
+    );
+    o.check(
+        layers["seccomp"] == "user-notify",
+        "seccomp with user notification",
+    );
+    o.check(layers["no_new_privs"] == true, "no_new_privs");
+    o.check(
+        layers["capabilities"] == "none",
+        "every capability dropped (the user namespace gives CAP_SETPCAP)",
+    );
+    let ns = strs(&layers["namespaces"]);
+    for want in ["user", "net", "pid", "ipc", "uts"] {
+        o.check(
+            ns.contains(&want),
+            &format!("{want} namespace (user namespaces work unprivileged here)"),
+        );
+    }
+    o.check(
+        !degraded(&o).iter().any(|d| d.contains("-ns: ")),
+        "no namespace degraded",
+    );
+}
+
+#[test]
+fn unprivileged_socket_is_denied_with_eperm() {
+    let o = py(
+        NOBODY_HOST,
+        "default",
+        &[],
+        &format!(
+            "import socket\n{}",
+            errno_of("socket.create_connection(('127.0.0.1', 9))")
+        ),
+    );
+    o.check(o.stdout.trim() == "errno=1", "socket() fails with EPERM");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    o.assert_violation("socket", "network");
+}
+
+#[test]
+fn unprivileged_fork_is_denied_with_eperm() {
+    let o = py(
+        NOBODY_HOST,
+        "default",
+        &[],
+        &format!("import os\n{}", errno_of("os.fork()")),
+    );
+    o.check(o.stdout.trim() == "errno=1", "fork fails with EPERM");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    let v = o.assert_violation("clone", "subprocess");
+    o.check(
+        !v["args"].as_str().unwrap_or("").contains("CLONE_THREAD"),
+        "a process clone",
+    );
+}
+
+#[test]
+fn unprivileged_thread_start_is_denied_with_eperm() {
+    // threading hides the errno; pthread_create returns it.
+    let o = py(
+        NOBODY_HOST,
+        "default",
+        &[],
+        "import threading, ctypes\n\
+         try:\n    threading.Thread(target=print).start()\n\
+         except RuntimeError as e:\n    print('error=%s' % e)\n\
+         libc = ctypes.CDLL(None)\n\
+         fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda a: None)\n\
+         t = ctypes.c_ulong()\n\
+         print('pthread_create=%d' % libc.pthread_create(ctypes.byref(t), None, fn, None))\n",
+    );
+    o.check(
+        o.stdout == "error=can't start new thread\npthread_create=1\n",
+        "thread creation fails with EPERM",
+    );
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    let v = o.assert_violation("clone", "thread");
+    o.check(
+        v["args"].as_str().unwrap_or("").contains("CLONE_THREAD"),
+        "clone flags decoded",
+    );
+}
+
+#[test]
+fn unprivileged_exec_is_denied_with_eperm() {
+    let o = py(
+        NOBODY_HOST,
+        "default",
+        &[],
+        &format!("import os\n{}", errno_of("os.execv('/bin/true', ['true'])")),
+    );
+    o.check(o.stdout.trim() == "errno=1", "execve fails with EPERM");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    let v = o.assert_violation("execve", "exec");
+    o.check(
+        v["args"].as_str().unwrap_or("").starts_with("/bin/true"),
+        "exec path decoded",
+    );
+}
+
+/// A write inside `--rw` works; one outside, in a directory the user may write (so that only
+/// Landlock stands in the way), fails with EACCES and is reported as `openat`.
+fn write_outside_rw_is_denied(how: How) {
+    let rw = TmpDir::shared("rw");
+    let outside = TmpDir::shared("outside");
+    let code = format!(
+        "open('{0}/inside.txt', 'w').write('written')\n{1}",
+        rw.s(),
+        errno_of(&format!("open('{}/x', 'w')", outside.s()))
+    );
+    let o = py(how, "default", &["--rw", rw.s()], &code);
+    o.check(o.stdout.trim() == "errno=13", "write outside --rw: EACCES");
+    o.check(
+        std::fs::read_to_string(rw.path("inside.txt"))
+            .ok()
+            .as_deref()
+            == Some("written"),
+        "the write under --rw happened",
+    );
+    o.check(!outside.path("x").exists(), "nothing written outside");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    let v = o.assert_violation("openat", "filesystem");
+    o.check(
+        v["args"].as_str().unwrap_or("").contains(outside.s()),
+        "the path is named",
+    );
+}
+
+#[test]
+fn unprivileged_write_outside_rw_is_denied_with_eacces() {
+    write_outside_rw_is_denied(NOBODY_HOST);
+}
+
+// ---- b. Docker's default profile: no namespaces, Landlock and seccomp still enforce -------
+
+fn sim_true_degrades_namespaces(how: How) {
+    let o = wfjail(how, &["run", "--raw", "--", "/bin/true"]);
+    o.check(
+        o.code == 0 && o.status() == "ok",
+        "/bin/true without namespaces",
+    );
+    assert_no_namespaces(&o);
+}
+
+fn sim_socket_is_denied(how: How) {
+    let o = py(
+        how,
+        "default",
+        &[],
+        &format!(
+            "import socket\n{}",
+            errno_of("socket.create_connection(('127.0.0.1', 9))")
+        ),
+    );
+    o.check(o.stdout.trim() == "errno=1", "socket() fails with EPERM");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    o.assert_violation("socket", "network");
+    assert_no_namespaces(&o);
+}
+
+fn sim_unreadable_path_is_denied(how: How) {
+    let o = py(
+        how,
+        "default",
+        &[],
+        &errno_of("open('/etc/hostname').read()"),
+    );
+    o.check(
+        o.stdout.trim() == "errno=13",
+        "/etc/hostname: EACCES (Landlock)",
+    );
+    o.check(o.status() != "launch_error", "the guest ran");
+    assert_no_namespaces(&o);
+}
+
+#[test]
+fn docker_root_true_is_ok_without_namespaces() {
+    sim_true_degrades_namespaces(sim_root(DOCKER_ROOT));
+}
+
+#[test]
+fn docker_nobody_true_is_ok_without_namespaces() {
+    sim_true_degrades_namespaces(sim_nobody(DOCKER_USER));
+}
+
+#[test]
+fn docker_root_socket_is_denied() {
+    sim_socket_is_denied(sim_root(DOCKER_ROOT));
+}
+
+#[test]
+fn docker_nobody_socket_is_denied() {
+    sim_socket_is_denied(sim_nobody(DOCKER_USER));
+}
+
+#[test]
+fn docker_root_write_outside_rw_is_denied() {
+    write_outside_rw_is_denied(sim_root(DOCKER_ROOT));
+}
+
+#[test]
+fn docker_nobody_write_outside_rw_is_denied() {
+    write_outside_rw_is_denied(sim_nobody(DOCKER_USER));
+}
+
+#[test]
+fn docker_root_unreadable_path_is_denied() {
+    sim_unreadable_path_is_denied(sim_root(DOCKER_ROOT));
+}
+
+#[test]
+fn docker_nobody_unreadable_path_is_denied() {
+    sim_unreadable_path_is_denied(sim_nobody(DOCKER_USER));
+}
+
+// ---- c. a policy that requires namespaces fails closed ------------------------------------
+
+const REQUIRE_NAMESPACES: &str =
+    "extends = \"default\"\nrequire = [\"seccomp\", \"landlock\", \"namespaces\"]\n";
+
+fn required_namespaces_fail_before_the_guest(how: How) {
+    let dir = TmpDir::shared("require-ns");
+    let policy = dir.write("require-ns.toml", REQUIRE_NAMESPACES);
+    let rw = TmpDir::shared("marker");
+    let marker = rw.path("marker");
+    let code = format!("open('{}', 'w').write('ran')\n", marker.display());
+    let o = py(how, policy.to_str().unwrap(), &["--rw", rw.s()], &code);
+    o.check(o.code == 125, "exit 125");
+    o.check(o.status() == "launch_error", "status launch_error");
+    o.check(!marker.exists(), "the guest never ran");
+    let error = o.report["error"].as_str().unwrap_or("");
+    o.check(
+        error.contains("namespace") && o.stderr.contains("namespace"),
+        "the error names the namespace",
+    );
+}
+
+#[test]
+fn docker_root_required_namespaces_exit_125() {
+    required_namespaces_fail_before_the_guest(sim_root(DOCKER_ROOT));
+}
+
+#[test]
+fn docker_nobody_required_namespaces_exit_125() {
+    required_namespaces_fail_before_the_guest(sim_nobody(DOCKER_USER));
+}
+
+#[test]
+fn docker_check_with_required_namespaces_exits_125() {
+    let dir = TmpDir::shared("check-ns");
+    let policy = dir.write("require-ns.toml", REQUIRE_NAMESPACES);
+    let o = wfjail(
+        sim_root(DOCKER_ROOT),
+        &["check", "-p", policy.to_str().unwrap()],
+    );
+    o.check(
+        o.code == 125,
+        "check exits 125 when a required layer is missing",
+    );
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    for layer in NS_LAYERS {
+        let at = lines
+            .iter()
+            .position(|l| l.split_whitespace().next() == Some(layer));
+        o.check(at.is_some(), &format!("a row for {layer}"));
+        let at = at.unwrap();
+        let cols: Vec<&str> = lines[at].split_whitespace().collect();
+        o.check(
+            cols.get(1) == Some(&"NO") && cols.get(2) == Some(&"yes"),
+            &format!("{layer}: unavailable and required"),
+        );
+        o.check(
+            lines
+                .get(at + 1)
+                .is_some_and(|l| l.trim_start().starts_with("to enable:")),
+            &format!("{layer}: an enable hint"),
+        );
+    }
+    for layer in ["landlock", "seccomp"] {
+        o.check(
+            lines.iter().any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.first() == Some(&layer) && cols.get(1) == Some(&"yes")
+            }),
+            &format!("{layer} available"),
+        );
+    }
+}
+
+#[test]
+fn docker_check_with_default_policy_exits_0() {
+    let o = wfjail(sim_root(DOCKER_ROOT), &["check"]);
+    o.check(
+        o.code == 0,
+        "namespaces are best-effort under the default policy",
+    );
+    o.check(
+        o.stdout
+            .contains("Everything the policy requires is available."),
+        "check says so",
+    );
+}
+
+// ---- d. an old runtime without Landlock ---------------------------------------------------
+
+#[test]
+fn no_landlock_default_policy_exits_125() {
+    let dir = TmpDir::shared("no-landlock");
+    let marker = dir.path("marker");
+    let code = format!("open('{}', 'w').write('ran')\n", marker.display());
+    let o = py(
+        sim_root(&["--deny-landlock"]),
+        "default",
+        &["--rw", dir.s()],
+        &code,
+    );
+    o.check(
+        o.code == 125,
+        "exit 125: the default policy requires Landlock",
+    );
+    o.check(o.status() == "launch_error", "status launch_error");
+    o.check(!marker.exists(), "the guest never ran");
+    o.check(
+        o.report["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Landlock")
+            && o.stderr.contains("Landlock"),
+        "the error names Landlock",
+    );
+}
+
+#[test]
+fn no_landlock_best_effort_policy_runs_with_landlock_degraded() {
+    let dir = TmpDir::shared("no-landlock-ok");
+    let policy = dir.write(
+        "seccomp-only.toml",
+        "extends = \"default\"\nrequire = [\"seccomp\"]\n",
+    );
+    let o = wfjail(
+        sim_root(&["--deny-landlock"]),
+        &[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--raw",
+            "--",
+            "/bin/true",
+        ],
+    );
+    o.check(o.code == 0 && o.status() == "ok", "/bin/true runs");
+    o.check(
+        o.report["layers"]["landlock"] == "none",
+        "layers.landlock none",
+    );
+    assert_degraded(&o, "landlock");
+    o.check(
+        o.report["layers"]["seccomp"] == "user-notify",
+        "seccomp still applied",
+    );
+}
+
+// ---- e. a runtime that holds the seccomp listener -----------------------------------------
+
+#[test]
+fn no_notify_falls_back_to_the_plain_filter() {
+    let o = wfjail(
+        sim_root(&["--deny-notify"]),
+        &["run", "--raw", "--", "/bin/true"],
+    );
+    o.check(o.code == 0 && o.status() == "ok", "/bin/true runs");
+    o.check(
+        o.report["layers"]["seccomp"] == "filter",
+        "layers.seccomp filter",
+    );
+    assert_degraded(&o, "seccomp-notify");
+    o.check(
+        o.report["layers"]["landlock"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("abi-"),
+        "Landlock applied",
+    );
+}
+
+#[test]
+fn no_notify_socket_still_fails_with_eperm() {
+    // The filter answers EPERM itself: the call cannot be named, so no violation is asserted.
+    let o = py(
+        sim_root(&["--deny-notify"]),
+        "default",
+        &[],
+        &format!(
+            "import socket\n{}",
+            errno_of("socket.create_connection(('127.0.0.1', 9))")
+        ),
+    );
+    o.check(o.stdout.trim() == "errno=1", "socket() fails with EPERM");
+    o.check(
+        o.report["layers"]["seccomp"] == "filter",
+        "layers.seccomp filter",
+    );
+}
+
+#[test]
+fn no_notify_kill_policy_kills_with_sigsys() {
+    let dir = TmpDir::shared("no-notify-kill");
+    let policy = dir.write(
+        "kill.toml",
+        "extends = \"default\"\non_violation = \"kill\"\n",
+    );
+    let o = py(
+        sim_root(&["--deny-notify"]),
+        policy.to_str().unwrap(),
+        &[],
+        "import socket\nsocket.socket()\nprint('survived')\n",
+    );
+    o.check(!o.stdout.contains("survived"), "the guest did not go on");
+    o.check(
+        o.code == 3 && o.status() == "violation",
+        "exit 3, violation",
+    );
+    o.check(o.report["signal"] == "SIGSYS", "killed by SIGSYS");
+    let violations = o.report["violations"].as_array();
+    o.check(
+        violations.is_some_and(|vs| {
+            vs.iter().any(|v| {
+                v["action"] == "killed" && v["hint"].as_str().unwrap_or("").contains("SIGSYS")
+            })
+        }),
+        "a killed violation whose hint mentions SIGSYS",
+    );
+}
