@@ -118,7 +118,6 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         write_grants: supervise::paths::WriteGrants::new(&plan.write),
     };
     let mut stderr = std::io::stderr();
-    let mut echo_err = std::io::stderr();
     let mut logs = std::io::stderr();
     let framed = protocol.is_some();
     let sinks = Sinks {
@@ -129,7 +128,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
             Some(&mut *stdout)
         },
         stderr: opts.echo.then_some(&mut stderr as &mut dyn Write),
-        violations: opts.echo.then_some(&mut echo_err as &mut dyn Write),
+        violations: opts.echo,
     };
     let layers_base = LayersBase::of(&plan, &spawned);
     let pipes = GuestPipes {

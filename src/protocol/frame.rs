@@ -91,11 +91,16 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
-/// Encodes one frame.
+/// Encodes one guest-protocol frame.
 pub fn encode(kind: Kind, payload: &[u8]) -> Vec<u8> {
+    encode_raw(kind as u8, payload)
+}
+
+/// Encodes one frame with any kind byte.
+pub fn encode_raw(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + payload.len());
     out.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
-    out.push(kind as u8);
+    out.push(kind);
     out.extend_from_slice(payload);
     out
 }
@@ -109,15 +114,31 @@ pub struct Decoder {
     cap: usize,
     buf: Vec<u8>,
     failed: Option<FrameError>,
+    /// Which kind bytes this wire format has.
+    known: fn(u8) -> bool,
 }
 
 impl Decoder {
+    /// A decoder for the guest protocol.
     pub fn new(cap: usize) -> Self {
+        Decoder::for_kinds(cap, |k| Kind::from_u8(k).is_some())
+    }
+
+    /// A decoder for a wire format whose kinds `known` accepts.
+    pub fn for_kinds(cap: usize, known: fn(u8) -> bool) -> Self {
         Decoder {
             cap,
             buf: Vec::new(),
             failed: None,
+            known,
         }
+    }
+
+    /// Like [`Decoder::next_frame`], for the guest protocol's kinds.
+    pub fn next_frame(&mut self) -> Result<Option<(Kind, Vec<u8>)>, FrameError> {
+        Ok(self
+            .next_raw()?
+            .and_then(|(k, p)| Kind::from_u8(k).map(|k| (k, p))))
     }
 
     /// Appends bytes read from the stream.
@@ -127,9 +148,9 @@ impl Decoder {
         }
     }
 
-    /// The next complete frame, `Ok(None)` if more bytes are needed, or the error that makes
-    /// the rest of the stream unreadable (sticky).
-    pub fn next_frame(&mut self) -> Result<Option<(Kind, Vec<u8>)>, FrameError> {
+    /// The next complete frame (kind byte, payload), `Ok(None)` if more bytes are needed, or
+    /// the error that makes the rest of the stream unreadable (sticky).
+    pub fn next_raw(&mut self) -> Result<Option<(u8, Vec<u8>)>, FrameError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -141,7 +162,7 @@ impl Decoder {
         r
     }
 
-    fn parse(&mut self) -> Result<Option<(Kind, Vec<u8>)>, FrameError> {
+    fn parse(&mut self) -> Result<Option<(u8, Vec<u8>)>, FrameError> {
         let Some(header) = self.buf.get(..4) else {
             return Ok(None);
         };
@@ -158,7 +179,9 @@ impl Decoder {
         let Some(&kind) = self.buf.get(4) else {
             return Ok(None);
         };
-        let kind = Kind::from_u8(kind).ok_or(FrameError::UnknownKind(kind))?;
+        if !(self.known)(kind) {
+            return Err(FrameError::UnknownKind(kind));
+        }
         let total = 4 + length as usize;
         if self.buf.len() < total {
             // Reserve at most what this (capped) frame still needs.

@@ -3,5 +3,6 @@
 
 pub mod frame;
 pub mod guest;
+pub mod worker;
 
 pub use frame::{Decoder, FrameError, Kind, MAX_FRAME, encode};

@@ -21,7 +21,7 @@ use crate::protocol::guest::{Conversation, Event};
 use crate::protocol::{Kind, encode};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
-use violations::{Handled, Violations, handle_notification};
+use violations::{Handled, Violations};
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
@@ -35,8 +35,8 @@ pub struct Sinks<'a> {
     pub stdout: Option<&'a mut dyn Write>,
     /// Echo the guest's stderr (and, framed, its LOG frames) live here.
     pub stderr: Option<&'a mut dyn Write>,
-    /// Print a one-line summary of each new violation here.
-    pub violations: Option<&'a mut dyn Write>,
+    /// Print a one-line summary of each new violation on stderr.
+    pub violations: bool,
 }
 
 /// Supervision settings.
@@ -192,7 +192,7 @@ pub fn supervise(
         framed: pipes.protocol.is_some(),
         ..Outcome::default()
     };
-    let mut violations = Violations::new(echo);
+    let mut violations = Violations::new(echo.then(String::new));
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
     let mut notif_buf: Option<NotifBuf> = None;
@@ -370,27 +370,24 @@ pub fn supervise(
                         listener = None; // every task using the filter is gone
                         continue;
                     }
+                    let Some(n) = violations::receive(l.as_fd(), nb) else {
+                        continue;
+                    };
                     // The one exec that starts the guest: the child's first execve, before the
                     // set-up channel closed. Every later one is the guest's.
-                    let chan_open = chan.is_some();
-                    let is_initial_exec = |n: &sys::Notif| {
-                        let yes = !initial_exec_done
-                            && chan_open
-                            && n.pid == child.pid as u32
-                            && n.nr == libc::SYS_execve as i32
-                            && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
-                        initial_exec_done |= yes;
-                        yes
-                    };
-                    if handle_notification(
+                    if !initial_exec_done && chan.is_some() && is_initial_exec(&n, child.pid) {
+                        initial_exec_done = true;
+                        violations::allow(l.as_fd(), &n);
+                        continue;
+                    }
+                    if violations::answer(
                         l.as_fd(),
-                        nb,
+                        &n,
                         policy,
                         &cfg.write_grants,
                         &mut violations,
-                        is_initial_exec,
                         kill,
-                    ) == Handled::Kill
+                    ) == Handled::Killed
                     {
                         o.killed_for_violation = true;
                     }
@@ -510,6 +507,13 @@ pub fn supervise(
     o.stderr_tail = tail;
     o.violations = violations.list;
     o
+}
+
+/// Whether notification `n` is the `execve` that starts the guest `pid` (native ABI).
+pub fn is_initial_exec(n: &sys::Notif, pid: libc::pid_t) -> bool {
+    n.pid == pid as u32
+        && n.nr == libc::SYS_execve as i32
+        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
 }
 
 fn level_name(level: u8) -> &'static str {

@@ -1,12 +1,11 @@
 //! Answering seccomp notifications and keeping the list of violations.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::fd::BorrowedFd;
 
 use crate::policy::{OnViolation, Policy};
 use crate::report::{Action, Violation};
-use crate::sys::{self, NotifAnswer, NotifBuf};
+use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 
 use super::decode;
 use super::paths::WriteGrants;
@@ -15,21 +14,22 @@ use super::paths::WriteGrants;
 const MAX_DISTINCT_VIOLATIONS: usize = 256;
 
 /// The violations of one execution, deduplicated, with a cursor for the guest's QUERY.
-pub struct Violations<'a> {
+#[derive(Debug, Default)]
+pub struct Violations {
     pub list: Vec<Violation>,
     index: HashMap<(String, String, &'static str), usize>,
     /// Indices touched since the last QUERY (in order, without repeats).
     since_query: Vec<usize>,
-    echo: Option<&'a mut dyn Write>,
+    /// Print a one-line summary of each new violation on stderr, with this prefix.
+    echo: Option<String>,
 }
 
-impl<'a> Violations<'a> {
-    pub fn new(echo: Option<&'a mut dyn Write>) -> Self {
+impl Violations {
+    /// `echo`: print each new violation's summary line on stderr, after this prefix.
+    pub fn new(echo: Option<String>) -> Self {
         Violations {
-            list: vec![],
-            index: HashMap::new(),
-            since_query: vec![],
             echo,
+            ..Default::default()
         }
     }
 
@@ -45,8 +45,8 @@ impl<'a> Violations<'a> {
                 if self.list.len() >= MAX_DISTINCT_VIOLATIONS {
                     return;
                 }
-                if let Some(w) = self.echo.as_mut() {
-                    let _ = writeln!(w, "{}", v.summary());
+                if let Some(prefix) = &self.echo {
+                    eprintln!("{prefix}{}", v.summary());
                 }
                 self.index.insert(key, self.list.len());
                 self.list.push(v);
@@ -79,30 +79,27 @@ pub enum Handled {
     Quiet,
     /// A violation was recorded.
     Recorded,
-    /// A violation was recorded and the policy says kill.
-    Kill,
+    /// A violation was recorded and the guest was killed, as the policy says.
+    Killed,
 }
 
-/// Receives one notification from `listener` and answers it per `policy`. `is_initial_exec`
-/// tells whether a notification is the one exec that starts the guest (allowed once); `kill`
-/// ends the guest when the policy says so (before its call returns).
-pub fn handle_notification(
+/// Receives one notification (`None`: the call vanished, nothing to do).
+pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
+    sys::notif_recv(listener, buf).ok()
+}
+
+/// Decides notification `n` of a guest under `policy`: lets a granted watched write continue,
+/// or records the violation in `violations` and answers per `on_violation` (`kill` runs
+/// before the call returns).
+pub fn answer(
     listener: BorrowedFd<'_>,
-    buf: &mut NotifBuf,
+    n: &Notif,
     policy: &Policy,
     grants: &WriteGrants,
-    violations: &mut Violations<'_>,
-    mut is_initial_exec: impl FnMut(&sys::Notif) -> bool,
+    violations: &mut Violations,
     kill: impl FnOnce(),
 ) -> Handled {
-    let Ok(n) = sys::notif_recv(listener, buf) else {
-        return Handled::Quiet; // ENOENT: the task died or the call was interrupted
-    };
-    if is_initial_exec(&n) {
-        let _ = sys::notif_send(listener, n.id, NotifAnswer::Continue);
-        return Handled::Quiet;
-    }
-    let verdict = decode::classify(&n, policy, grants);
+    let verdict = decode::classify(n, policy, grants);
     if !sys::notif_id_valid(listener, n.id) {
         return Handled::Quiet; // what we read may not belong to this call any more
     }
@@ -111,7 +108,7 @@ pub fn handle_notification(
         let _ = sys::notif_send(listener, n.id, NotifAnswer::Continue);
         return Handled::Quiet;
     };
-    let (answer, action) = match policy.on_violation {
+    let (reply, action) = match policy.on_violation {
         OnViolation::Kill => (NotifAnswer::Error(d.errno), Action::Killed),
         OnViolation::Warn if !d.always_deny => (NotifAnswer::Continue, Action::Warned),
         _ => (NotifAnswer::Error(d.errno), Action::Denied),
@@ -129,10 +126,20 @@ pub fn handle_notification(
     if action == Action::Killed {
         kill();
     }
-    let _ = sys::notif_send(listener, n.id, answer);
+    let _ = sys::notif_send(listener, n.id, reply);
     if action == Action::Killed {
-        Handled::Kill
+        Handled::Killed
     } else {
         Handled::Recorded
     }
+}
+
+/// Lets the call of notification `n` run (the initial exec, the zygote's own calls).
+pub fn allow(listener: BorrowedFd<'_>, n: &Notif) {
+    let _ = sys::notif_send(listener, n.id, NotifAnswer::Continue);
+}
+
+/// Denies the call of notification `n` with `errno`, without recording it.
+pub fn refuse(listener: BorrowedFd<'_>, n: &Notif, errno: i32) {
+    let _ = sys::notif_send(listener, n.id, NotifAnswer::Error(errno));
 }

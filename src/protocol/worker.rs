@@ -1,0 +1,100 @@
+//! The worker wire of `wfjail serve` (docs/protocol.md, second part): a worker opens a
+//! session over the server's Unix socket, makes calls, and closes it. Same frames as the guest
+//! protocol, its own kinds.
+
+use serde::{Deserialize, Serialize};
+
+use super::frame::{Decoder, encode_raw};
+
+/// Client → server: start a session. JSON [`OpenRequest`].
+pub const OPEN: u8 = 0x11;
+/// Client → server: one call; the payload is the request.
+pub const CALL: u8 = 0x12;
+/// Client → server: end the session (the server answers CLOSED with the report).
+pub const CLOSE: u8 = 0x13;
+/// Server → client: the session is ready. JSON [`Opened`].
+pub const OPENED: u8 = 0x21;
+/// Server → client: a call's result.
+pub const RESULT: u8 = 0x22;
+/// Server → client: a call failed in the guest. JSON: the guest error plus `violations`.
+pub const ERROR: u8 = 0x23;
+/// Server → client: the session is over without a CLOSE (open failed, the guest was killed,
+/// crashed, timed out or broke the protocol). JSON report; the server closes the connection.
+pub const FAILED: u8 = 0x24;
+/// Server → client: answer to CLOSE. JSON report; the server closes the connection.
+pub const CLOSED: u8 = 0x25;
+
+/// Whether `k` is a kind of this wire.
+pub fn known(k: u8) -> bool {
+    matches!(k, OPEN | CALL | CLOSE | OPENED | RESULT | ERROR | FAILED | CLOSED)
+}
+
+/// The name of a kind, for messages.
+pub fn name(k: u8) -> &'static str {
+    match k {
+        OPEN => "OPEN",
+        CALL => "CALL",
+        CLOSE => "CLOSE",
+        OPENED => "OPENED",
+        RESULT => "RESULT",
+        ERROR => "ERROR",
+        FAILED => "FAILED",
+        CLOSED => "CLOSED",
+        _ => "unknown",
+    }
+}
+
+/// A decoder for this wire.
+pub fn decoder(cap: usize) -> Decoder {
+    Decoder::for_kinds(cap, known)
+}
+
+/// Encodes one frame of this wire.
+pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
+    debug_assert!(known(kind));
+    encode_raw(kind, payload)
+}
+
+/// What a session runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRequest {
+    /// Zygote mode: `module:function` in the preloaded guest (bytes -> bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
+    /// Exec mode: the guest command, speaking the guest protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// Wall-clock limit for each call (`"500ms"`, `"30s"`); default: the policy's timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// The server's answer to OPEN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    pub session: u64,
+    /// `zygote` or `exec`.
+    pub mode: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_round_trip() {
+        let mut d = decoder(1024);
+        let mut bytes = encode(OPEN, br#"{"handler":"m:f"}"#);
+        bytes.extend(encode(CALL, b"x"));
+        d.feed(&bytes);
+        assert_eq!(d.next_raw().unwrap(), Some((OPEN, br#"{"handler":"m:f"}"#.to_vec())));
+        assert_eq!(d.next_raw().unwrap(), Some((CALL, b"x".to_vec())));
+        let mut bad = decoder(1024);
+        bad.feed(&encode_raw(0x02, b""));
+        assert_eq!(bad.next_raw().unwrap_err().code(), "unknown-kind");
+        let o: OpenRequest = serde_json::from_str(r#"{"argv":["/bin/x"],"timeout":"1s"}"#).unwrap();
+        assert_eq!(o.argv.unwrap(), vec!["/bin/x"]);
+        assert!(serde_json::from_str::<OpenRequest>(r#"{"hander":"x"}"#).is_err());
+    }
+}
