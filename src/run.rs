@@ -70,6 +70,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         argv: opts.argv.clone(),
         grants: opts.grants.clone(),
         extra_env,
+        zygote: false,
     };
     let plan = match plan::build(policy, &req) {
         Ok(p) => p,

@@ -199,6 +199,24 @@ pub fn close(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
+/// Child-safe. Gives the guest default signal handling: an empty signal mask (a
+/// multi-threaded parent may block signals) and SIGPIPE back to its default (Rust ignores it
+/// at start-up, and ignored signals stay ignored across exec).
+pub fn reset_signals() -> SysResult<()> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { zeroed() };
+    // SAFETY: `set` is a valid sigset_t for both calls; the old mask is not requested.
+    check_int(unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut())
+    })?;
+    // SAFETY: resetting a disposition to SIG_DFL with a zeroed sigaction.
+    let mut act: libc::sigaction = unsafe { zeroed() };
+    act.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: `act` is valid for the call; the old action is not requested.
+    check_int(unsafe { libc::sigaction(libc::SIGPIPE, &act, std::ptr::null_mut()) }).map(drop)
+}
+
 /// Child-safe. `prlimit64(0, resource, {soft, hard})` (lowering needs no privilege).
 pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> {
     let lim = libc::rlimit64 {

@@ -11,7 +11,8 @@
 //! 3. net, IPC, UTS namespaces (best-effort unless required), then the hostname — these
 //!    need CAP_SYS_ADMIN in our user namespace, so before capabilities go.
 //! 4. descriptors — the guest's stdio and protocol pipes onto 0..=4, everything else closed
-//!    but the set-up channel and the Landlock ruleset (both close-on-exec).
+//!    but the set-up channel and the Landlock ruleset (both close-on-exec); then an empty
+//!    signal mask and SIGPIPE back to default.
 //! 5. rlimits — lowering needs no privilege.
 //! 6. capabilities — bounding, ambient, then effective/permitted/inheritable.
 //! 7. no_new_privs — required by Landlock and seccomp without CAP_SYS_ADMIN.
@@ -109,6 +110,11 @@ pub fn apply(spec: &ChildSpec<'_>) -> ! {
         Ok(kept) => kept,
         Err(e) => fatal(chan, Step::Descriptors, e),
     };
+
+    // Default signal handling for the guest (no step of its own in the report).
+    if let Err(e) = sys::reset_signals() {
+        fatal(chan, Step::Descriptors, e);
+    }
 
     // 5. Resource limits.
     for &(resource, value) in spec.rlimits {

@@ -30,6 +30,9 @@ pub struct PlanRequest {
     pub grants: Vec<ExtraGrant>,
     /// Extra environment for the guest (e.g. the protocol's descriptor numbers).
     pub extra_env: Vec<(String, String)>,
+    /// The guest is a prefork zygote: it must fork (RLIMIT_NPROC is not applied; the
+    /// supervisor allows only its forks), and opens may be watched after preload.
+    pub zygote: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -316,7 +319,11 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             .ok()
             .map(|p| p.display().to_string()),
         home: std::env::var("HOME").ok(),
-        exe_dir: canonical_cmd.parent().map(|p| p.display().to_string()),
+        // Not canonical: a virtualenv's bin/python is a symlink to the system interpreter,
+        // and its prefix (bin/..) is the virtualenv, not /usr.
+        exe_dir: std::path::absolute(&command)
+            .ok()
+            .and_then(|c| c.parent().map(|p| p.display().to_string())),
     };
     let mut read = Vec::new();
     let mut write = Vec::new();
@@ -389,8 +396,14 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     };
 
     // Seccomp: both programs, so the child can fall back without calling us.
-    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None)?;
-    let seccomp_fallback = bpf::compile(policy, bpf::Mode::Fallback, Some(exec.path_address()))?;
+    let watch_reads = req.zygote && policy.zygote.reads_after_preload == Toggle::Deny;
+    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, watch_reads)?;
+    let seccomp_fallback = bpf::compile(
+        policy,
+        bpf::Mode::Fallback,
+        Some(exec.path_address()),
+        watch_reads,
+    )?;
 
     let mut rlimits = Vec::new();
     let l = &policy.limits;
@@ -409,7 +422,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     if let Some(f) = l.file_size {
         rlimits.push((libc::RLIMIT_FSIZE as libc::c_int, f.0));
     }
-    if let Some(p) = l.processes {
+    if let Some(p) = l.processes.filter(|_| !req.zygote) {
         rlimits.push((libc::RLIMIT_NPROC as libc::c_int, p));
     }
 

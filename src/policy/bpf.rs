@@ -146,10 +146,12 @@ fn nr(name: &str) -> u32 {
 /// The per-syscall decisions of `policy` (numbers absent from the map are violations).
 /// `initial_exec` is the address of the guest path that the child passes to `execve`: in
 /// fallback mode that one exec is allowed by pointer (see docs/architecture.md).
+/// `watch_reads` sends every open to the supervisor (prefork, `reads_after_preload`).
 pub fn decisions(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
+    watch_reads: bool,
 ) -> Result<BTreeMap<u32, Leaf>, BpfError> {
     let mut map = BTreeMap::new();
     for a in syscalls::BASE_ALLOWLIST {
@@ -237,6 +239,15 @@ pub fn decisions(
     for d in &policy.syscalls.deny {
         map.remove(&nr(&d.value.0));
     }
+    if watch_reads {
+        // Prefork with `reads_after_preload = "deny"`: every open goes to the supervisor, which
+        // lets the zygote's through and stops a session child's (a late import).
+        for name in ["open", "openat", "openat2"] {
+            if !policy.syscalls.denies(name) {
+                map.insert(nr(name), Leaf::Watch);
+            }
+        }
+    }
     map.insert(nr("clone3"), Leaf::Enosys);
     Ok(map)
 }
@@ -292,8 +303,9 @@ pub fn compile(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
+    watch_reads: bool,
 ) -> Result<Vec<libc::sock_filter>, BpfError> {
-    let decisions = decisions(policy, mode, initial_exec)?;
+    let decisions = decisions(policy, mode, initial_exec, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
     let mut ranges: Vec<Range> = Vec::new();
@@ -456,7 +468,7 @@ mod tests {
     #[test]
     fn default_policy_decisions() {
         let p = policy::load("default").unwrap();
-        let prog = compile(&p, Mode::Notify, None).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false).unwrap();
         assert!(prog.len() < 600, "program has {} instructions", prog.len());
         assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
         assert_eq!(run(&prog, "openat", [0; 6]), RET_ALLOW);
@@ -530,7 +542,7 @@ mod tests {
             run(&prog, "unlink", [0x1000, 0, 0, 0, 0, 0]),
             RET_USER_NOTIF
         );
-        let fallback = compile(&p, Mode::Fallback, None).unwrap();
+        let fallback = compile(&p, Mode::Fallback, None, false).unwrap();
         assert_eq!(
             run(&fallback, "openat", [0, 0x1000, wr, 0o644, 0, 0]),
             RET_ALLOW
@@ -551,8 +563,8 @@ mod tests {
     #[test]
     fn every_number_is_decided_like_the_table() {
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Notify, None).unwrap();
-        let prog = compile(&p, Mode::Notify, None).unwrap();
+        let d = decisions(&p, Mode::Notify, None, false).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false).unwrap();
         for n in 0..600u32 {
             let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
             let want = match d.get(&n) {
@@ -568,7 +580,7 @@ mod tests {
     #[test]
     fn strict_and_fallback() {
         let p = policy::load("strict").unwrap();
-        let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000)).unwrap();
+        let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000), false).unwrap();
         let eperm = RET_ERRNO | libc::EPERM as u32;
         assert_eq!(run(&prog, "nanosleep", [0; 6]), eperm);
         assert_eq!(run(&prog, "getrandom", [0x1000, 16, 0, 0, 0, 0]), eperm);
@@ -592,7 +604,7 @@ mod tests {
         assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), eperm);
         let mut killing = p.clone();
         killing.on_violation = OnViolation::Kill;
-        let prog = compile(&killing, Mode::Fallback, None).unwrap();
+        let prog = compile(&killing, Mode::Fallback, None, false).unwrap();
         assert_eq!(run(&prog, "socket", [0; 6]), RET_KILL_PROCESS);
         assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
     }
@@ -600,7 +612,7 @@ mod tests {
     #[test]
     fn permissive_warns_but_denies_privileged_calls_in_fallback() {
         let p = policy::load("permissive").unwrap();
-        let prog = compile(&p, Mode::Fallback, None).unwrap();
+        let prog = compile(&p, Mode::Fallback, None, false).unwrap();
         assert_eq!(run(&prog, "socket", [0; 6]), RET_LOG);
         assert_eq!(run(&prog, "bpf", [0; 6]), RET_ERRNO | libc::EPERM as u32);
     }
@@ -609,7 +621,7 @@ mod tests {
     fn knobs() {
         let mut p = policy::load("default").unwrap();
         p.process.threads = Toggle::Allow;
-        let prog = compile(&p, Mode::Notify, None).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false).unwrap();
         let t = libc::CLONE_THREAD as u64 | libc::CLONE_VM as u64;
         assert_eq!(run(&prog, "clone", [t, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(

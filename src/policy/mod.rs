@@ -72,6 +72,12 @@ pub struct Policy {
     pub limits: Limits,
     pub env: EnvRules,
     pub namespaces: NamespaceRules,
+    pub zygote: ZygoteRules,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ZygoteRules {
+    pub reads_after_preload: Toggle,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -192,6 +198,9 @@ impl Policy {
                 clear: true,
                 keep: vec![],
                 set: BTreeMap::new(),
+            },
+            zygote: ZygoteRules {
+                reads_after_preload: Toggle::Allow,
             },
             namespaces: NamespaceRules {
                 user: true,
@@ -507,6 +516,9 @@ fn apply(
         for (k, v) in e.set.iter().flatten() {
             p.env.set.insert(k.clone(), v.clone());
         }
+    }
+    if let Some(v) = f.zygote.as_ref().and_then(|z| z.reads_after_preload) {
+        p.zygote.reads_after_preload = v;
     }
     if let Some(n) = &f.namespaces {
         let t = &mut p.namespaces;

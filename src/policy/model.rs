@@ -26,6 +26,7 @@ pub struct PolicyFile {
     pub limits: Option<Limits>,
     pub env: Option<Env>,
     pub namespaces: Option<Namespaces>,
+    pub zygote: Option<Zygote>,
 }
 
 /// A confinement layer that a policy can `require` and that a report lists as `degraded`.
@@ -190,4 +191,13 @@ pub struct Namespaces {
     pub pid: Option<bool>,
     pub ipc: Option<bool>,
     pub uts: Option<bool>,
+}
+
+/// Settings that apply in prefork mode (`wfjail serve --zygote`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Zygote {
+    /// `deny`: once the zygote has preloaded, a session child may not open files: a late
+    /// import is a reported `filesystem` violation.
+    pub reads_after_preload: Option<Toggle>,
 }

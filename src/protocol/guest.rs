@@ -30,6 +30,8 @@ pub enum Event {
         level: u8,
         text: String,
     },
+    /// The guest's HELLO: it is ready for calls.
+    Hello,
     /// Answer with the violations recorded since the previous query.
     Query,
     Result(Vec<u8>),
@@ -49,11 +51,12 @@ impl From<FrameError> for ProtocolError {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    AwaitHello,
+    /// Before the guest's HELLO; `call` if a REQUEST is already on its way.
+    AwaitHello { call: bool },
     /// A call is in progress: LOG, QUERY, then RESULT or ERROR.
     Calling,
-    /// The call is answered; only LOG may follow (until the next call).
-    Answered,
+    /// No call in progress (answered, or none sent yet); only LOG may come.
+    Idle,
 }
 
 /// One guest's conversation.
@@ -68,20 +71,21 @@ impl Conversation {
     pub fn new(cap: usize) -> Self {
         Conversation {
             decoder: Decoder::new(cap),
-            state: State::AwaitHello,
+            state: State::AwaitHello { call: false },
         }
     }
 
-    /// Whether the current call has been answered (RESULT or ERROR seen).
-    pub fn answered(&self) -> bool {
-        self.state == State::Answered
+    /// Whether no call is in progress (the last one was answered, or none was made).
+    pub fn idle(&self) -> bool {
+        matches!(self.state, State::Idle | State::AwaitHello { call: false })
     }
 
-    /// Starts the next call of a session (after the supervisor wrote another REQUEST).
-    pub fn next_call(&mut self) {
-        if self.state == State::Answered {
-            self.state = State::Calling;
-        }
+    /// The supervisor wrote a REQUEST: a call is in progress until its answer.
+    pub fn begin_call(&mut self) {
+        self.state = match self.state {
+            State::AwaitHello { .. } => State::AwaitHello { call: true },
+            _ => State::Calling,
+        };
     }
 
     /// Feeds bytes from the guest; returns the events they complete.
@@ -89,9 +93,7 @@ impl Conversation {
         self.decoder.feed(data);
         let mut events = Vec::new();
         while let Some((kind, payload)) = self.decoder.next_frame()? {
-            if let Some(e) = self.on_frame(kind, payload)? {
-                events.push(e);
-            }
+            events.push(self.on_frame(kind, payload)?);
         }
         Ok(events)
     }
@@ -102,7 +104,7 @@ impl Conversation {
         Ok(())
     }
 
-    fn on_frame(&mut self, kind: Kind, payload: Vec<u8>) -> Result<Option<Event>, ProtocolError> {
+    fn on_frame(&mut self, kind: Kind, payload: Vec<u8>) -> Result<Event, ProtocolError> {
         let unexpected = |why: &str| {
             Err(ProtocolError(format!(
                 "unexpected {} frame from the guest {why}",
@@ -110,42 +112,43 @@ impl Conversation {
             )))
         };
         match (self.state, kind) {
-            (State::AwaitHello, Kind::Hello) => {
+            (State::AwaitHello { call }, Kind::Hello) => {
                 let version = check_hello(&payload)?;
                 if version != VERSION {
                     return Err(ProtocolError(format!(
                         "the guest speaks protocol version {version}; this wfjail speaks {VERSION}"
                     )));
                 }
-                self.state = State::Calling;
-                Ok(None)
+                self.state = if call { State::Calling } else { State::Idle };
+                Ok(Event::Hello)
             }
-            // A guest that cannot speak our version says so with an ERROR instead of HELLO.
-            (State::AwaitHello, Kind::Error) => {
-                self.state = State::Answered;
-                Ok(Some(Event::Error(parse_error(&payload)?)))
+            // A guest that cannot start (wrong version, no handler) says why with an ERROR
+            // instead of HELLO.
+            (State::AwaitHello { .. }, Kind::Error) => {
+                self.state = State::Idle;
+                Ok(Event::Error(parse_error(&payload)?))
             }
-            (State::AwaitHello, _) => unexpected("(its first frame must be HELLO)"),
+            (State::AwaitHello { .. }, _) => unexpected("(its first frame must be HELLO)"),
             (_, Kind::Log) => {
                 let (&level, text) = payload
                     .split_first()
                     .ok_or_else(|| ProtocolError("LOG frame without a level byte".into()))?;
-                Ok(Some(Event::Log {
+                Ok(Event::Log {
                     level,
                     text: String::from_utf8_lossy(text).into_owned(),
-                }))
+                })
             }
-            (State::Calling, Kind::Query) => Ok(Some(Event::Query)),
+            (State::Calling, Kind::Query) => Ok(Event::Query),
             (State::Calling, Kind::Result) => {
-                self.state = State::Answered;
-                Ok(Some(Event::Result(payload)))
+                self.state = State::Idle;
+                Ok(Event::Result(payload))
             }
             (State::Calling, Kind::Error) => {
-                self.state = State::Answered;
-                Ok(Some(Event::Error(parse_error(&payload)?)))
+                self.state = State::Idle;
+                Ok(Event::Error(parse_error(&payload)?))
             }
-            (State::Answered, Kind::Result | Kind::Error | Kind::Query) => {
-                unexpected("after its answer")
+            (State::Idle, Kind::Result | Kind::Error | Kind::Query) => {
+                unexpected("outside a call (after its answer, or before any request)")
             }
             (_, Kind::Hello) => unexpected("(HELLO is sent once)"),
             (_, Kind::Request | Kind::Violations) => unexpected("(only the supervisor sends it)"),
@@ -195,6 +198,7 @@ mod tests {
     #[test]
     fn a_good_conversation() {
         let mut c = Conversation::new(1024);
+        c.begin_call();
         let bytes = guest_bytes(&[
             (Kind::Hello, &hello(1)),
             (Kind::Log, b"\x14hello"),
@@ -206,6 +210,7 @@ mod tests {
         assert_eq!(
             events,
             vec![
+                Event::Hello,
                 Event::Log {
                     level: 20,
                     text: "hello".into()
@@ -236,7 +241,7 @@ mod tests {
                     (Kind::Result, b""),
                     (Kind::Result, b""),
                 ]),
-                "after its answer",
+                "outside a call",
             ),
             (
                 guest_bytes(&[(Kind::Hello, &hello(1)), (Kind::Request, b"")]),
@@ -252,7 +257,9 @@ mod tests {
             ),
         ];
         for (bytes, want) in cases {
-            let e = Conversation::new(1024).feed(&bytes).unwrap_err();
+            let mut c = Conversation::new(1024);
+            c.begin_call();
+            let e = c.feed(&bytes).unwrap_err();
             assert!(e.0.contains(want), "{e} should mention {want}");
         }
         let mut c = Conversation::new(1024);
@@ -263,13 +270,24 @@ mod tests {
     #[test]
     fn sessions_allow_another_call() {
         let mut c = Conversation::new(64);
-        c.feed(&guest_bytes(&[
-            (Kind::Hello, &hello(1)),
-            (Kind::Result, b"1"),
-        ]))
-        .unwrap();
-        assert!(c.answered());
-        c.next_call();
+        let e = c.feed(&guest_bytes(&[(Kind::Hello, &hello(1))])).unwrap();
+        assert_eq!(e, vec![Event::Hello]);
+        assert!(c.idle());
+        assert!(
+            c.feed(&guest_bytes(&[(Kind::Result, b"0")]))
+                .unwrap_err()
+                .0
+                .contains("outside a call")
+        );
+        let mut c = Conversation::new(64);
+        c.feed(&guest_bytes(&[(Kind::Hello, &hello(1))])).unwrap();
+        c.begin_call();
+        assert_eq!(
+            c.feed(&guest_bytes(&[(Kind::Result, b"1")])).unwrap(),
+            vec![Event::Result(b"1".to_vec())]
+        );
+        assert!(c.idle());
+        c.begin_call();
         let e = c.feed(&guest_bytes(&[(Kind::Result, b"2")])).unwrap();
         assert_eq!(e, vec![Event::Result(b"2".to_vec())]);
     }

@@ -26,7 +26,10 @@ pub const CLOSED: u8 = 0x25;
 
 /// Whether `k` is a kind of this wire.
 pub fn known(k: u8) -> bool {
-    matches!(k, OPEN | CALL | CLOSE | OPENED | RESULT | ERROR | FAILED | CLOSED)
+    matches!(
+        k,
+        OPEN | CALL | CLOSE | OPENED | RESULT | ERROR | FAILED | CLOSED
+    )
 }
 
 /// The name of a kind, for messages.
@@ -88,7 +91,10 @@ mod tests {
         let mut bytes = encode(OPEN, br#"{"handler":"m:f"}"#);
         bytes.extend(encode(CALL, b"x"));
         d.feed(&bytes);
-        assert_eq!(d.next_raw().unwrap(), Some((OPEN, br#"{"handler":"m:f"}"#.to_vec())));
+        assert_eq!(
+            d.next_raw().unwrap(),
+            Some((OPEN, br#"{"handler":"m:f"}"#.to_vec()))
+        );
         assert_eq!(d.next_raw().unwrap(), Some((CALL, b"x".to_vec())));
         let mut bad = decoder(1024);
         bad.feed(&encode_raw(0x02, b""));

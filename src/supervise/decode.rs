@@ -21,7 +21,12 @@ pub struct Decoded {
     pub always_deny: bool,
     /// The errno a denied call fails with (EACCES for file-system writes, like Landlock).
     pub errno: i32,
+    /// A hint more precise than the category's.
+    pub hint: Option<&'static str>,
 }
+
+/// What a session child that opens a file after the zygote preloaded should do instead.
+pub const LATE_IMPORT_HINT: &str = "the workflow opened a file after preload (a late import?); import this module at load time (wfjail serve --preload)";
 
 /// The write-intent file-system calls the filter sends for checking, and where their paths
 /// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
@@ -43,16 +48,38 @@ fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
 
 /// For a watched file-system call: `None` when every path it writes is granted (or cannot be
 /// told: Landlock decides), else the violation naming the first path outside the grants.
-fn check_writes(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
+fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -> Option<Decoded> {
     let a = &n.args;
-    if name == "openat2" {
+    let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+    let flags = match name {
+        "open" => Some(a[1]),
+        "openat" => Some(a[2]),
         // struct open_how { u64 flags; u64 mode; u64 resolve; }
-        let how = read_mem(n.pid, a[2], 8)?;
-        let flags = u64::from_ne_bytes(how.get(..8)?.try_into().ok()?);
-        let write = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
-        if flags & write == 0 {
+        "openat2" => read_mem(n.pid, a[2], 8)
+            .and_then(|how| Some(u64::from_ne_bytes(how.get(..8)?.try_into().ok()?))),
+        _ => None,
+    };
+    if let Some(flags) = flags
+        && flags & write_bits == 0
+    {
+        // A read: only watched in prefork mode after preload, where it is a late import.
+        if !late_reads {
             return None;
         }
+        let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
+        let path = read_string(n.pid, a[path_arg]).unwrap_or_else(|| "?".into());
+        let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
+        let full =
+            paths::base_dir(n.pid, dirfd, &path).map_or(path.clone().into(), |b| b.join(&path));
+        return Some(Decoded {
+            category: Category::Filesystem,
+            syscall: name.to_string(),
+            args: format!("{} (read)", full.display()),
+            rule: "zygote.reads_after_preload = \"deny\"".into(),
+            always_deny: false,
+            errno: libc::EACCES,
+            hint: Some(LATE_IMPORT_HINT),
+        });
     }
     for &(dirfd_arg, path_arg, follow) in watched_paths(name) {
         let path = read_string(n.pid, a[path_arg])?;
@@ -69,6 +96,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> 
                 rule: "filesystem.write does not grant this path".into(),
                 always_deny: false,
                 errno: libc::EACCES,
+                hint: None,
             });
         }
     }
@@ -304,14 +332,20 @@ fn hex_args(a: &[u64; 6], count: usize) -> String {
 
 /// Classifies notification `n` under `policy`: `None` lets the call run (a watched write
 /// inside the grants), `Some` is a violation to act on.
-pub fn classify(n: &Notif, policy: &Policy, grants: &WriteGrants) -> Option<Decoded> {
+/// `late_reads`: a read-only open is a violation (a prefork session child after preload).
+pub fn classify(
+    n: &Notif,
+    policy: &Policy,
+    grants: &WriteGrants,
+    late_reads: bool,
+) -> Option<Decoded> {
     if n.arch == bpf::AUDIT_ARCH_X86_64 && (n.nr as u32) & bpf::X32_SYSCALL_BIT == 0 {
         let name = syscalls::name(n.nr as u32).unwrap_or("");
-        if !watched_paths(name).is_empty() || name == "openat2" {
+        if !watched_paths(name).is_empty() {
             if policy.syscalls.denies(name) {
                 return Some(decode(n, policy));
             }
-            return check_writes(n, name, grants);
+            return check_writes(n, name, grants, late_reads);
         }
     }
     Some(decode(n, policy))
@@ -328,6 +362,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             rule: "only the native x86_64 ABI is allowed".into(),
             always_deny: true,
             errno: libc::EPERM,
+            hint: None,
         };
     }
     let nr = n.nr as u32;
@@ -340,6 +375,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             rule: "the x32 ABI is rejected".into(),
             always_deny: true,
             errno: libc::EPERM,
+            hint: None,
         };
     }
     let name = syscalls::name(nr).unwrap_or("unknown");
@@ -447,6 +483,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             rule: format!("syscalls.deny = [\"{name}\"]"),
             always_deny,
             errno: libc::EPERM,
+            hint: None,
         };
     }
     Decoded {
@@ -456,6 +493,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         rule,
         always_deny,
         errno: libc::EPERM,
+        hint: None,
     }
 }
 

@@ -203,7 +203,11 @@ pub fn supervise(
         to_guest: Some(p.to_guest),
         from_guest: Some(p.from_guest),
         close_when_flushed: false,
-        conv: Conversation::new(p.cap),
+        conv: {
+            let mut c = Conversation::new(p.cap);
+            c.begin_call(); // the request goes out with HELLO
+            c
+        },
     });
     for fd in [&stdout, &stderr, &chan].into_iter().flatten() {
         set_nonblocking(fd);
@@ -385,6 +389,7 @@ pub fn supervise(
                         &n,
                         policy,
                         &cfg.write_grants,
+                        false,
                         &mut violations,
                         kill,
                     ) == Handled::Killed
@@ -449,6 +454,7 @@ pub fn supervise(
                         Ok(events) => {
                             for ev in events {
                                 match ev {
+                                    Event::Hello => {}
                                     Event::Log { level, text } => {
                                         // Logs count against the output bound like stderr.
                                         output += text.len() as u64;

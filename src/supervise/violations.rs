@@ -90,16 +90,17 @@ pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
 
 /// Decides notification `n` of a guest under `policy`: lets a granted watched write continue,
 /// or records the violation in `violations` and answers per `on_violation` (`kill` runs
-/// before the call returns).
+/// before the call returns). `late_reads`: read-only opens are violations (prefork child).
 pub fn answer(
     listener: BorrowedFd<'_>,
     n: &Notif,
     policy: &Policy,
     grants: &WriteGrants,
+    late_reads: bool,
     violations: &mut Violations,
     kill: impl FnOnce(),
 ) -> Handled {
-    let verdict = decode::classify(n, policy, grants);
+    let verdict = decode::classify(n, policy, grants, late_reads);
     if !sys::notif_id_valid(listener, n.id) {
         return Handled::Quiet; // what we read may not belong to this call any more
     }
@@ -115,7 +116,7 @@ pub fn answer(
     };
     // Record before answering: a guest that asks (QUERY) right after its call failed must find it.
     violations.record(Violation {
-        hint: d.category.hint().to_string(),
+        hint: d.hint.unwrap_or(d.category.hint()).to_string(),
         category: d.category,
         syscall: d.syscall,
         args: d.args,
