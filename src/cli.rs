@@ -27,6 +27,7 @@ Exit status:
 Examples:
   wfjail run --ro /usr -- /usr/bin/python3 -c 'print(1)'
   wfjail run -p strict --raw --report - -- /usr/bin/python3 -c 'import os; os.urandom(8)'
+  wfjail serve -p temporal-python --zygote --preload my_workflows -- python3 worker.py
   wfjail check -p temporal-python
   wfjail policy show default
   wfjail policy validate my-policy.toml";
@@ -49,6 +50,68 @@ pub enum Command {
     /// List, show and validate policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run a worker and serve it confined sessions (prefork zygote or exec) on a Unix socket.
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeArgs),
+}
+
+const SERVE_HELP: &str = "\
+The worker command runs unconfined (it must reach its server) with WFJAIL_SOCKET set to the
+socket path. It opens sessions there with the Python client (python/wfjail/client.py) or any
+client of the worker wire (docs/protocol.md): each session is one confined guest that answers
+many calls, and its state lives exactly as long as the session.
+
+With --zygote, each session is forked from a Python process that imported the --preload
+modules once (copy-on-write, no start-up per workflow); sessions name a handler
+\"module:function\" (bytes -> bytes). Only the zygote may fork; every child is under the full
+policy. Without --zygote (exec mode), sessions give the argv of a guest that speaks the guest
+protocol, and each is exec'd fresh.
+
+When the worker exits, wfjail ends every guest and exits with the worker's status. SIGTERM or
+SIGINT to wfjail is passed to the worker (SIGKILL after 10s).
+
+Example:
+  wfjail serve -p temporal-python --zygote --python .venv/bin/python \\
+      --preload temporalio,my_workflows -- .venv/bin/python my_worker.py";
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Policy for every guest: a built-in name or a .toml path.
+    #[arg(short, long, default_value = "default", value_name = "POLICY")]
+    pub policy: String,
+    /// The Unix socket to serve on (default: $XDG_RUNTIME_DIR or /tmp, wfjail-PID.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// At most this many sessions at once; more wait for a free slot.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub max_executions: usize,
+    /// Prefork mode: fork each session from a preloaded Python zygote.
+    #[arg(long)]
+    pub zygote: bool,
+    /// Number of zygotes (forks are spread over them; default: one per CPU).
+    #[arg(long, value_name = "N")]
+    pub zygotes: Option<usize>,
+    /// The zygote's interpreter; the `wfjail` package must be importable by it.
+    #[arg(long, default_value = "/usr/bin/python3", value_name = "PATH")]
+    pub python: PathBuf,
+    /// Modules the zygote imports before any fork, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "MODULES")]
+    pub preload: Vec<String>,
+    /// Also allow reading and executing under PATH.
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Also allow reading and writing under PATH.
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// Wall-clock limit per call (default: the policy's limits.timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub timeout: Option<Dur>,
+    /// Do not print violations and guest logs.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The worker command and its arguments.
+    #[arg(last = true, required = true, value_name = "WORKER_CMD")]
+    pub worker: Vec<String>,
 }
 
 const RUN_HELP: &str = "\

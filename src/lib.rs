@@ -22,6 +22,7 @@ pub mod process;
 pub mod protocol;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod supervise;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use wfjail::cli::{CheckArgs, Cli, Command, PolicyCommand, RunArgs};
+use wfjail::cli::{CheckArgs, Cli, Command, PolicyCommand, RunArgs, ServeArgs};
 use wfjail::plan::ExtraGrant;
 use wfjail::policy;
 use wfjail::report::Status;
@@ -26,6 +26,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run(args),
         Command::Check(args) => cmd_check(args),
         Command::Policy(p) => cmd_policy(p),
+        Command::Serve(args) => cmd_serve(args),
     };
     wfjail::timing::print(start);
     match code {
@@ -95,6 +96,50 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         eprintln!("{}", report.summary());
     }
     Ok(u8::try_from(report.exit_status).unwrap_or(125))
+}
+
+fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
+    let policy = match load_policy(&args.policy) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let mut grants: Vec<ExtraGrant> = args
+        .ro
+        .iter()
+        .map(|p| ExtraGrant {
+            path: p.clone(),
+            write: false,
+        })
+        .collect();
+    grants.extend(args.rw.iter().map(|p| ExtraGrant {
+        path: p.clone(),
+        write: true,
+    }));
+    let zygote = args.zygote.then(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cfg = wfjail::serve::zygote::ZygoteConfig {
+            python: args.python.clone(),
+            preload: args.preload.clone(),
+            grants: grants.clone(),
+        };
+        (cfg, args.zygotes.unwrap_or(cpus))
+    });
+    let opts = wfjail::serve::ServeOptions {
+        socket: args.socket,
+        max_executions: args.max_executions,
+        zygote,
+        grants,
+        timeout: args.timeout.map(|d| d.0),
+        worker: args.worker,
+        echo: !args.quiet,
+    };
+    match wfjail::serve::serve(policy, opts) {
+        Ok(code) => Ok(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("wfjail: {e}");
+            Ok(u8::try_from(e.exit_code()).unwrap_or(125))
+        }
+    }
 }
 
 fn cmd_check(args: CheckArgs) -> anyhow::Result<u8> {

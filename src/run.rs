@@ -275,8 +275,13 @@ fn enable_hint(layer: &str) -> &'static str {
 }
 
 /// The layers actually applied, from the plan, the spawn and the child's records.
-fn layers(plan: &Plan, base: &LayersBase, o: &Outcome) -> Layers {
-    let degraded_step = |s: Step| o.degraded.iter().any(|(d, _)| *d == s);
+pub fn layers(
+    plan: &Plan,
+    base: &LayersBase,
+    degraded_steps: &[(Step, Errno)],
+    notify: bool,
+) -> Layers {
+    let degraded_step = |s: Step| degraded_steps.iter().any(|(d, _)| *d == s);
     let mut degraded: Vec<String> = Vec::new();
     for (layer, errno) in &base.clone_degraded {
         degraded.push(format!(
@@ -286,7 +291,7 @@ fn layers(plan: &Plan, base: &LayersBase, o: &Outcome) -> Layers {
             enable_hint(layer.as_str())
         ));
     }
-    for (step, errno) in &o.degraded {
+    for (step, errno) in degraded_steps {
         let l = step_layer(*step);
         degraded.push(format!("{l}: {} ({})", errno.desc(), enable_hint(l)));
     }
@@ -313,7 +318,7 @@ fn layers(plan: &Plan, base: &LayersBase, o: &Outcome) -> Layers {
             "none".into()
         }
     };
-    let seccomp = if o.notify {
+    let seccomp = if notify {
         "user-notify"
     } else if degraded_step(Step::Seccomp) {
         "none"
@@ -363,7 +368,7 @@ pub fn build_report(
     o: Outcome,
     timeout: Option<Duration>,
 ) -> Report {
-    let layers = layers(plan, &base, &o);
+    let layers = layers(plan, &base, &o.degraded, o.notify);
     let (mut exit_code, mut signal, mut cpu_ms, mut max_rss_kb) = (None, None, 0.0, 0);
     let mut sig_num = None;
     if let Some(r) = &o.reaped {

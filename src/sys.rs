@@ -90,6 +90,28 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<
     }
 }
 
+/// A pidfd for `pid` (`pidfd_open`), to signal it without a pid-reuse race from now on.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments; on success the kernel returns a new descriptor we own.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor from pidfd_open, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// Sends `sig` to `pid` (`kill(2)`). Only for a pid that cannot have been reused: one whose
+/// task is blocked on our own seccomp notification, for instance.
+pub fn kill_pid(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    if unsafe { libc::kill(pid, sig) } < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// How a reaped child ended, with its resource usage.
 #[derive(Debug, Clone, Copy)]
 pub struct Reaped {

@@ -1,0 +1,412 @@
+//! `wfjail serve`: a worker-facing supervisor. It starts the worker command unconfined, serves
+//! sessions on a Unix socket (the worker wire, docs/protocol.md), and runs each session's
+//! guest confined: forked from a preloaded zygote (`--zygote`), or exec'd fresh (exec mode).
+//!
+//! Threads: the main thread accepts connections, watches the worker and the signals, and
+//! (re)starts zygotes; one thread per session; two per zygote (control, notifications).
+
+pub mod session;
+pub mod zygote;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use crate::plan::ExtraGrant;
+use crate::policy::Policy;
+use crate::supervise::violations::Violations;
+use crate::sys;
+use zygote::{ChildExit, Zygote, ZygoteConfig};
+
+/// What `wfjail serve` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub socket: Option<PathBuf>,
+    /// At most this many sessions at once; further OPENs wait for a slot.
+    pub max_executions: usize,
+    /// Prefork mode, with this many zygotes.
+    pub zygote: Option<(ZygoteConfig, usize)>,
+    pub grants: Vec<ExtraGrant>,
+    /// Per-call wall-clock limit (default: the policy's `limits.timeout`).
+    pub timeout: Option<Duration>,
+    pub worker: Vec<String>,
+    /// Print violations and guest logs on stderr.
+    pub echo: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("no worker command given: write it after `--`")]
+    NoWorker,
+    #[error("socket {path}: {source}")]
+    Socket {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("starting zygote {index}: {message}")]
+    Zygote { index: usize, message: String },
+    #[error("starting the worker `{cmd}`: {source}")]
+    Worker { cmd: String, source: std::io::Error },
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl ServeError {
+    /// wfjail's exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ServeError::NoWorker | ServeError::Socket { .. } => 2,
+            ServeError::Worker { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                127
+            }
+            ServeError::Worker { .. } => 126,
+            ServeError::Zygote { .. } | ServeError::Setup(_) => 125,
+        }
+    }
+}
+
+/// A counting semaphore for `--max-executions`.
+pub struct Slots {
+    free: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Slots {
+            free: Mutex::new(n.max(1)),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot; it is released when the guard drops.
+    pub fn acquire(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().unwrap();
+        while *free == 0 {
+            free = self.cv.wait(free).unwrap();
+        }
+        *free -= 1;
+        SlotGuard(self)
+    }
+}
+
+pub struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap() += 1;
+        self.0.cv.notify_one();
+    }
+}
+
+/// What a session child's notifications and exit are delivered to, from other threads.
+pub struct SessionShared {
+    pub id: u64,
+    pub violations: Mutex<Violations>,
+    exit: Mutex<Option<ChildExit>>,
+    killed: AtomicBool,
+    /// Written when `exit` is set; the session thread polls the other end.
+    wake_w: OwnedFd,
+    pub wake_r: OwnedFd,
+}
+
+impl SessionShared {
+    pub fn new(id: u64, echo: bool) -> std::io::Result<Arc<Self>> {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        Ok(Arc::new(SessionShared {
+            id,
+            violations: Mutex::new(Violations::new(
+                echo.then(|| format!("wfjail: session {id}: ")),
+            )),
+            exit: Mutex::new(None),
+            killed: AtomicBool::new(false),
+            wake_w: w,
+            wake_r: r,
+        }))
+    }
+
+    /// Records how the child ended and wakes the session thread.
+    pub fn set_exit(&self, e: ChildExit) {
+        *self.exit.lock().unwrap() = Some(e);
+        let _ = nix::unistd::write(&self.wake_w, b"x");
+    }
+
+    pub fn exit(&self) -> Option<ChildExit> {
+        *self.exit.lock().unwrap()
+    }
+
+    /// The policy killed the child for a violation.
+    pub fn mark_killed(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
+    }
+}
+
+/// The zygotes of a prefork server; a dead one is replaced by the main thread.
+pub struct Pool {
+    pub config: ZygoteConfig,
+    zygotes: Mutex<Vec<Option<Arc<Zygote>>>>,
+    next: AtomicU64,
+}
+
+impl Pool {
+    /// A live zygote, round-robin.
+    pub fn pick(&self) -> Option<Arc<Zygote>> {
+        let list = self.zygotes.lock().unwrap();
+        let n = list.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        (0..n)
+            .map(|i| (start + i) % n)
+            .find_map(|i| list[i].clone().filter(|z| z.alive()))
+    }
+}
+
+/// Shared by every session thread.
+pub struct Server {
+    pub policy: Arc<Policy>,
+    pub pool: Option<Pool>,
+    pub grants: Vec<ExtraGrant>,
+    pub timeout: Option<Duration>,
+    pub slots: Slots,
+    pub echo: bool,
+    next_id: AtomicU64,
+    /// Exec-mode children, killed at shutdown (zygote children die with their zygote).
+    pub children: Mutex<std::collections::HashMap<u64, Arc<OwnedFd>>>,
+}
+
+impl Server {
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// The default socket path: under `$XDG_RUNTIME_DIR` or the temp dir, named after our pid.
+fn default_socket() -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("wfjail-{}.sock", std::process::id()))
+}
+
+/// Runs the server until the worker exits; returns the worker's exit status.
+pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
+    if opts.worker.is_empty() {
+        return Err(ServeError::NoWorker);
+    }
+    // Signals arrive on a signalfd; block them first so every thread inherits the mask.
+    let mut mask = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        mask.add(s);
+    }
+    mask.thread_block()
+        .map_err(|e| ServeError::Setup(format!("blocking signals: {e}")))?;
+    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| ServeError::Setup(format!("signalfd: {e}")))?;
+
+    let path = opts.socket.clone().unwrap_or_else(default_socket);
+    if path.exists() {
+        // A stale socket of ours is replaced; anything else is left alone.
+        use std::os::unix::fs::FileTypeExt;
+        let stale = std::fs::symlink_metadata(&path)
+            .map(|m| m.file_type().is_socket())
+            .unwrap_or(false)
+            && std::os::unix::net::UnixStream::connect(&path).is_err();
+        if !stale {
+            return Err(ServeError::Socket {
+                path: path.display().to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "exists (another server?)",
+                ),
+            });
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let listener = UnixListener::bind(&path).map_err(|source| ServeError::Socket {
+        path: path.display().to_string(),
+        source,
+    })?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| ServeError::Setup(e.to_string()))?;
+    let _unlink = Unlink(path.clone());
+
+    let policy = Arc::new(policy);
+    let (restart_r, restart_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+        .map_err(|e| ServeError::Setup(format!("pipe: {e}")))?;
+    let restart_w = Arc::new(restart_w);
+    let on_death: Arc<dyn Fn(usize) + Send + Sync> = {
+        let w = restart_w.clone();
+        Arc::new(move |i: usize| {
+            let _ = nix::unistd::write(&*w, &[i as u8]);
+        })
+    };
+    let pool = match &opts.zygote {
+        Some((cfg, count)) => {
+            let mut list = Vec::new();
+            for i in 0..(*count).max(1) {
+                let z = Zygote::start(i, policy.clone(), cfg, on_death.clone())
+                    .map_err(|message| ServeError::Zygote { index: i, message })?;
+                if opts.echo {
+                    eprintln!(
+                        "wfjail: zygote {i} ready (pid {}): {}",
+                        z.pid,
+                        z.ready.get().cloned().unwrap_or_default()
+                    );
+                }
+                list.push(Some(z));
+            }
+            Some(Pool {
+                config: cfg.clone(),
+                zygotes: Mutex::new(list),
+                next: AtomicU64::new(0),
+            })
+        }
+        None => None,
+    };
+    let server = Arc::new(Server {
+        policy: policy.clone(),
+        pool,
+        grants: opts.grants.clone(),
+        timeout: opts.timeout.or(policy.limits.timeout.map(|d| d.0)),
+        slots: Slots::new(opts.max_executions),
+        echo: opts.echo,
+        next_id: AtomicU64::new(0),
+        children: Mutex::new(std::collections::HashMap::new()),
+    });
+
+    // The worker, unconfined: it must reach its server.
+    let mut worker = std::process::Command::new(&opts.worker[0]);
+    worker.args(&opts.worker[1..]).env("WFJAIL_SOCKET", &path);
+    let mut worker = worker.spawn().map_err(|source| ServeError::Worker {
+        cmd: opts.worker.join(" "),
+        source,
+    })?;
+    let worker_pidfd = sys::pidfd_open(worker.id() as libc::pid_t)
+        .map_err(|e| ServeError::Setup(format!("pidfd_open: {e}")))?;
+
+    let mut terminating: Option<std::time::Instant> = None;
+    let status = loop {
+        let mut fds = [
+            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(worker_pidfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(restart_r.as_fd(), PollFlags::POLLIN),
+        ];
+        let timeout = if terminating.is_some() {
+            PollTimeout::from(200u16)
+        } else {
+            PollTimeout::NONE
+        };
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(ServeError::Setup(format!("poll: {e}"))),
+        }
+        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let (accept, exited, signalled, restart) = (ready(0), ready(1), ready(2), ready(3));
+        if exited {
+            break worker
+                .wait()
+                .map_err(|e| ServeError::Setup(format!("waiting for the worker: {e}")))?;
+        }
+        if signalled {
+            while let Ok(Some(info)) = sfd.read_signal() {
+                if terminating.is_none() {
+                    if opts.echo {
+                        eprintln!("wfjail: signal {}: stopping the worker", info.ssi_signo);
+                    }
+                    let _ = sys::pidfd_send_signal(worker_pidfd.as_fd(), libc::SIGTERM);
+                    terminating = Some(std::time::Instant::now());
+                }
+            }
+        }
+        if let Some(t) = terminating
+            && t.elapsed() > Duration::from_secs(10)
+        {
+            let _ = sys::pidfd_send_signal(worker_pidfd.as_fd(), libc::SIGKILL);
+        }
+        if restart {
+            let mut b = [0u8; 16];
+            while let Ok(n) = nix::unistd::read(&restart_r, &mut b) {
+                if n == 0 {
+                    break;
+                }
+                for &i in &b[..n] {
+                    restart_zygote(&server, i as usize, &on_death);
+                }
+            }
+        }
+        if accept {
+            while let Ok((conn, _)) = listener.accept() {
+                let server = server.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("session".into())
+                    .spawn(move || session::run(conn, server));
+                if let Err(e) = spawned {
+                    eprintln!("wfjail: cannot start a session thread: {e}");
+                }
+            }
+        }
+    };
+    shutdown(&server);
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Replaces dead zygote `i` (from the main thread, so that the new zygote's parent-death
+/// signal is tied to a thread that lives as long as the server).
+fn restart_zygote(server: &Server, i: usize, on_death: &Arc<dyn Fn(usize) + Send + Sync>) {
+    let Some(pool) = &server.pool else { return };
+    if let Some(slot) = pool.zygotes.lock().unwrap().get_mut(i) {
+        *slot = None;
+    }
+    match Zygote::start(i, server.policy.clone(), &pool.config, on_death.clone()) {
+        Ok(z) => {
+            eprintln!("wfjail: zygote {i} restarted (pid {})", z.pid);
+            if let Some(slot) = pool.zygotes.lock().unwrap().get_mut(i) {
+                *slot = Some(z);
+            }
+        }
+        Err(e) => eprintln!("wfjail: zygote {i} could not be restarted: {e}"),
+    }
+}
+
+/// Ends every guest: exec-mode children by their pidfds, zygotes (and so their children).
+fn shutdown(server: &Server) {
+    for (_, fd) in server.children.lock().unwrap().drain() {
+        let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+    }
+    if let Some(pool) = &server.pool {
+        for z in pool.zygotes.lock().unwrap().iter().flatten() {
+            z.kill();
+        }
+    }
+    let _ = std::io::Write::flush(&mut std::io::stderr());
+}
+
+/// Removes the socket file when the server ends.
+struct Unlink(PathBuf);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

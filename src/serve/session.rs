@@ -1,0 +1,931 @@
+//! One session of `wfjail serve`: a worker connection, one confined guest, many calls.
+//!
+//! The session thread runs a poll loop over the worker's connection, the guest's socket
+//! (the guest protocol, docs/protocol.md), and how the guest can end: a zygote's EXITED
+//! report (woken through a pipe) or, in exec mode, the pidfd — plus, in exec mode, the
+//! set-up channel and the guest's own seccomp listener.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, ControlMessageOwned, MsgFlags, Shutdown, SockFlag, SockType, recvmsg,
+    setsockopt, shutdown, socketpair, sockopt,
+};
+use serde_json::json;
+
+use crate::plan::{self, Plan, PlanRequest};
+use crate::policy::Dur;
+use crate::process::channel::{self as chan, ChildMsg, Received, Step};
+use crate::protocol::guest::{self as gp, Conversation, Event};
+use crate::protocol::worker::{self, OpenRequest, Opened};
+use crate::protocol::{Kind, MAX_FRAME, encode};
+use crate::report::{GuestError, Layers, Report, Status};
+use crate::run::LayersBase;
+use crate::supervise::paths::WriteGrants;
+use crate::supervise::violations::{self, Handled};
+use crate::sys::{self, NotifBuf, Reaped};
+
+use super::zygote::{ChildExit, Zygote};
+use super::{Server, SessionShared};
+
+/// How long a worker has to send OPEN after connecting.
+const OPEN_WAIT: Duration = Duration::from_secs(10);
+/// How long a guest has to exit after its session was closed, before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// The worker's side of the session.
+struct Client {
+    conn: UnixStream,
+    dec: crate::protocol::Decoder,
+    out: Vec<u8>,
+    gone: bool,
+}
+
+impl Client {
+    fn send(&mut self, kind: u8, payload: &[u8]) {
+        self.out.extend(worker::encode(kind, payload));
+        self.flush();
+    }
+
+    /// Writes what the socket takes now.
+    fn flush(&mut self) {
+        while !self.out.is_empty() && !self.gone {
+            match self.conn.write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => self.gone = true,
+            }
+        }
+    }
+
+    /// Sends the last frame, waiting (bounded) until it is written.
+    fn send_last(&mut self, kind: u8, payload: &[u8]) {
+        self.send(kind, payload);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.out.is_empty() && !self.gone && Instant::now() < deadline {
+            let mut fds = [PollFd::new(self.conn.as_fd(), PollFlags::POLLOUT)];
+            let _ = poll(&mut fds, PollTimeout::from(100u16));
+            self.flush();
+        }
+    }
+
+    /// Reads what is available; frames decoded, or the wire error.
+    fn read(&mut self) -> Result<Vec<(u8, Vec<u8>)>, String> {
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match self.conn.read(&mut buf) {
+                Ok(0) => {
+                    self.gone = true;
+                    break;
+                }
+                Ok(n) => self.dec.feed(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.gone = true;
+                    break;
+                }
+            }
+        }
+        let mut frames = Vec::new();
+        loop {
+            match self.dec.next_raw() {
+                Ok(Some(f)) => frames.push(f),
+                Ok(None) => break,
+                Err(e) => return Err(format!("the worker sent a bad frame: {e}")),
+            }
+        }
+        if self.gone {
+            self.dec
+                .finish()
+                .map_err(|e| format!("the worker's connection ended inside a frame: {e}"))?;
+        }
+        Ok(frames)
+    }
+}
+
+/// How the guest was started.
+enum Child {
+    Zygote {
+        zygote: Arc<Zygote>,
+        ns_pid: i32,
+        /// Learned from the credentials on the guest's first message.
+        pid: Option<libc::pid_t>,
+        pidfd: Option<OwnedFd>,
+    },
+    Exec(Box<ExecChild>),
+}
+
+struct ExecChild {
+    plan: Plan,
+    base: LayersBase,
+    pid: libc::pid_t,
+    pidfd: Arc<OwnedFd>,
+    chan: Option<OwnedFd>,
+    listener: Option<OwnedFd>,
+    buf: Option<NotifBuf>,
+    grants: WriteGrants,
+    initial_exec_done: bool,
+    degraded: Vec<(Step, Errno)>,
+    fatal: Option<(Step, Errno)>,
+    reaped: Option<Reaped>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the guest's HELLO.
+    Starting,
+    Idle,
+    Calling,
+    /// The guest was told there is no further call; waiting for it to exit.
+    Closing,
+}
+
+struct Session {
+    id: u64,
+    server: Arc<Server>,
+    shared: Arc<SessionShared>,
+    client: Client,
+    guest: OwnedFd,
+    guest_out: Vec<u8>,
+    guest_open: bool,
+    conv: Conversation,
+    child: Child,
+    phase: Phase,
+    pending: VecDeque<Vec<u8>>,
+    close_requested: bool,
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+    started: Instant,
+    timed_out: bool,
+    protocol_error: Option<String>,
+    guest_error: Option<GuestError>,
+    failure: Option<String>,
+    command: Vec<String>,
+    calls: u64,
+}
+
+/// Serves one worker connection.
+pub fn run(conn: UnixStream, server: Arc<Server>) {
+    let id = server.next_id();
+    let mut client = Client {
+        conn,
+        dec: worker::decoder(MAX_FRAME),
+        out: Vec::new(),
+        gone: false,
+    };
+    let open = match read_open(&mut client) {
+        Ok(o) => o,
+        Err(e) => {
+            let report = failure_report(&server, vec![], e);
+            client.send_last(worker::FAILED, report.to_json().as_bytes());
+            return;
+        }
+    };
+    let _slot = server.slots.acquire();
+    let mut session = match Session::start(id, server.clone(), client, open) {
+        Ok(s) => s,
+        Err(failed) => {
+            let (mut client, message, command) = *failed;
+            let report = failure_report(&server, command, message);
+            client.send_last(worker::FAILED, report.to_json().as_bytes());
+            return;
+        }
+    };
+    session.event_loop();
+    session.finish();
+}
+
+/// Reads the OPEN frame (bounded wait).
+fn read_open(client: &mut Client) -> Result<OpenRequest, String> {
+    client
+        .conn
+        .set_nonblocking(true)
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + OPEN_WAIT;
+    loop {
+        let frames = client.read()?;
+        if let Some((kind, payload)) = frames.into_iter().next() {
+            if kind != worker::OPEN {
+                return Err(format!(
+                    "expected OPEN as the first frame, got {}",
+                    worker::name(kind)
+                ));
+            }
+            return serde_json::from_slice(&payload)
+                .map_err(|e| format!("OPEN is not a valid session request: {e}"));
+        }
+        if client.gone {
+            return Err("the worker closed the connection before OPEN".into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no OPEN within {}s", OPEN_WAIT.as_secs()));
+        }
+        let mut fds = [PollFd::new(client.conn.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(left.as_millis() as i32).unwrap_or(PollTimeout::MAX),
+        );
+    }
+}
+
+/// A report for a session that never got a guest.
+fn failure_report(server: &Server, command: Vec<String>, message: String) -> Report {
+    Report::launch_error(&server.policy.name, &command, message, 125)
+}
+
+type StartError = Box<(Client, String, Vec<String>)>;
+
+impl Session {
+    fn start(
+        id: u64,
+        server: Arc<Server>,
+        client: Client,
+        open: OpenRequest,
+    ) -> Result<Session, StartError> {
+        let timeout = match open.timeout.as_deref().map(Dur::parse) {
+            Some(Ok(d)) => Some(d.0),
+            Some(Err(e)) => return Err(Box::new((client, format!("OPEN timeout: {e}"), vec![]))),
+            None => server.timeout,
+        };
+        let shared = match SessionShared::new(id, server.echo) {
+            Ok(s) => s,
+            Err(e) => return Err(Box::new((client, format!("pipe: {e}"), vec![]))),
+        };
+        let (ours, theirs) = match socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(p) => p,
+            Err(e) => return Err(Box::new((client, format!("session socket: {e}"), vec![]))),
+        };
+        let (child, command) = match (&server.pool, open) {
+            (
+                Some(pool),
+                OpenRequest {
+                    handler: Some(handler),
+                    argv: None,
+                    ..
+                },
+            ) => {
+                let command = vec![handler.clone()];
+                if let Err(e) = setsockopt(&ours, sockopt::PassCred, &true) {
+                    return Err(Box::new((client, format!("SO_PASSCRED: {e}"), command)));
+                }
+                let Some(zygote) = pool.pick() else {
+                    return Err(Box::new((
+                        client,
+                        "no zygote is running (restarting?)".into(),
+                        command,
+                    )));
+                };
+                match zygote.fork(shared.clone(), &handler, theirs) {
+                    Ok(ns_pid) => (
+                        Child::Zygote {
+                            zygote,
+                            ns_pid,
+                            pid: None,
+                            pidfd: None,
+                        },
+                        command,
+                    ),
+                    Err(e) => return Err(Box::new((client, format!("zygote fork: {e}"), command))),
+                }
+            }
+            (
+                None,
+                OpenRequest {
+                    argv: Some(argv),
+                    handler: None,
+                    ..
+                },
+            ) => match start_exec(&server, &argv, theirs) {
+                Ok(c) => {
+                    server.children.lock().unwrap().insert(id, c.pidfd.clone());
+                    (Child::Exec(Box::new(c)), argv)
+                }
+                Err(e) => return Err(Box::new((client, e, argv))),
+            },
+            (Some(_), _) => {
+                let why = "this server runs in zygote mode: open a session with {\"handler\": \"module:function\"}";
+                return Err(Box::new((client, why.into(), vec![])));
+            }
+            (None, _) => {
+                let why = "this server runs in exec mode: open a session with {\"argv\": [\"/path/to/guest\", ...]} \
+                           (or start it with --zygote)";
+                return Err(Box::new((client, why.into(), vec![])));
+            }
+        };
+        let conv = Conversation::new(MAX_FRAME);
+        let guest_out = encode(Kind::Hello, &gp::hello(gp::VERSION));
+        let _ = nix::fcntl::fcntl(
+            &ours,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        );
+        let started = Instant::now();
+        Ok(Session {
+            id,
+            server,
+            shared,
+            client,
+            guest: ours,
+            guest_out,
+            guest_open: true,
+            conv,
+            child,
+            phase: Phase::Starting,
+            pending: VecDeque::new(),
+            close_requested: false,
+            deadline: timeout.map(|t| started + t),
+            timeout,
+            started,
+            timed_out: false,
+            protocol_error: None,
+            guest_error: None,
+            failure: None,
+            command,
+            calls: 0,
+        })
+    }
+
+    /// Kills the guest (it may already be gone).
+    fn kill(&mut self) {
+        match &mut self.child {
+            Child::Exec(e) => {
+                let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
+            }
+            Child::Zygote {
+                zygote,
+                ns_pid,
+                pid,
+                pidfd,
+            } => {
+                if pidfd.is_none() {
+                    let p = pid.or_else(|| zygote.find_child(*ns_pid));
+                    *pidfd = p.and_then(|p| sys::pidfd_open(p).ok());
+                }
+                if let Some(fd) = pidfd {
+                    let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Whether the guest has ended (its exit is known).
+    fn ended(&self) -> bool {
+        match &self.child {
+            Child::Zygote { .. } => self.shared.exit().is_some(),
+            Child::Exec(e) => e.reaped.is_some(),
+        }
+    }
+
+    fn flush_guest(&mut self) {
+        while !self.guest_out.is_empty() {
+            match nix::unistd::write(&self.guest, &self.guest_out) {
+                Ok(n) => {
+                    self.guest_out.drain(..n);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.guest_out.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Issues the next queued call if the guest is idle; closes it if asked and nothing is left.
+    fn advance(&mut self) {
+        if self.phase != Phase::Idle {
+            return;
+        }
+        if let Some(request) = self.pending.pop_front() {
+            self.guest_out.extend(encode(Kind::Request, &request));
+            self.conv.begin_call();
+            self.phase = Phase::Calling;
+            self.calls += 1;
+            self.deadline = self.timeout.map(|t| Instant::now() + t);
+            self.flush_guest();
+        } else if self.close_requested {
+            // End-of-file on its input tells the guest there is no further call.
+            let _ = shutdown(self.guest.as_raw_fd(), Shutdown::Write);
+            self.phase = Phase::Closing;
+            self.deadline = Some(Instant::now() + EXIT_GRACE);
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.failure.is_none() {
+            self.failure = Some(why);
+        }
+        self.kill();
+    }
+
+    fn on_client(&mut self) {
+        let frames = match self.client.read() {
+            Ok(f) => f,
+            Err(e) => return self.fail(e),
+        };
+        for (kind, payload) in frames {
+            match kind {
+                worker::CALL => self.pending.push_back(payload),
+                worker::CLOSE => self.close_requested = true,
+                k => {
+                    return self.fail(format!(
+                        "unexpected {} frame from the worker",
+                        worker::name(k)
+                    ));
+                }
+            }
+        }
+        if self.client.gone {
+            self.close_requested = true; // the worker went away: end the guest too
+        }
+        self.advance();
+    }
+
+    fn on_guest(&mut self) {
+        let mut buf = [0u8; 64 * 1024];
+        let mut got = Vec::new();
+        let mut eof = false;
+        loop {
+            let want_creds = matches!(self.child, Child::Zygote { pid: None, .. });
+            let r = if want_creds {
+                recv_with_creds(&self.guest, &mut buf).map(|(n, pid)| {
+                    if let (Some(p), Child::Zygote { pid, pidfd, .. }) = (pid, &mut self.child) {
+                        *pid = Some(p);
+                        *pidfd = sys::pidfd_open(p).ok();
+                    }
+                    n
+                })
+            } else {
+                nix::unistd::read(&self.guest, &mut buf)
+            };
+            match r {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        let mut result = self.conv.feed(&got);
+        if eof {
+            self.guest_open = false;
+            result = result.and_then(|ev| self.conv.eof().map(|_| ev));
+        }
+        let events = match result {
+            Ok(ev) => ev,
+            Err(e) => {
+                self.protocol_error = Some(e.0.clone());
+                return self.fail(e.to_string());
+            }
+        };
+        for ev in events {
+            match ev {
+                Event::Hello => {
+                    self.phase = Phase::Idle;
+                    self.deadline = None;
+                    let mode = if matches!(self.child, Child::Zygote { .. }) {
+                        "zygote"
+                    } else {
+                        "exec"
+                    };
+                    let opened = Opened {
+                        session: self.id,
+                        mode: mode.into(),
+                    };
+                    let doc = serde_json::to_vec(&opened).unwrap_or_default();
+                    self.client.send(worker::OPENED, &doc);
+                }
+                Event::Log { level, text } => {
+                    if self.server.echo {
+                        eprintln!("wfjail: session {}: guest log ({level}): {text}", self.id);
+                    }
+                }
+                Event::Query => {
+                    let list = self.shared.violations.lock().unwrap().take_since_query();
+                    let doc = serde_json::to_vec(&list).unwrap_or_else(|_| b"[]".to_vec());
+                    self.guest_out.extend(encode(Kind::Violations, &doc));
+                    self.flush_guest();
+                }
+                Event::Result(bytes) => {
+                    self.phase = Phase::Idle;
+                    self.deadline = None;
+                    self.client.send(worker::RESULT, &bytes);
+                }
+                Event::Error(e) => {
+                    if self.phase == Phase::Starting {
+                        // The guest could not start (no such handler, wrong version).
+                        self.guest_error = Some(e.clone());
+                        return self.fail(format!(
+                            "the guest could not start: {}: {}",
+                            e.kind, e.message
+                        ));
+                    }
+                    self.phase = Phase::Idle;
+                    self.deadline = None;
+                    let doc = json!({
+                        "type": e.kind, "message": e.message, "traceback": e.traceback,
+                        "violations": self.shared.violations.lock().unwrap().list,
+                    });
+                    self.guest_error = Some(e);
+                    self.client.send(worker::ERROR, doc.to_string().as_bytes());
+                }
+            }
+        }
+        self.advance();
+    }
+
+    /// Exec mode: set-up records until end-of-file (the exec happened).
+    fn on_chan(&mut self) {
+        let Child::Exec(e) = &mut self.child else {
+            return;
+        };
+        let Some(c) = &e.chan else { return };
+        match chan::recv(c) {
+            Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
+                e.degraded.push((step, Errno::from_raw(errno)))
+            }
+            Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
+                e.fatal = Some((step, Errno::from_raw(errno)))
+            }
+            Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
+                e.buf = NotifBuf::new().ok();
+                e.listener = fd;
+            }
+            Ok(Ok(Received::Eof)) | Ok(Err(_)) => e.chan = None,
+            Err(err)
+                if err.raw_os_error() == Some(libc::EINTR)
+                    || err.raw_os_error() == Some(libc::EAGAIN) => {}
+            Err(_) => e.chan = None,
+        }
+    }
+
+    /// Exec mode: the guest's own seccomp notifications.
+    fn on_listener(&mut self, rev: PollFlags) {
+        let Child::Exec(e) = &mut self.child else {
+            return;
+        };
+        if !rev.contains(PollFlags::POLLIN) {
+            e.listener = None;
+            return;
+        }
+        let (Some(l), Some(b)) = (&e.listener, e.buf.as_mut()) else {
+            return;
+        };
+        let Some(n) = violations::receive(l.as_fd(), b) else {
+            return;
+        };
+        if !e.initial_exec_done && e.chan.is_some() && crate::supervise::is_initial_exec(&n, e.pid)
+        {
+            e.initial_exec_done = true;
+            violations::allow(l.as_fd(), &n);
+            return;
+        }
+        let pidfd = e.pidfd.clone();
+        let mut v = self.shared.violations.lock().unwrap();
+        let handled = violations::answer(
+            l.as_fd(),
+            &n,
+            &self.server.policy,
+            &e.grants,
+            false,
+            &mut v,
+            || {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            },
+        );
+        drop(v);
+        if handled == Handled::Killed {
+            self.shared.mark_killed();
+        }
+    }
+
+    fn event_loop(&mut self) {
+        self.flush_guest();
+        while !self.ended() {
+            // Poll set: 0 worker, 1 guest, 2 wake/pidfd, 3 chan, 4 listener.
+            let mut fds: Vec<PollFd> = Vec::with_capacity(5);
+            let mut which: Vec<u8> = Vec::with_capacity(5);
+            let client_flags = if self.client.out.is_empty() {
+                PollFlags::POLLIN
+            } else {
+                PollFlags::POLLIN | PollFlags::POLLOUT
+            };
+            if !self.client.gone {
+                fds.push(PollFd::new(self.client.conn.as_fd(), client_flags));
+                which.push(0);
+            }
+            if self.guest_open {
+                let flags = if self.guest_out.is_empty() {
+                    PollFlags::POLLIN
+                } else {
+                    PollFlags::POLLIN | PollFlags::POLLOUT
+                };
+                fds.push(PollFd::new(self.guest.as_fd(), flags));
+                which.push(1);
+            }
+            match &self.child {
+                Child::Zygote { .. } => {
+                    fds.push(PollFd::new(self.shared.wake_r.as_fd(), PollFlags::POLLIN));
+                    which.push(2);
+                }
+                Child::Exec(e) => {
+                    fds.push(PollFd::new(e.pidfd.as_fd(), PollFlags::POLLIN));
+                    which.push(2);
+                    if let Some(c) = &e.chan {
+                        fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+                        which.push(3);
+                    }
+                    if let Some(l) = &e.listener {
+                        fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                        which.push(4);
+                    }
+                }
+            }
+            let wait = self.deadline.map_or(PollTimeout::NONE, |d| {
+                let ms = d
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .min(i32::MAX as u128) as i32;
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            });
+            match poll(&mut fds, wait) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => break,
+            }
+            let ready: Vec<(u8, PollFlags)> = which
+                .iter()
+                .zip(fds.iter())
+                .map(|(&w, f)| (w, f.revents().unwrap_or(PollFlags::empty())))
+                .filter(|(_, r)| !r.is_empty())
+                .collect();
+            drop(fds);
+            if ready.is_empty()
+                && let Some(d) = self.deadline
+                && Instant::now() >= d
+            {
+                self.deadline = None;
+                match self.phase {
+                    Phase::Closing => self.kill(), // did not exit after its input ended
+                    Phase::Starting => self.fail("the guest did not say HELLO in time".into()),
+                    _ => {
+                        self.timed_out = true;
+                        self.fail(format!(
+                            "the call took longer than {}",
+                            Dur(self.timeout.unwrap_or_default())
+                        ));
+                    }
+                }
+            }
+            for (w, rev) in ready {
+                match w {
+                    0 => {
+                        if rev.contains(PollFlags::POLLOUT) {
+                            self.client.flush();
+                        }
+                        if rev
+                            .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                        {
+                            self.on_client();
+                        }
+                    }
+                    1 => {
+                        if rev.contains(PollFlags::POLLOUT) {
+                            self.flush_guest();
+                        }
+                        if rev
+                            .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                        {
+                            self.on_guest();
+                        }
+                    }
+                    2 => match &mut self.child {
+                        Child::Zygote { .. } => {
+                            let mut b = [0u8; 8];
+                            let _ = nix::unistd::read(&self.shared.wake_r, &mut b);
+                        }
+                        Child::Exec(e) => {
+                            if e.reaped.is_none() {
+                                e.reaped = sys::wait4(e.pid).ok();
+                            }
+                        }
+                    },
+                    3 => self.on_chan(),
+                    4 => self.on_listener(rev),
+                    _ => {}
+                }
+            }
+        }
+        // What the guest wrote just before it ended.
+        if self.guest_open {
+            self.on_guest();
+        }
+    }
+
+    /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
+    fn finish(mut self) {
+        let report = self.report();
+        let kind = if self.failure.is_none()
+            && self.phase == Phase::Closing
+            && report.status == Status::Ok
+        {
+            worker::CLOSED
+        } else if self.failure.is_none() && self.phase == Phase::Closing {
+            // Closed normally, but something was denied along the way: still the answer to CLOSE.
+            worker::CLOSED
+        } else {
+            worker::FAILED
+        };
+        if !self.client.gone {
+            self.client.send_last(kind, report.to_json().as_bytes());
+        }
+        match &self.child {
+            Child::Zygote { zygote, .. } => zygote.forget(&self.shared),
+            Child::Exec(_) => {
+                self.server.children.lock().unwrap().remove(&self.id);
+            }
+        }
+        let _ = self.calls;
+    }
+
+    fn report(&mut self) -> Report {
+        let (status_word, cpu_ms, max_rss_kb, layers, zygote_died) = match &self.child {
+            Child::Zygote { zygote, .. } => {
+                let exit = self.shared.exit().unwrap_or(ChildExit {
+                    status: None,
+                    cpu_ms: 0.0,
+                    max_rss_kb: 0,
+                });
+                (
+                    exit.status,
+                    exit.cpu_ms,
+                    exit.max_rss_kb,
+                    zygote.layers.clone(),
+                    exit.status.is_none(),
+                )
+            }
+            Child::Exec(e) => {
+                let layers = crate::run::layers(
+                    &e.plan,
+                    &e.base,
+                    &e.degraded,
+                    e.listener.is_some() || e.initial_exec_done,
+                );
+                let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| {
+                    let tv =
+                        |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+                    (
+                        tv(r.rusage.ru_utime) + tv(r.rusage.ru_stime),
+                        r.rusage.ru_maxrss as u64,
+                    )
+                });
+                (e.reaped.map(|r| r.status), cpu, rss, layers, false)
+            }
+        };
+        let (exit_code, signal) = match status_word {
+            Some(s) if libc::WIFEXITED(s) => (Some(libc::WEXITSTATUS(s)), None),
+            Some(s) if libc::WIFSIGNALED(s) => (None, Some(libc::WTERMSIG(s))),
+            _ => (None, None),
+        };
+        let violations = self.shared.violations.lock().unwrap();
+        let enforced = violations.any_enforced();
+        let list = violations.list.clone();
+        drop(violations);
+        let fatal = match &self.child {
+            Child::Exec(e) => e.fatal,
+            Child::Zygote { .. } => None,
+        };
+        let mut error = self.failure.clone();
+        let status = if let Some((step, errno)) = fatal {
+            error = Some(format!("{} failed: {}", step.describe(), errno.desc()));
+            Status::LaunchError
+        } else if enforced {
+            Status::Violation
+        } else if self.timed_out {
+            Status::Timeout
+        } else if self.protocol_error.is_some()
+            || self.guest_error.is_some() && self.phase == Phase::Starting
+        {
+            Status::GuestError
+        } else if zygote_died {
+            error = Some("the zygote died (see wfjail's stderr)".into());
+            Status::Crashed
+        } else if signal.is_some() {
+            Status::Crashed
+        } else if exit_code.is_some_and(|c| c != 0) {
+            Status::GuestError
+        } else if self.phase != Phase::Closing {
+            error.get_or_insert_with(|| "the guest ended the session before it was closed".into());
+            Status::GuestError
+        } else {
+            Status::Ok
+        };
+        Report {
+            status,
+            exit_code,
+            signal: signal.map(crate::report::signal_name),
+            violations: list,
+            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            cpu_ms,
+            max_rss_kb,
+            policy: self.server.policy.name.clone(),
+            layers: layers_or_default(layers),
+            stderr_tail: String::new(),
+            limit: None,
+            error,
+            guest_error: self.guest_error.clone(),
+            command: self.command.clone(),
+            skipped_paths: vec![],
+            exit_status: status.exit_code(),
+        }
+    }
+}
+
+fn layers_or_default(l: Layers) -> Layers {
+    l
+}
+
+/// Reads from a socket with SO_PASSCRED set: the bytes and the sender's pid (translated into
+/// our PID namespace by the kernel).
+fn recv_with_creds(fd: &OwnedFd, buf: &mut [u8]) -> Result<(usize, Option<libc::pid_t>), Errno> {
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(libc::ucred);
+    let msg = recvmsg::<()>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT,
+    )?;
+    let mut pid = None;
+    for c in msg.cmsgs().map_err(|_| Errno::EINVAL)? {
+        if let ControlMessageOwned::ScmCredentials(cred) = c {
+            pid = Some(cred.pid());
+        }
+    }
+    Ok((msg.bytes, pid))
+}
+
+/// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4.
+fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecChild, String> {
+    let policy = &server.policy;
+    let cap = crate::run::frame_cap(policy);
+    let req = PlanRequest {
+        argv: argv.to_vec(),
+        grants: server.grants.clone(),
+        extra_env: vec![
+            ("WFJAIL_PROTOCOL".into(), gp::VERSION.to_string()),
+            ("WFJAIL_FDS".into(), "3,4".into()),
+            ("WFJAIL_FRAME_CAP".into(), cap.to_string()),
+        ],
+        zygote: false,
+    };
+    let plan = plan::build(policy, &req).map_err(|e| e.to_string())?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let targets = [
+        (null.as_raw_fd(), 0),
+        (2, 1),
+        (2, 2),
+        (theirs.as_raw_fd(), 3),
+        (theirs.as_raw_fd(), 4),
+    ];
+    let spawned = crate::process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
+    drop((null, theirs));
+    let base = LayersBase::of(&plan, &spawned);
+    let _ = nix::fcntl::fcntl(
+        &spawned.chan,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    let grants = WriteGrants::new(&plan.write);
+    Ok(ExecChild {
+        base,
+        pid: spawned.pid,
+        pidfd: Arc::new(spawned.pidfd),
+        chan: Some(spawned.chan),
+        listener: None,
+        buf: None,
+        grants,
+        initial_exec_done: false,
+        degraded: vec![],
+        fatal: None,
+        reaped: None,
+        plan,
+    })
+}

@@ -1,0 +1,518 @@
+//! The prefork zygote: a confined Python process (`python -m wfjail.zygote`) that preloaded
+//! the workflow code and forks one child per session, copy-on-write.
+//!
+//! Threads per zygote: a control reader (READY, FORKED, EXITED from the zygote) and a
+//! notification router. Every task under the zygote's filter notifies the same listener, so
+//! the router decides by pid: the zygote's own `clone` (fork) is let through — only the zygote
+//! may fork — and a child's notification is judged under the full policy and recorded in its
+//! session.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair,
+};
+use serde_json::{Value, json};
+
+use crate::plan::{self, ExtraGrant, PlanRequest};
+use crate::policy::syscalls;
+use crate::policy::{Policy, Toggle};
+use crate::process::channel::{self as chan, ChildMsg, Received};
+use crate::process::{self, Spawned};
+use crate::report::Layers;
+use crate::supervise::paths::WriteGrants;
+use crate::supervise::violations::{self, Violations};
+use crate::sys::{self, NotifBuf};
+
+use super::SessionShared;
+
+/// Control frame kinds (see python/wfjail/zygote.py).
+const FORK: u8 = 0x31;
+const READY: u8 = 0x32;
+const FORKED: u8 = 0x33;
+const EXITED: u8 = 0x34;
+
+/// How long a zygote may take to preload.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How to start zygotes.
+#[derive(Debug, Clone)]
+pub struct ZygoteConfig {
+    /// The Python interpreter (with the `wfjail` package importable).
+    pub python: PathBuf,
+    /// Modules imported before any fork.
+    pub preload: Vec<String>,
+    pub grants: Vec<ExtraGrant>,
+}
+
+/// How a session child ended, as the zygote reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChildExit {
+    /// The wait status; `None` when the zygote died (and took the child with it).
+    pub status: Option<i32>,
+    pub cpu_ms: f64,
+    pub max_rss_kb: u64,
+}
+
+type ForkReply = Result<i32, String>;
+/// A FORK waiting for its FORKED: the session, and where to send the answer.
+type PendingFork = (Arc<SessionShared>, Sender<ForkReply>);
+/// What a guest's exec left: its listener (if any) and the steps that degraded.
+type Execed = (Option<OwnedFd>, Vec<(chan::Step, Errno)>);
+
+/// One running zygote.
+pub struct Zygote {
+    pub index: usize,
+    /// Global pid (the zygote is PID 1 of its own namespace).
+    pub pid: libc::pid_t,
+    pidfd: OwnedFd,
+    ctl: Mutex<OwnedFd>,
+    /// The layers applied to the zygote, and so to every session child.
+    pub layers: Layers,
+    pending: Mutex<HashMap<u64, PendingFork>>,
+    by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
+    by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
+    alive: AtomicBool,
+    /// What the zygote reported when ready (preloaded modules, Python version).
+    pub ready: std::sync::OnceLock<Value>,
+}
+
+fn frame(kind: u8, doc: &Value) -> Vec<u8> {
+    crate::protocol::frame::encode_raw(kind, doc.to_string().as_bytes())
+}
+
+fn parse(packet: &[u8]) -> Option<(u8, Value)> {
+    let len = u32::from_le_bytes(packet.get(..4)?.try_into().ok()?) as usize;
+    if len + 4 != packet.len() || len == 0 {
+        return None;
+    }
+    Some((packet[4], serde_json::from_slice(&packet[5..]).ok()?))
+}
+
+impl Zygote {
+    /// Starts zygote `index` under `policy` and waits until it has preloaded. `on_death` is
+    /// called (from the reader thread) when it dies.
+    pub fn start(
+        index: usize,
+        policy: Arc<Policy>,
+        cfg: &ZygoteConfig,
+        on_death: Arc<dyn Fn(usize) + Send + Sync>,
+    ) -> Result<Arc<Zygote>, String> {
+        let mut argv = vec![
+            cfg.python.display().to_string(),
+            "-m".into(),
+            "wfjail.zygote".into(),
+        ];
+        if !cfg.preload.is_empty() {
+            argv.push("--preload".into());
+            argv.push(cfg.preload.join(","));
+        }
+        let req = PlanRequest {
+            argv,
+            grants: cfg.grants.clone(),
+            extra_env: vec![("WFJAIL_ZYGOTE_FD".into(), "3".into())],
+            zygote: true,
+        };
+        let plan = plan::build(&policy, &req).map_err(|e| e.to_string())?;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("control socket: {e}"))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        // The zygote's (and its children's) stdout and stderr are wfjail's stderr: logs.
+        let targets = [
+            (null.as_raw_fd(), 0),
+            (2, 1),
+            (2, 2),
+            (theirs.as_raw_fd(), 3),
+        ];
+        let spawned = process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
+        drop((null, theirs));
+        let pid = spawned.pid;
+        let base = crate::run::LayersBase::of(&plan, &spawned);
+        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
+                let _ = sys::wait4(pid);
+                return Err(e);
+            }
+        };
+        let layers = crate::run::layers(&plan, &base, &degraded, listener.is_some());
+        let Spawned { pidfd, .. } = spawned;
+        let reader = ours
+            .try_clone()
+            .map_err(|e| format!("control socket: {e}"))?;
+        let (ready_tx, ready_rx) = channel();
+        let zygote = Arc::new(Zygote {
+            index,
+            pid,
+            pidfd,
+            ctl: Mutex::new(ours),
+            layers,
+            pending: Mutex::new(HashMap::new()),
+            by_ns_pid: Mutex::new(HashMap::new()),
+            by_pid: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+            ready: std::sync::OnceLock::new(),
+        });
+        {
+            let z = zygote.clone();
+            std::thread::Builder::new()
+                .name(format!("zygote{index}-ctl"))
+                .spawn(move || z.read_control(reader, ready_tx, on_death))
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(listener) = listener {
+            let z = zygote.clone();
+            let grants = WriteGrants::new(&plan.write);
+            let late = policy.zygote.reads_after_preload == Toggle::Deny;
+            std::thread::Builder::new()
+                .name(format!("zygote{index}-notify"))
+                .spawn(move || z.route_notifications(listener, &policy, &grants, late))
+                .map_err(|e| e.to_string())?;
+        }
+        let ready = match ready_rx.recv_timeout(READY_TIMEOUT) {
+            Ok(doc) => doc,
+            Err(_) => {
+                zygote.kill();
+                return Err(format!(
+                    "the zygote did not get ready within {}s (is the `wfjail` Python package importable by {}?)",
+                    READY_TIMEOUT.as_secs(),
+                    cfg.python.display()
+                ));
+            }
+        };
+        if let Some(err) = ready.get("error").and_then(Value::as_str) {
+            zygote.kill();
+            return Err(format!("the zygote could not preload: {err}"));
+        }
+        let _ = zygote.ready.set(ready);
+        Ok(zygote)
+    }
+
+    /// Whether the zygote is still running.
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Kills the zygote (and, as PID 1 of its namespace, every child).
+    pub fn kill(&self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    }
+
+    /// Asks the zygote to fork a child for `shared`'s session, running `handler` on
+    /// `session_end`. Returns the child's pid in the zygote's namespace.
+    pub fn fork(
+        &self,
+        shared: Arc<SessionShared>,
+        handler: &str,
+        session_end: OwnedFd,
+    ) -> ForkReply {
+        if !self.alive() {
+            return Err("the zygote is restarting".into());
+        }
+        let (tx, rx) = channel();
+        self.pending
+            .lock()
+            .unwrap()
+            .insert(shared.id, (shared.clone(), tx));
+        let msg = frame(FORK, &json!({"session": shared.id, "handler": handler}));
+        let fds = [session_end.as_raw_fd()];
+        let sent = {
+            let ctl = self.ctl.lock().unwrap();
+            let iov = [std::io::IoSlice::new(&msg)];
+            sendmsg::<()>(
+                ctl.as_raw_fd(),
+                &iov,
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+        };
+        drop(session_end);
+        if let Err(e) = sent {
+            self.pending.lock().unwrap().remove(&shared.id);
+            return Err(format!("asking the zygote to fork: {e}"));
+        }
+        rx.recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| Err("the zygote did not answer FORK".into()))
+    }
+
+    /// Forgets a finished session.
+    pub fn forget(&self, shared: &SessionShared) {
+        self.by_ns_pid
+            .lock()
+            .unwrap()
+            .retain(|_, s| s.id != shared.id);
+        self.by_pid.lock().unwrap().retain(|_, s| s.id != shared.id);
+        self.pending.lock().unwrap().remove(&shared.id);
+    }
+
+    /// The global pid of the child with namespace pid `ns_pid`, from the zygote's children.
+    pub fn find_child(&self, ns_pid: i32) -> Option<libc::pid_t> {
+        let list =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid)).ok()?;
+        list.split_whitespace()
+            .filter_map(|p| p.parse::<libc::pid_t>().ok())
+            .find(|&p| ns_pid_of(p as u32) == Some(ns_pid))
+    }
+
+    fn read_control(
+        self: Arc<Self>,
+        ctl: OwnedFd,
+        ready: Sender<Value>,
+        on_death: Arc<dyn Fn(usize) + Send + Sync>,
+    ) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match nix::sys::socket::recv(ctl.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(_) => break,
+            };
+            let Some((kind, doc)) = parse(&buf[..n]) else {
+                continue;
+            };
+            match kind {
+                READY => {
+                    let _ = ready.send(doc);
+                }
+                FORKED => {
+                    let id = doc["session"].as_u64().unwrap_or(u64::MAX);
+                    let Some((shared, tx)) = self.pending.lock().unwrap().remove(&id) else {
+                        continue;
+                    };
+                    let reply = match doc["pid"].as_i64() {
+                        Some(p) => {
+                            self.by_ns_pid.lock().unwrap().insert(p as i32, shared);
+                            Ok(p as i32)
+                        }
+                        None => Err(doc["error"].as_str().unwrap_or("fork failed").to_string()),
+                    };
+                    let _ = tx.send(reply);
+                }
+                EXITED => {
+                    let Some(p) = doc["pid"].as_i64() else {
+                        continue;
+                    };
+                    let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&(p as i32)) else {
+                        continue;
+                    };
+                    self.by_pid.lock().unwrap().retain(|_, s| s.id != shared.id);
+                    shared.set_exit(ChildExit {
+                        status: doc["status"].as_i64().map(|s| s as i32),
+                        cpu_ms: doc["cpu_ms"].as_f64().unwrap_or(0.0),
+                        max_rss_kb: doc["max_rss_kb"].as_u64().unwrap_or(0),
+                    });
+                }
+                _ => {}
+            }
+        }
+        // The zygote is gone: so are its children.
+        self.alive.store(false, Ordering::SeqCst);
+        let status = sys::wait4(self.pid).map(|r| r.status).ok();
+        eprintln!(
+            "wfjail: zygote {} (pid {}) died ({}); its sessions fail and it is restarted",
+            self.index,
+            self.pid,
+            status.map_or("status unknown".into(), describe_status)
+        );
+        let gone = ChildExit {
+            status: None,
+            cpu_ms: 0.0,
+            max_rss_kb: 0,
+        };
+        for (_, s) in self.by_ns_pid.lock().unwrap().drain() {
+            s.set_exit(gone);
+        }
+        for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
+            let _ = tx.send(Err("the zygote died".into()));
+        }
+        on_death(self.index);
+    }
+
+    fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
+        if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
+            return Some(s.clone());
+        }
+        let ns = ns_pid_of(pid)?;
+        let s = self.by_ns_pid.lock().unwrap().get(&ns).cloned()?;
+        self.by_pid.lock().unwrap().insert(pid, s.clone());
+        Some(s)
+    }
+
+    fn route_notifications(
+        self: Arc<Self>,
+        listener: OwnedFd,
+        policy: &Policy,
+        grants: &WriteGrants,
+        late_reads: bool,
+    ) {
+        let Ok(mut buf) = NotifBuf::new() else { return };
+        let mut own = Violations::new(Some(format!("wfjail: zygote {}: ", self.index)));
+        loop {
+            let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => continue,
+                Err(_) => return,
+            }
+            let rev = fds[0].revents().unwrap_or(PollFlags::empty());
+            if !rev.contains(PollFlags::POLLIN) {
+                return; // every task under the filter is gone
+            }
+            let Some(n) = violations::receive(listener.as_fd(), &mut buf) else {
+                continue;
+            };
+            let name = syscalls::name(n.nr as u32).unwrap_or("");
+            if n.pid == self.pid as u32 {
+                // The zygote itself: it forks (only it may), and reads while preloading.
+                let fork = matches!(name, "fork" | "vfork")
+                    || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0);
+                if fork && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
+                    violations::allow(listener.as_fd(), &n);
+                } else {
+                    // Never kill the zygote for its own violation: deny it and say so.
+                    let deny = Policy {
+                        on_violation: crate::policy::OnViolation::Deny,
+                        ..policy.clone()
+                    };
+                    violations::answer(listener.as_fd(), &n, &deny, grants, false, &mut own, || {});
+                }
+                continue;
+            }
+            let Some(session) = self.session_for(n.pid) else {
+                eprintln!(
+                    "wfjail: zygote {}: call from unknown pid {} refused",
+                    self.index, n.pid
+                );
+                violations::refuse(listener.as_fd(), &n, libc::EPERM);
+                continue;
+            };
+            let mut v = session.violations.lock().unwrap();
+            let killed = violations::answer(
+                listener.as_fd(),
+                &n,
+                policy,
+                grants,
+                late_reads,
+                &mut v,
+                || {
+                    // The task waits on this notification: its pid cannot have been reused.
+                    let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+                },
+            );
+            drop(v);
+            if killed == violations::Handled::Killed {
+                session.mark_killed();
+            }
+        }
+    }
+}
+
+/// The pid of global `pid` in its own (innermost) PID namespace.
+fn ns_pid_of(pid: u32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// "exit 1", "killed by SIGKILL".
+pub fn describe_status(status: i32) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!(
+            "killed by {}",
+            crate::report::signal_name(libc::WTERMSIG(status))
+        )
+    } else {
+        format!("status {status}")
+    }
+}
+
+/// Waits until a freshly spawned guest has exec'd: set-up records, the listener, and the
+/// initial exec notification. Returns the listener (if any) and the degraded steps.
+pub fn await_exec(
+    chan_fd: std::os::fd::BorrowedFd<'_>,
+    pid: libc::pid_t,
+) -> Result<Execed, String> {
+    let mut listener: Option<OwnedFd> = None;
+    let mut buf: Option<NotifBuf> = None;
+    let mut degraded = Vec::new();
+    let mut exec_done = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut fds = vec![PollFd::new(chan_fd, PollFlags::POLLIN)];
+        if let Some(l) = &listener {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as i32;
+        if left == 0 {
+            return Err("the guest did not exec within 30s".into());
+        }
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        let chan_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        let notif_ready = fds
+            .get(1)
+            .and_then(|f| f.revents())
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        drop(fds);
+        if notif_ready
+            && let (Some(l), Some(b)) = (&listener, buf.as_mut())
+            && let Some(n) = violations::receive(l.as_fd(), b)
+        {
+            {
+                if !exec_done && crate::supervise::is_initial_exec(&n, pid) {
+                    exec_done = true;
+                    violations::allow(l.as_fd(), &n);
+                } else {
+                    violations::refuse(l.as_fd(), &n, libc::EPERM);
+                }
+            }
+        }
+        if chan_ready {
+            match chan::recv(&chan_fd) {
+                Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
+                    degraded.push((step, Errno::from_raw(errno)))
+                }
+                Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
+                    return Err(format!(
+                        "{} failed: {}",
+                        step.describe(),
+                        Errno::from_raw(errno).desc()
+                    ));
+                }
+                Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
+                    buf = NotifBuf::new().ok();
+                    listener = fd;
+                }
+                Ok(Ok(Received::Eof)) => return Ok((listener, degraded)),
+                Ok(Err(e)) => return Err(format!("set-up channel: {e}")),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(format!("set-up channel: {e}")),
+            }
+        }
+    }
+}
