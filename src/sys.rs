@@ -239,6 +239,24 @@ pub fn reset_signals() -> SysResult<()> {
     check_int(unsafe { libc::sigaction(libc::SIGPIPE, &act, std::ptr::null_mut()) }).map(drop)
 }
 
+/// Makes `cmd` start its program with an empty signal mask, whatever this thread blocks
+/// (`wfjail serve` blocks SIGTERM and friends to read them from a signalfd).
+pub fn unblock_signals_on_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the forked child before exec and only calls sigemptyset and
+    // sigprocmask, which are async-signal-safe and touch no shared state.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = zeroed();
+            libc::sigemptyset(&mut set);
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+}
+
 /// Child-safe. `prlimit64(0, resource, {soft, hard})` (lowering needs no privilege).
 pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> {
     let lim = libc::rlimit64 {

@@ -119,7 +119,7 @@ def explain(exc):
         return exc  # explaining must never hide the original error
     if not found:
         return exc
-    violation = Violation.from_dict(found[-1])  # the most recent is the one that failed
+    violation = Violation.from_dict(_match(exc, found))
     violation.__cause__ = exc
     return violation
 
@@ -270,6 +270,34 @@ def _looks_denied(exc):
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def _match(exc, found):
+    """The recorded violation that explains ``exc``: the one naming the file the exception
+    names (a denied open: a late import, a write outside the policy), else the one of the
+    exception's kind (a thread, randomness), else the most recent."""
+    chain, seen = [], 0
+    while exc is not None and seen < 16:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    for e in chain:
+        name = getattr(e, "filename", None)
+        if isinstance(name, str) and name:
+            for v in found:
+                if name in str(v.get("args", "")):
+                    return v
+    for e in chain:
+        if isinstance(e, RuntimeError) and "start new thread" in str(e):
+            category = "thread"
+        elif isinstance(e, NotImplementedError) and "/dev/urandom" in str(e):
+            category = "random"
+        else:
+            continue
+        for v in reversed(found):
+            if v.get("category") == category:
+                return v
+    return found[-1]
 
 
 def _clean(text):

@@ -82,6 +82,16 @@ def _child(ctl, wake, session_fd, handler_spec):
     guest.run(handler, fds=(3, 4))
 
 
+def _fork():
+    """os.fork(), retried: the fork waits for the supervisor (seccomp user notification),
+    and a SIGCHLD arriving meanwhile interrupts it with EINTR."""
+    while True:
+        try:
+            return os.fork()
+        except InterruptedError:
+            continue
+
+
 def main(argv=None):
     import argparse
 
@@ -106,6 +116,7 @@ def main(argv=None):
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0]}
     if error:
         ready["error"] = error
@@ -137,7 +148,7 @@ def main(argv=None):
                 continue
             session_fd = fds[0]
             try:
-                pid = os.fork()
+                pid = _fork()
             except OSError as exc:
                 os.close(session_fd)
                 ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))

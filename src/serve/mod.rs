@@ -294,6 +294,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     // The worker, unconfined: it must reach its server.
     let mut worker = std::process::Command::new(&opts.worker[0]);
     worker.args(&opts.worker[1..]).env("WFJAIL_SOCKET", &path);
+    sys::unblock_signals_on_exec(&mut worker);
     let mut worker = worker.spawn().map_err(|source| ServeError::Worker {
         cmd: opts.worker.join(" "),
         source,

@@ -46,7 +46,16 @@ impl Violations {
                     return;
                 }
                 if let Some(prefix) = &self.echo {
-                    eprintln!("{prefix}{}", v.summary());
+                    // "wfjail: session 3: violation: ..." rather than a second "wfjail: ".
+                    let line = v.summary();
+                    eprintln!(
+                        "{prefix}{}",
+                        if prefix.is_empty() {
+                            &line
+                        } else {
+                            line.trim_start_matches("wfjail: ")
+                        }
+                    );
                 }
                 self.index.insert(key, self.list.len());
                 self.list.push(v);

@@ -1,0 +1,371 @@
+//! `wfjail serve`: a real worker (Python, using python/wfjail/client.py) drives real confined
+//! sessions — forked from a zygote or exec'd — on this kernel.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{PY, Scratch, wfjail_bin};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Workflow modules the zygote preloads, named after the scratch dir so that a test can find
+/// its own processes in /proc.
+const WORKFLOWS: &str = r#"
+import os, socket, threading, time
+state = []
+def mutate(req):
+    state.append(req.decode())
+    return ("%d:%s" % (len(state), ",".join(state))).encode()
+def net(req):
+    socket.create_connection(("127.0.0.1", 9))
+def thread(req):
+    threading.Thread(target=print).start()
+def fork(req):
+    os.fork()
+def execv(req):
+    os.execv("/bin/true", ["true"])
+def crash(req):
+    import ctypes
+    ctypes.string_at(0)
+def hang(req):
+    while True:
+        pass
+def slow(req):
+    t = time.monotonic()
+    while time.monotonic() - t < 0.3:
+        pass
+    return b"slow done"
+"#;
+
+/// A scratch directory with the workflow module, a policy that lets the Debian interpreter
+/// import the wfjail package, and the worker script.
+fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
+    let s = Scratch::new(tag);
+    let module = format!(
+        "wf_{}",
+        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
+    );
+    s.write(&format!("{module}.py"), WORKFLOWS);
+    s.write(
+        "policy.toml",
+        &format!(
+            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{REPO}/python\", \"{dir}\"]\n\
+             [env]\nset = {{ PYTHONPATH = \"{REPO}/python:{dir}\" }}\n",
+            dir = s.0.display()
+        ),
+    );
+    let worker = format!(
+        "import sys, os, json\nsys.path.insert(0, {py:?})\nfrom wfjail.client import Client, AsyncClient, GuestError, SessionFailed\nfrom wfjail import Violation\nMOD = {module:?}\n{worker}",
+        py = format!("{REPO}/python")
+    );
+    s.write("worker.py", &worker);
+    (s, module)
+}
+
+struct Served {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `wfjail serve` with the fixture's worker; `zygote`: prefork mode (2 zygotes).
+fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Served {
+    let mut cmd = Command::new(wfjail_bin());
+    cmd.current_dir(&s.0)
+        .arg("serve")
+        .arg("-p")
+        .arg(s.path("policy.toml"));
+    cmd.args(args);
+    if zygote {
+        cmd.args([
+            "--zygote",
+            "--zygotes",
+            "2",
+            "--python",
+            PY,
+            "--preload",
+            module,
+        ]);
+    }
+    cmd.args(["--", PY, s.path("worker.py").to_str().unwrap()]);
+    let out = cmd.stdin(Stdio::null()).output().expect("run wfjail serve");
+    Served {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Processes whose command line mentions `needle` (ours: the module names are unique).
+fn processes_with(needle: &str) -> Vec<u32> {
+    let mut found = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(needle)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_thousand_sessions_each_see_fresh_state() {
+    let worker = r#"
+from concurrent.futures import ThreadPoolExecutor
+c = Client()
+ppid = os.getppid()
+def fds():
+    # Session threads close their descriptors just after the worker got CLOSED: settle.
+    import time
+    counts = []
+    for _ in range(20):
+        counts.append(len(os.listdir("/proc/%d/fd" % ppid)))
+        time.sleep(0.05)
+    return min(counts)
+def one(i):
+    with c.session(handler=MOD + ":mutate") as s:
+        a = s.call(b"a%d" % i)
+        b = s.call(b"b%d" % i)
+    assert a == b"1:a%d" % i, a
+    assert b == b"2:a%d,b%d" % (i, i), b
+    assert s.report["status"] == "ok", s.report
+    return s.report["duration_ms"]
+with ThreadPoolExecutor(8) as pool:
+    list(pool.map(one, range(50)))       # warm up
+    before = fds()
+    durations = list(pool.map(one, range(1000)))
+    after = fds()
+print(json.dumps({"sessions": len(durations), "fds_before": before, "fds_after": after}))
+"#;
+    let (s, module) = fixture("thousand", worker, "");
+    let out = serve(&s, &module, true, &["-q"]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(r["sessions"], 1000);
+    assert_eq!(
+        r["fds_before"], r["fds_after"],
+        "wfjail's descriptors stay flat: {r}"
+    );
+    assert!(
+        processes_with(&module).is_empty(),
+        "no zygote or child outlives the worker"
+    );
+}
+
+#[test]
+fn denied_calls_raise_violations_and_siblings_keep_running() {
+    let worker = r#"
+import threading
+c = Client()
+results = {}
+def long_one():
+    with c.session(handler=MOD + ":slow") as s:
+        results["slow"] = [s.call(b"1"), s.call(b"2")]
+t = threading.Thread(target=long_one); t.start()
+for name in ["net", "thread", "fork", "execv"]:
+    try:
+        with c.session(handler=MOD + ":" + name) as s:
+            s.call(b"x")
+            results[name] = "no error"
+    except Violation as v:
+        results[name] = [v.category, v.syscall, s.report["status"], s.report["violations"][0]["syscall"]]
+t.join()
+results["slow"] = [r.decode() for r in results["slow"]]
+print(json.dumps(results))
+"#;
+    let (s, module) = fixture("violations", worker, "");
+    let out = serve(&s, &module, true, &[]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(
+        r["net"],
+        serde_json::json!(["network", "socket", "violation", "socket"])
+    );
+    assert_eq!(
+        r["thread"],
+        serde_json::json!(["thread", "clone", "violation", "clone"])
+    );
+    assert_eq!(
+        r["fork"],
+        serde_json::json!(["subprocess", "clone", "violation", "clone"])
+    );
+    assert_eq!(
+        r["execv"],
+        serde_json::json!(["exec", "execve", "violation", "execve"])
+    );
+    assert_eq!(
+        r["slow"],
+        serde_json::json!(["slow done", "slow done"]),
+        "the sibling session was undisturbed"
+    );
+    assert!(
+        out.stderr.contains("session") && out.stderr.contains("violation: network socket("),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn crash_hang_and_kill_end_only_their_session() {
+    let worker = r#"
+c = Client()
+out = {}
+for name, timeout in [("crash", None), ("hang", "500ms"), ("net", None), ("mutate", None)]:
+    try:
+        with c.session(handler=MOD + ":" + name, timeout=timeout) as s:
+            out[name] = s.call(b"x").decode()
+    except SessionFailed as e:
+        out[name] = [e.status, e.report.get("signal"), [v["action"] for v in e.report["violations"]]]
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("failures", worker, "on_violation = \"kill\"");
+    let out = serve(&s, &module, true, &[]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(r["crash"], serde_json::json!(["crashed", "SIGSEGV", []]));
+    assert_eq!(r["hang"], serde_json::json!(["timeout", "SIGKILL", []]));
+    assert_eq!(
+        r["net"],
+        serde_json::json!(["violation", "SIGKILL", ["killed"]])
+    );
+    assert_eq!(r["mutate"], "1:x", "the server and the zygote go on");
+}
+
+#[test]
+fn a_dead_zygote_is_reported_and_restarted() {
+    let worker = r#"
+import signal, time
+c = Client()
+with c.session(handler=MOD + ":mutate") as s:
+    first = s.call(b"x").decode()
+# Kill every zygote from outside (the test's own processes), then ask again.
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        cmd = open("/proc/%s/cmdline" % pid, "rb").read()
+    except OSError:
+        continue
+    if b"wfjail.zygote" in cmd and MOD.encode() in cmd:
+        os.kill(int(pid), signal.SIGKILL)
+deadline = time.time() + 30
+while True:
+    try:
+        with c.session(handler=MOD + ":mutate") as s:
+            again = s.call(b"y").decode()
+        break
+    except SessionFailed:
+        if time.time() > deadline:
+            raise
+        time.sleep(0.1)
+print(json.dumps([first, again]))
+"#;
+    let (s, module) = fixture("restart", worker, "");
+    let out = serve(&s, &module, true, &[]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    assert_eq!(out.stdout.trim(), r#"["1:x", "1:y"]"#);
+    assert!(
+        out.stderr.contains("died") && out.stderr.contains("restarted"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn exec_mode_runs_a_fresh_guest_per_session() {
+    let worker = format!(
+        r#"
+c = Client()
+argv = [{py:?}, {ex:?}]
+out = []
+for i in range(2):
+    with c.session(argv=argv) as s:
+        out.append(json.loads(s.call(open({req:?}, "rb").read()))["total"])
+    out.append(s.report["status"])
+print(json.dumps(out))
+"#,
+        py = PY,
+        ex = format!("{REPO}/examples/workflow_guest.py"),
+        req = format!("{REPO}/examples/request.json"),
+    );
+    let (s, module) = fixture("exec", &worker, "");
+    let out = serve(&s, &module, false, &["--ro", REPO]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    assert_eq!(out.stdout.trim(), r#"["20.03", "ok", "20.03", "ok"]"#);
+}
+
+#[test]
+fn the_worker_status_is_wfjails_and_sigterm_ends_everything() {
+    let (s, module) = fixture("status", "c = Client()\nsys.exit(7)\n", "");
+    let out = serve(&s, &module, true, &["-q"]);
+    assert_eq!(out.code, 7, "the worker's exit status: {}", out.stderr);
+
+    // A worker that waits forever; SIGTERM to wfjail reaches it, and everything ends.
+    let (s, module) = fixture(
+        "sigterm",
+        "import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\nprint('up', flush=True)\ntime.sleep(600)\n",
+        "",
+    );
+    let mut cmd = Command::new(wfjail_bin());
+    cmd.current_dir(&s.0)
+        .args(["serve", "-q", "-p"])
+        .arg(s.path("policy.toml"));
+    cmd.args([
+        "--zygote",
+        "--zygotes",
+        "1",
+        "--python",
+        PY,
+        "--preload",
+        &module,
+        "--",
+        PY,
+    ]);
+    cmd.arg(s.path("worker.py"));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "up");
+    assert!(!processes_with(&module).is_empty(), "the zygote runs");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "exits with the worker's status");
+    assert!(
+        processes_with(&module).is_empty(),
+        "no zygote or child survives"
+    );
+}
