@@ -81,6 +81,53 @@ fn every_vector_decodes_as_specified() {
     }
 }
 
+#[test]
+fn every_worker_vector_decodes_as_specified() {
+    let v = vectors();
+    let list = v["worker_vectors"].as_array().unwrap();
+    assert!(list.len() >= 10);
+    for vec in list {
+        let name = vec["name"].as_str().unwrap();
+        let bytes = hex(vec["hex"].as_str().unwrap());
+        let mut d = wfjail::protocol::worker::decoder(vec["cap"].as_u64().unwrap() as usize);
+        d.feed(&bytes);
+        let mut frames = Vec::new();
+        let mut error = None;
+        loop {
+            match d.next_raw() {
+                Ok(Some(f)) => frames.push(f),
+                Ok(None) => {
+                    error = d.finish().err().map(|e| e.code().to_string());
+                    break;
+                }
+                Err(e) => {
+                    error = Some(e.code().to_string());
+                    break;
+                }
+            }
+        }
+        let want: Vec<(u8, Vec<u8>)> = vec["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_u64().unwrap() as u8,
+                    hex(f["payload_hex"].as_str().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(frames, want, "{name}");
+        assert_eq!(error, vec["error"].as_str().map(str::to_string), "{name}");
+        for (k, p) in &frames {
+            if *k == wfjail::protocol::worker::OPEN {
+                let o: wfjail::protocol::worker::OpenRequest = serde_json::from_slice(p).unwrap();
+                assert!(o.handler.is_some() || o.argv.is_some(), "{name}");
+            }
+        }
+    }
+}
+
 /// A small deterministic generator (xorshift), so failures reproduce.
 struct Rng(u64);
 

@@ -116,6 +116,7 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
             argv: &plan.exec.argv_ptrs,
             envp: &plan.exec.envp_ptrs,
         };
+        crate::timing::mark("spawn: before clone");
         let started = Instant::now();
         match sys::clone_process(flags, || confine::apply(&spec)) {
             Ok(c) => {
