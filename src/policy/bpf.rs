@@ -291,9 +291,9 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 }
 
 /// A run of syscall numbers `[start, end)` that share one leaf.
-struct Range {
+struct Range<'a> {
     start: u32,
-    leaf: Leaf,
+    leaf: &'a Leaf,
     /// The syscall number when the range is a single syscall (for fallback categories).
     single: Option<u32>,
 }
@@ -308,16 +308,16 @@ pub fn compile(
     let decisions = decisions(policy, mode, initial_exec, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
-    let mut ranges: Vec<Range> = Vec::new();
+    let mut ranges: Vec<Range> = Vec::with_capacity(256);
     for n in 0..=highest + 1 {
         let leaf = if n > highest {
-            Leaf::Violation
+            &Leaf::Violation
         } else {
-            decisions.get(&n).cloned().unwrap_or(Leaf::Violation)
+            decisions.get(&n).unwrap_or(&Leaf::Violation)
         };
         // In fallback mode a violation's action depends on its syscall, so each denied
         // syscall is its own range there; in notify mode equal leaves merge.
-        let mergeable = match &leaf {
+        let mergeable = match leaf {
             Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_) => false,
             Leaf::Violation => mode == Mode::Notify || n > highest,
             _ => true,
@@ -345,60 +345,62 @@ pub fn compile(
         jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
         stmt(BPF_RET_K, foreign),
     ];
-    prog.extend(emit_tree(policy, mode, &ranges)?);
+    emit_tree(policy, mode, &ranges, &mut prog)?;
     if prog.len() > 4096 {
         return Err(BpfError::TooLarge(prog.len()));
     }
     Ok(prog)
 }
 
-/// Emits a binary search over `ranges` (sorted by start; the first starts at 0). The
-/// accumulator holds the syscall number on entry; every path ends in a RET.
+/// Emits a binary search over `ranges` (sorted by start; the first starts at 0) at the end of
+/// `out`. The accumulator holds the syscall number on entry; every path ends in a RET.
 fn emit_tree(
     policy: &Policy,
     mode: Mode,
     ranges: &[Range],
-) -> Result<Vec<libc::sock_filter>, BpfError> {
+    out: &mut Vec<libc::sock_filter>,
+) -> Result<(), BpfError> {
     if ranges.len() == 1 {
-        return emit_leaf(policy, mode, &ranges[0]);
+        return emit_leaf(policy, mode, &ranges[0], out);
     }
     let mid = ranges.len() / 2;
-    let left = emit_tree(policy, mode, &ranges[..mid])?;
-    let right = emit_tree(policy, mode, &ranges[mid..])?;
-    let mut out = Vec::with_capacity(left.len() + right.len() + 2);
     let k = ranges[mid].start;
-    if let Ok(skip) = u8::try_from(left.len()) {
-        out.push(jump(BPF_JMP_JGE_K, k, skip, 0)); // >= k: jump over the left subtree
-    } else {
-        out.push(jump(BPF_JMP_JGE_K, k, 0, 1));
-        out.push(stmt(BPF_JMP_JA, left.len() as u32));
+    let at = out.len();
+    out.push(jump(BPF_JMP_JGE_K, k, 0, 0)); // patched once the left subtree's size is known
+    emit_tree(policy, mode, &ranges[..mid], out)?;
+    let left = out.len() - at - 1;
+    match u8::try_from(left) {
+        Ok(skip) => out[at].jt = skip, // >= k: jump over the left subtree
+        Err(_) => {
+            // Too far for a conditional jump: go through an unconditional one.
+            out[at].jf = 1;
+            out.insert(at + 1, stmt(BPF_JMP_JA, left as u32));
+        }
     }
-    out.extend(left);
-    out.extend(right);
-    Ok(out)
+    emit_tree(policy, mode, &ranges[mid..], out)
 }
 
 fn emit_leaf(
     policy: &Policy,
     mode: Mode,
     range: &Range,
-) -> Result<Vec<libc::sock_filter>, BpfError> {
+    out: &mut Vec<libc::sock_filter>,
+) -> Result<(), BpfError> {
     let violation = violation_action(policy, mode, range.single);
-    Ok(match &range.leaf {
-        Leaf::Allow => vec![stmt(BPF_RET_K, RET_ALLOW)],
-        Leaf::Enosys => vec![stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)],
-        Leaf::Violation => vec![stmt(BPF_RET_K, violation)],
-        Leaf::Watch => vec![stmt(BPF_RET_K, watch_action(mode))],
+    match range.leaf {
+        Leaf::Allow => out.push(stmt(BPF_RET_K, RET_ALLOW)),
+        Leaf::Enosys => out.push(stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)),
+        Leaf::Violation => out.push(stmt(BPF_RET_K, violation)),
+        Leaf::Watch => out.push(stmt(BPF_RET_K, watch_action(mode))),
         Leaf::AllowIf(rules) | Leaf::EnosysIf(rules) | Leaf::AllowIfElseWatch(rules) => {
-            let on_match = match &range.leaf {
+            let on_match = match range.leaf {
                 Leaf::EnosysIf(_) => RET_ERRNO | libc::ENOSYS as u32,
                 _ => RET_ALLOW,
             };
-            let violation = match &range.leaf {
+            let otherwise = match range.leaf {
                 Leaf::AllowIfElseWatch(_) => watch_action(mode),
                 _ => violation,
             };
-            let mut out = Vec::new();
             for r in rules {
                 // A seccompiler rule falls through when it matches and jumps past the
                 // instruction that follows it when it does not.
@@ -411,10 +413,10 @@ fn emit_leaf(
                 }));
                 out.push(stmt(BPF_RET_K, on_match));
             }
-            out.push(stmt(BPF_RET_K, violation));
-            out
+            out.push(stmt(BPF_RET_K, otherwise));
         }
-    })
+    }
+    Ok(())
 }
 
 /// A classic-BPF interpreter for the subset this compiler emits; used by tests to check the
@@ -574,6 +576,32 @@ mod tests {
                 Some(Leaf::Violation | Leaf::Watch) | None => RET_USER_NOTIF,
             };
             assert_eq!(got, want, "syscall {n} ({:?})", syscalls::name(n));
+        }
+    }
+
+    #[test]
+    fn fallback_tree_with_long_jumps_decides_every_number() {
+        // In fallback mode each denied syscall is its own range: the tree is big enough that
+        // the root's left subtree needs an unconditional jump.
+        let p = policy::load("default").unwrap();
+        let d = decisions(&p, Mode::Fallback, None, false).unwrap();
+        let prog = compile(&p, Mode::Fallback, None, false).unwrap();
+        assert!(
+            prog.iter().any(|i| i.code == BPF_JMP_JA),
+            "a long jump was needed"
+        );
+        for n in 0..600u32 {
+            let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
+            match d.get(&n) {
+                Some(Leaf::Allow | Leaf::Watch) => assert_eq!(got, RET_ALLOW, "syscall {n}"),
+                Some(Leaf::Enosys) => {
+                    assert_eq!(got, RET_ERRNO | libc::ENOSYS as u32, "syscall {n}")
+                }
+                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_)) => {}
+                Some(Leaf::Violation) | None => {
+                    assert_ne!(got, RET_ALLOW, "syscall {n} ({:?})", syscalls::name(n))
+                }
+            }
         }
     }
 
