@@ -92,20 +92,13 @@ fn every_worker_vector_decodes_as_specified() {
         let mut d = wfjail::protocol::worker::decoder(vec["cap"].as_u64().unwrap() as usize);
         d.feed(&bytes);
         let mut frames = Vec::new();
-        let mut error = None;
-        loop {
+        let error = loop {
             match d.next_raw() {
                 Ok(Some(f)) => frames.push(f),
-                Ok(None) => {
-                    error = d.finish().err().map(|e| e.code().to_string());
-                    break;
-                }
-                Err(e) => {
-                    error = Some(e.code().to_string());
-                    break;
-                }
+                Ok(None) => break d.finish().err().map(|e| e.code().to_string()),
+                Err(e) => break Some(e.code().to_string()),
             }
-        }
+        };
         let want: Vec<(u8, Vec<u8>)> = vec["frames"]
             .as_array()
             .unwrap()
