@@ -1,0 +1,135 @@
+//! Every forbidden operation a workflow author is likely to write, under each of `deny`,
+//! `kill` and `warn`: the report names the syscall, its decoded arguments, the category and a
+//! hint, and the supervisor prints a one-line summary. The guest is the bundled
+//! examples/misbehaving_guest.py, framed, under `strict`.
+
+mod common;
+
+use common::{Outcome, PY, Scratch, wfjail};
+
+/// (what the guest tries, syscall, category, a piece of the decoded arguments)
+const CASES: [(&str, &str, &str, &str); 5] = [
+    ("network", "socket", "network", "AF_INET SOCK_STREAM"),
+    ("thread", "clone", "thread", "CLONE_THREAD"),
+    ("fork", "clone", "subprocess", "SIGCHLD"),
+    ("exec", "execve", "exec", "/bin/true"),
+    ("urandom", "getrandom", "random", "16 bytes"),
+];
+
+fn attempt(mode: &str, what: &str) -> Outcome {
+    let s = Scratch::new("matrix");
+    let policy = s.write(
+        "p.toml",
+        &format!("extends = \"strict\"\non_violation = \"{mode}\"\n"),
+    );
+    let input = s.write("req.json", &format!("{{\"try\": \"{what}\"}}"));
+    let guest = format!(
+        "{}/examples/misbehaving_guest.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--ro",
+        env!("CARGO_MANIFEST_DIR"),
+        "--input",
+        input.to_str().unwrap(),
+        "--",
+        PY,
+        &guest,
+    ])
+}
+
+fn check_named(o: &Outcome, what: &str, syscall: &str, category: &str, args: &str, action: &str) {
+    let v = o.report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["syscall"] == syscall && v["category"] == category);
+    o.check(
+        v.is_some(),
+        &format!("{what}: a {category} violation of {syscall}"),
+    );
+    let v = v.unwrap();
+    o.check(
+        v["args"].as_str().unwrap().contains(args),
+        &format!("{what}: args decoded ({args})"),
+    );
+    o.check(v["action"] == action, &format!("{what}: action {action}"));
+    o.check(
+        !v["hint"].as_str().unwrap().is_empty() && !v["rule"].as_str().unwrap().is_empty(),
+        "hint and rule",
+    );
+    let line = format!("wfjail: violation: {category} {syscall}(");
+    o.check(
+        o.stderr
+            .lines()
+            .any(|l| l.starts_with(&line) && l.contains(action)),
+        &format!("{what}: summary line on stderr"),
+    );
+}
+
+#[test]
+fn deny_fails_the_call_and_the_guest_learns_why() {
+    for (what, syscall, category, args) in CASES {
+        let o = attempt("deny", what);
+        check_named(&o, what, syscall, category, args, "denied");
+        o.check(
+            o.code == 3 && o.status() == "violation",
+            &format!("{what}: status violation, exit 3"),
+        );
+        o.check(
+            o.report["guest_error"]["type"] == "wfjail.Violation",
+            &format!("{what}: the guest raised wfjail.Violation"),
+        );
+    }
+}
+
+#[test]
+fn kill_ends_the_execution_at_once() {
+    for (what, syscall, category, args) in CASES {
+        let o = attempt("kill", what);
+        check_named(&o, what, syscall, category, args, "killed");
+        o.check(
+            o.code == 3 && o.status() == "violation",
+            &format!("{what}: status violation, exit 3"),
+        );
+        o.check(
+            o.report["signal"] == "SIGKILL",
+            &format!("{what}: killed by SIGKILL"),
+        );
+        o.check(o.stdout.is_empty(), &format!("{what}: no result"));
+    }
+}
+
+#[test]
+fn warn_lets_the_call_run_and_lists_it() {
+    for (what, syscall, category, args) in CASES {
+        let o = attempt("warn", what);
+        check_named(&o, what, syscall, category, args, "warned");
+        match what {
+            // The call ran: the thread, the fork and the randomness worked, so the guest answered.
+            "thread" | "fork" | "urandom" => {
+                o.check(
+                    o.code == 0 && o.status() == "ok",
+                    &format!("{what}: status stays ok under warn"),
+                );
+                o.check(
+                    o.stdout.contains("allowed"),
+                    &format!("{what}: the guest's result"),
+                );
+            }
+            // The socket was made, but the empty network namespace has nowhere to connect to.
+            "network" => o.check(
+                o.status() == "guest_error",
+                "network: the connection itself failed",
+            ),
+            // exec replaced the guest: no result frame.
+            _ => o.check(
+                o.status() == "guest_error",
+                "exec: the guest was replaced, so no result",
+            ),
+        }
+    }
+}
