@@ -52,18 +52,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         Err(code) => return Ok(code),
     };
     wfjail::timing::mark("load policy");
-    let mut grants: Vec<ExtraGrant> = args
-        .ro
-        .iter()
-        .map(|p| ExtraGrant {
-            path: p.clone(),
-            write: false,
-        })
-        .collect();
-    grants.extend(args.rw.iter().map(|p| ExtraGrant {
-        path: p.clone(),
-        write: true,
-    }));
+    let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let opts = RunOptions {
         argv: args.command.clone(),
         grants,
@@ -103,18 +92,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let mut grants: Vec<ExtraGrant> = args
-        .ro
-        .iter()
-        .map(|p| ExtraGrant {
-            path: p.clone(),
-            write: false,
-        })
-        .collect();
-    grants.extend(args.rw.iter().map(|p| ExtraGrant {
-        path: p.clone(),
-        write: true,
-    }));
+    let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let zygote = args.zygote.then(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cfg = wfjail::serve::zygote::ZygoteConfig {

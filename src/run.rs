@@ -51,20 +51,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     let extra_env = if opts.raw {
         vec![]
     } else {
-        vec![
-            (
-                "WFJAIL_PROTOCOL".to_string(),
-                crate::protocol::guest::VERSION.to_string(),
-            ),
-            (
-                "WFJAIL_FDS".to_string(),
-                format!("{},{}", PROTOCOL_FDS.0, PROTOCOL_FDS.1),
-            ),
-            (
-                "WFJAIL_FRAME_CAP".to_string(),
-                frame_cap(policy).to_string(),
-            ),
-        ]
+        protocol_env(policy)
     };
     let req = PlanRequest {
         argv: opts.argv.clone(),
@@ -216,6 +203,21 @@ impl GuestIo {
             proto: Some(proto),
         })
     }
+}
+
+/// The environment that tells a framed guest where its protocol pipes are (docs/protocol.md).
+pub fn protocol_env(policy: &Policy) -> Vec<(String, String)> {
+    vec![
+        (
+            "WFJAIL_PROTOCOL".into(),
+            crate::protocol::guest::VERSION.to_string(),
+        ),
+        (
+            "WFJAIL_FDS".into(),
+            format!("{},{}", PROTOCOL_FDS.0, PROTOCOL_FDS.1),
+        ),
+        ("WFJAIL_FRAME_CAP".into(), frame_cap(policy).to_string()),
+    ]
 }
 
 /// The largest frame payload accepted: 16 MiB, or `limits.output` if smaller.

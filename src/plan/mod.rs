@@ -23,6 +23,21 @@ pub struct ExtraGrant {
     pub write: bool,
 }
 
+impl ExtraGrant {
+    /// The grants of `--ro` and `--rw` flags.
+    pub fn from_flags(ro: &[PathBuf], rw: &[PathBuf]) -> Vec<ExtraGrant> {
+        let ro = ro.iter().map(|p| ExtraGrant {
+            path: p.clone(),
+            write: false,
+        });
+        ro.chain(rw.iter().map(|p| ExtraGrant {
+            path: p.clone(),
+            write: true,
+        }))
+        .collect()
+    }
+}
+
 /// What the caller asks for, beyond the policy.
 #[derive(Debug, Clone, Default)]
 pub struct PlanRequest {

@@ -886,15 +886,10 @@ fn recv_with_creds(fd: &OwnedFd, buf: &mut [u8]) -> Result<(usize, Option<libc::
 /// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4.
 fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecChild, String> {
     let policy = &server.policy;
-    let cap = crate::run::frame_cap(policy);
     let req = PlanRequest {
         argv: argv.to_vec(),
         grants: server.grants.clone(),
-        extra_env: vec![
-            ("WFJAIL_PROTOCOL".into(), gp::VERSION.to_string()),
-            ("WFJAIL_FDS".into(), "3,4".into()),
-            ("WFJAIL_FRAME_CAP".into(), cap.to_string()),
-        ],
+        extra_env: crate::run::protocol_env(policy),
         zygote: false,
     };
     let plan = plan::build(policy, &req).map_err(|e| e.to_string())?;
