@@ -30,6 +30,7 @@ OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
 _SERVER_KINDS = {OPENED, RESULT, ERROR, FAILED, CLOSED}
 CAP = 16 * 1024 * 1024
 _HEADER = struct.Struct("<IB")
+_LENGTH = struct.Struct("<I")
 
 
 class GuestError(Exception):
@@ -69,18 +70,28 @@ def _frame(kind, payload=b""):
     return _HEADER.pack(len(payload) + 1, kind) + payload
 
 
-def _check_header(length, kind):
+def _check_length(length):
     if length == 0:
         raise ProtocolError("empty", "frame length 0")
     if length - 1 > CAP:
         raise ProtocolError("oversized", "frame of %d bytes exceeds the cap" % (length - 1))
+
+
+def _check_header(length, kind):
+    _check_length(length)
     if kind not in _SERVER_KINDS:
         raise ProtocolError("unknown-kind", "unexpected frame kind 0x%02x from wfjail" % kind)
 
 
 def _raise_call_error(doc):
-    if doc.get("type") == "wfjail.Violation" and doc.get("violations"):
-        v = Violation.from_dict(doc["violations"][-1])
+    found = doc.get("violations") or []
+    if doc.get("type") == "wfjail.Violation" and found:
+        # The guest's message names the violation it raised ("network: socket(...) denied");
+        # the list holds the whole session's.
+        message = doc.get("message", "")
+        chosen = next((v for v in found if message.startswith(
+            "%s: %s(%s)" % (v.get("category"), v.get("syscall"), v.get("args")))), found[-1])
+        v = Violation.from_dict(chosen)
         v.traceback = doc.get("traceback", "")
         raise v
     raise GuestError(doc)
@@ -122,15 +133,21 @@ class Session:
 
     def open(self):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(self._path)
-        self._sock.sendall(_frame(OPEN, self._open_doc))
-        kind, payload = self._read()
-        if kind == FAILED:
-            self._finish(payload)
-            raise SessionFailed(self.report)
-        if kind != OPENED:
-            raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
-        doc = json.loads(payload)
+        try:
+            self._sock.connect(self._path)
+            self._sock.sendall(_frame(OPEN, self._open_doc))
+            kind, payload = self._read()
+            if kind == FAILED:
+                self._finish(payload)
+                raise SessionFailed(self.report)
+            if kind != OPENED:
+                raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
+            doc = json.loads(payload)
+        except BaseException:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            raise
         self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
@@ -179,7 +196,10 @@ class Session:
         return b"".join(chunks)
 
     def _read(self):
-        length, kind = _HEADER.unpack(self._read_exact(5))
+        # The length is checked before the kind byte is awaited (docs/protocol.md).
+        (length,) = _LENGTH.unpack(self._read_exact(4))
+        _check_length(length)
+        kind = self._read_exact(1)[0]
         _check_header(length, kind)
         return kind, self._read_exact(length - 1)
 
@@ -197,7 +217,8 @@ class AsyncClient:
     def __init__(self, path=None):
         self.path = path or os.environ.get("WFJAIL_SOCKET")
         if not self.path:
-            raise RuntimeError("no socket: run under `wfjail serve` or pass the path")
+            raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
+                               "or pass the path")
 
     def session(self, handler=None, argv=None, timeout=None):
         return AsyncSession(self.path, _open_doc(handler, argv, timeout))
@@ -211,19 +232,27 @@ class AsyncSession:
 
     async def open(self):
         self._reader, self._writer = await asyncio.open_unix_connection(self._path)
-        self._writer.write(_frame(OPEN, self._open_doc))
-        await self._writer.drain()
-        kind, payload = await self._read()
-        if kind == FAILED:
-            await self._finish(payload)
-            raise SessionFailed(self.report)
-        if kind != OPENED:
-            raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
-        doc = json.loads(payload)
+        try:
+            self._writer.write(_frame(OPEN, self._open_doc))
+            await self._writer.drain()
+            kind, payload = await self._read()
+            if kind == FAILED:
+                await self._finish(payload)
+                raise SessionFailed(self.report)
+            if kind != OPENED:
+                raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
+            doc = json.loads(payload)
+        except BaseException:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            raise
         self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
     async def call(self, request):
+        if self._writer is None:
+            raise RuntimeError("the session is not open")
         self._writer.write(_frame(CALL, request))
         await self._writer.drain()
         kind, payload = await self._read()
@@ -261,8 +290,9 @@ class AsyncSession:
 
     async def _read(self):
         try:
-            header = await self._reader.readexactly(5)
-            length, kind = _HEADER.unpack(header)
+            (length,) = _LENGTH.unpack(await self._reader.readexactly(4))
+            _check_length(length)
+            kind = (await self._reader.readexactly(1))[0]
             _check_header(length, kind)
             return kind, await self._reader.readexactly(length - 1)
         except asyncio.IncompleteReadError:
