@@ -26,7 +26,7 @@ use crate::process::channel::{self as chan, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event};
 use crate::protocol::worker::{self, OpenRequest, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
-use crate::report::{GuestError, Layers, Report, Status};
+use crate::report::{GuestError, Report, Status};
 use crate::run::LayersBase;
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::violations::{self, Handled};
@@ -37,6 +37,8 @@ use super::{Server, SessionShared};
 
 /// How long a worker has to send OPEN after connecting.
 const OPEN_WAIT: Duration = Duration::from_secs(10);
+/// The least time a guest gets to start (fork or exec, then HELLO).
+const START_WAIT: Duration = Duration::from_secs(30);
 /// How long a guest has to exit after its session was closed, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -349,7 +351,8 @@ impl Session {
             phase: Phase::Starting,
             pending: VecDeque::new(),
             close_requested: false,
-            deadline: timeout.map(|t| started + t),
+            // Starting: the guest has the call timeout (at least START_WAIT) to say HELLO.
+            deadline: Some(started + timeout.unwrap_or(START_WAIT).max(START_WAIT)),
             timeout,
             started,
             timed_out: false,
@@ -743,13 +746,8 @@ impl Session {
     /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
     fn finish(mut self) {
         let report = self.report();
-        let kind = if self.failure.is_none()
-            && self.phase == Phase::Closing
-            && report.status == Status::Ok
-        {
-            worker::CLOSED
-        } else if self.failure.is_none() && self.phase == Phase::Closing {
-            // Closed normally, but something was denied along the way: still the answer to CLOSE.
+        // CLOSED answers CLOSE (whatever was denied along the way); FAILED is any other end.
+        let kind = if self.failure.is_none() && self.phase == Phase::Closing {
             worker::CLOSED
         } else {
             worker::FAILED
@@ -763,7 +761,6 @@ impl Session {
                 self.server.children.lock().unwrap().remove(&self.id);
             }
         }
-        let _ = self.calls;
     }
 
     fn report(&mut self) -> Report {
@@ -847,7 +844,7 @@ impl Session {
             cpu_ms,
             max_rss_kb,
             policy: self.server.policy.name.clone(),
-            layers: layers_or_default(layers),
+            layers,
             stderr_tail: String::new(),
             limit: None,
             error,
@@ -857,10 +854,6 @@ impl Session {
             exit_status: status.exit_code(),
         }
     }
-}
-
-fn layers_or_default(l: Layers) -> Layers {
-    l
 }
 
 /// Reads from a socket with SO_PASSCRED set: the bytes and the sender's pid (translated into
