@@ -727,6 +727,27 @@ fn file_size_limit_is_a_limit_outcome() {
 }
 
 #[test]
+fn a_lower_inherited_limit_is_kept_not_an_error() {
+    // The default policy asks for 256 open files; under a hard limit of 128 the run goes on
+    // with 128 (a limit is an upper bound) instead of failing to raise it.
+    let cmd = format!(
+        "ulimit -n 128 && exec {} run --raw -- {PY} -c 'import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))'",
+        common::wfjail_bin().display()
+    );
+    let out = std::process::Command::new("/bin/sh")
+        .args(["-c", &cmd])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "(128, 128)");
+}
+
+#[test]
 fn guest_error_and_crash_statuses() {
     let o = py("default", &[], "raise SystemExit(7)");
     o.check(

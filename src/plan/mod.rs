@@ -420,29 +420,32 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         watch_reads,
     )?;
 
-    let mut rlimits = Vec::new();
+    use nix::sys::resource::Resource;
     let l = &policy.limits;
-    if let Some(m) = l.memory {
-        rlimits.push((libc::RLIMIT_AS as libc::c_int, m.0));
-    }
-    if let Some(c) = l.cpu {
-        rlimits.push((
-            libc::RLIMIT_CPU as libc::c_int,
-            c.0.as_secs_f64().ceil() as u64,
-        ));
-    }
-    if let Some(n) = &l.open_files {
-        rlimits.push((libc::RLIMIT_NOFILE as libc::c_int, n.value));
-    }
-    if let Some(f) = l.file_size {
-        rlimits.push((libc::RLIMIT_FSIZE as libc::c_int, f.0));
-    }
-    if let Some(p) = l.processes.filter(|_| !req.zygote) {
-        rlimits.push((libc::RLIMIT_NPROC as libc::c_int, p));
-    }
+    let wanted = [
+        (Resource::RLIMIT_AS, l.memory.map(|m| m.0)),
+        (
+            Resource::RLIMIT_CPU,
+            l.cpu.map(|c| c.0.as_secs_f64().ceil() as u64),
+        ),
+        (
+            Resource::RLIMIT_NOFILE,
+            l.open_files.as_ref().map(|n| n.value),
+        ),
+        (Resource::RLIMIT_FSIZE, l.file_size.map(|f| f.0)),
+        (Resource::RLIMIT_NPROC, l.processes.filter(|_| !req.zygote)),
+    ];
+    // A limit is an upper bound: where wfjail already runs under a lower hard limit, that one
+    // stays (raising a hard limit needs a privilege the child does not keep).
+    let rlimits = wanted
+        .into_iter()
+        .filter_map(|(r, v)| {
+            let hard = nix::sys::resource::getrlimit(r).map_or(u64::MAX, |(_, hard)| hard);
+            v.map(|v| (r as libc::c_int, v.min(hard)))
+        })
+        .collect();
 
     let ns = policy.namespaces;
-    // SAFETY-free: plain getters.
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {

@@ -192,6 +192,20 @@ impl Server {
     }
 }
 
+/// How long to stop accepting after `accept` failed (out of descriptors).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Raises this process's open-file soft limit to its hard limit: each session holds a few
+/// descriptors, and the usual soft limit (1024) would stop a server near 200 sessions.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 /// The default socket path: under `$XDG_RUNTIME_DIR` or the temp dir, named after our pid.
 fn default_socket() -> PathBuf {
     let dir = std::env::var_os("XDG_RUNTIME_DIR")
@@ -205,6 +219,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     if opts.worker.is_empty() {
         return Err(ServeError::NoWorker);
     }
+    raise_fd_limit();
     // Signals arrive on a signalfd; block them first so every thread inherits the mask.
     let mut mask = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
@@ -303,6 +318,10 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         .map_err(|e| ServeError::Setup(format!("pidfd_open: {e}")))?;
 
     let mut terminating: Option<std::time::Instant> = None;
+    let mut paused: Option<std::time::Instant> = None;
+    let mut warned_accept = false;
+    // A descriptor held in reserve, released to accept (and refuse) a session when none is left.
+    let mut spare_fd = std::fs::File::open("/dev/null").ok();
     let status = loop {
         let mut fds = [
             PollFd::new(listener.as_fd(), PollFlags::POLLIN),
@@ -310,8 +329,8 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
             PollFd::new(restart_r.as_fd(), PollFlags::POLLIN),
         ];
-        let timeout = if terminating.is_some() {
-            PollTimeout::from(200u16)
+        let timeout = if terminating.is_some() || paused.is_some() {
+            PollTimeout::from(ACCEPT_PAUSE.as_millis() as u16)
         } else {
             PollTimeout::NONE
         };
@@ -353,14 +372,39 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
                 }
             }
         }
-        if accept {
-            while let Ok((conn, _)) = listener.accept() {
-                let server = server.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("session".into())
-                    .spawn(move || session::run(conn, server));
-                if let Err(e) = spawned {
-                    eprintln!("wfjail: cannot start a session thread: {e}");
+        if accept && paused.is_none_or(|t| t.elapsed() > ACCEPT_PAUSE) {
+            paused = None;
+            loop {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let server = server.clone();
+                        let spawned = std::thread::Builder::new()
+                            .name("session".into())
+                            .spawn(move || session::run(conn, server));
+                        if let Err(e) = spawned {
+                            eprintln!("wfjail: cannot start a session thread: {e}");
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        // Out of descriptors: give the spare one back, take the connection and
+                        // tell the worker why, rather than leave it waiting in the backlog.
+                        let why = format!(
+                            "wfjail cannot open another session: {e}; raise `ulimit -n` or lower --max-executions"
+                        );
+                        if !warned_accept {
+                            eprintln!("wfjail: {why}");
+                            warned_accept = true;
+                        }
+                        drop(spare_fd.take());
+                        if let Ok((conn, _)) = listener.accept() {
+                            session::refuse(conn, &server, why);
+                        }
+                        spare_fd = std::fs::File::open("/dev/null").ok();
+                        paused = Some(std::time::Instant::now());
+                        break;
+                    }
                 }
             }
         }

@@ -208,6 +208,19 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     session.finish();
 }
 
+/// Answers a connection that cannot be served with FAILED and `why`, without reading it.
+pub fn refuse(conn: UnixStream, server: &Server, why: String) {
+    let _ = conn.set_nonblocking(true);
+    let mut client = Client {
+        conn,
+        dec: worker::decoder(MAX_FRAME),
+        out: Vec::new(),
+        gone: false,
+    };
+    let report = failure_report(server, vec![], why);
+    client.send_last(worker::FAILED, report.to_json().as_bytes());
+}
+
 /// Reads the OPEN frame (bounded wait).
 fn read_open(client: &mut Client) -> Result<OpenRequest, String> {
     client
