@@ -3,8 +3,10 @@
     python -m wfjail.zygote --preload temporalio,my_workflows
 
 It imports what it is told to, freezes the garbage collector (so that children share the
-preloaded objects copy-on-write instead of touching them), says READY, and then forks one
-child per session on request. A child runs ``wfjail.guest.run`` with the session's handler
+preloaded objects copy-on-write instead of touching them), says READY, and then serves one
+child per session on request. It keeps one child forked ahead (a spare, waiting for its
+session on a socket pair), so that opening a session does not wait for a fork; the next
+spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
 fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
 
@@ -58,15 +60,20 @@ def _resolve(spec):
     return obj
 
 
-def _child(ctl, wake, session_fd, handler_spec):
-    """In the forked child: become a guest on the session socket and never return."""
-    from . import guest
-    from . import protocol as P
-
+def _leave_zygote(ctl, wake):
+    """First thing in a forked child: drop what belongs to the zygote (its control socket,
+    so that the supervisor sees the zygote's death; its SIGCHLD wake-up)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd in (ctl.fileno(), wake[0], wake[1]):
         os.close(fd)
+
+
+def _child(session_fd, handler_spec):
+    """In a session child: become a guest on the session socket and never return."""
+    from . import guest
+    from . import protocol as P
+
     for target in (3, 4):
         if session_fd != target:
             os.dup2(session_fd, target)
@@ -80,6 +87,38 @@ def _child(ctl, wake, session_fd, handler_spec):
         finally:
             os._exit(0)
     guest.run(handler, fds=(3, 4))
+
+
+def _spare(ctl, wake):
+    """Fork a child ahead of demand: it waits for its session (socket + handler) on a
+    socket pair, so that opening a session does not wait for a fork. Returns (pid, socket)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = _fork()
+    if pid == 0:
+        _leave_zygote(ctl, wake)
+        ours.close()
+        try:
+            msg, fds, _, _ = socket.recv_fds(theirs, 65536, 1)
+        except OSError:
+            os._exit(0)
+        theirs.close()
+        if not msg or len(fds) != 1:
+            os._exit(0)  # the zygote is gone, or sent nonsense
+        _child(fds[0], json.loads(msg.decode("utf-8")).get("handler", ""))
+    theirs.close()
+    return pid, ours
+
+
+def _hand_over(spare, session_fd, handler):
+    """Give a session to a spare child; False if the spare is gone."""
+    pid, sock = spare
+    try:
+        socket.send_fds(sock, [json.dumps({"handler": handler}).encode("utf-8")], [session_fd])
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
 
 
 def _fork():
@@ -97,6 +136,8 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(prog="python -m wfjail.zygote")
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
+    parser.add_argument("--no-spare", action="store_true",
+                        help="fork when a session opens instead of keeping a child ready")
     args = parser.parse_args(argv)
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
@@ -126,6 +167,8 @@ def main(argv=None):
     sys.stdout.flush()
     sys.stderr.flush()
 
+    forking_ahead = not args.no_spare
+    spare = _spare(ctl, wake) if forking_ahead else None
     while True:
         try:
             readable, _, _ = select.select([ctl, wake[0]], [], [])
@@ -146,17 +189,27 @@ def main(argv=None):
                 for f in fds:
                     os.close(f)
                 continue
-            session_fd = fds[0]
-            try:
-                pid = _fork()
-            except OSError as exc:
-                os.close(session_fd)
-                ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
-                continue
-            if pid == 0:
-                _child(ctl, wake, session_fd, str(doc.get("handler", "")))
+            session_fd, handler = fds[0], str(doc.get("handler", ""))
+            if spare is not None and _hand_over(spare, session_fd, handler):
+                pid = spare[0]
+            else:
+                try:
+                    pid = _fork()
+                except OSError as exc:
+                    os.close(session_fd)
+                    ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
+                    continue
+                if pid == 0:
+                    _leave_zygote(ctl, wake)
+                    _child(session_fd, handler)
+            spare = None
             os.close(session_fd)
             ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "pid": pid}))
+        if spare is None and forking_ahead:
+            try:
+                spare = _spare(ctl, wake)  # after the answer: off the session's path
+            except OSError:
+                spare = None
         # Reap every child that ended, and tell the supervisor how.
         while True:
             try:
@@ -165,6 +218,9 @@ def main(argv=None):
                 break
             if pid == 0:
                 break
+            if spare is not None and pid == spare[0]:
+                spare[1].close()  # the spare died before its session: make another
+                spare = None
             ctl.sendall(_frame(EXITED, {
                 "pid": pid,
                 "status": status,

@@ -440,8 +440,19 @@ fn shutdown(server: &Server) {
         let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
     }
     if let Some(pool) = &server.pool {
-        for z in pool.zygotes.lock().unwrap().iter().flatten() {
-            z.kill();
+        let zygotes: Vec<Arc<Zygote>> = pool
+            .zygotes
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for z in &zygotes {
+            z.stop();
+        }
+        for z in &zygotes {
+            z.wait_gone(Duration::from_secs(5));
         }
     }
     let _ = std::io::Write::flush(&mut std::io::stderr());

@@ -81,6 +81,8 @@ pub struct Zygote {
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
     alive: AtomicBool,
+    /// The server is stopping it: its death is expected, not restarted.
+    stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
     pub ready: std::sync::OnceLock<Value>,
 }
@@ -165,6 +167,7 @@ impl Zygote {
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
         });
         {
@@ -185,11 +188,19 @@ impl Zygote {
         }
         let ready = match ready_rx.recv_timeout(READY_TIMEOUT) {
             Ok(doc) => doc,
-            Err(_) => {
+            Err(e) => {
                 zygote.kill();
+                let what = match e {
+                    std::sync::mpsc::RecvTimeoutError::Timeout => {
+                        format!("did not get ready within {}s", READY_TIMEOUT.as_secs())
+                    }
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => {
+                        "exited before it was ready (its error is above)".into()
+                    }
+                };
                 return Err(format!(
-                    "the zygote did not get ready within {}s (is the `wfjail` Python package importable by {}?)",
-                    READY_TIMEOUT.as_secs(),
+                    "the zygote {what}; is the `wfjail` Python package importable by {} under the policy \
+                     (installed in its environment, or on a PYTHONPATH the policy sets and grants)?",
                     cfg.python.display()
                 ));
             }
@@ -198,7 +209,7 @@ impl Zygote {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
         }
-        let _ = zygote.ready.set(ready);
+        let _ = ready;
         Ok(zygote)
     }
 
@@ -210,6 +221,22 @@ impl Zygote {
     /// Kills the zygote (and, as PID 1 of its namespace, every child).
     pub fn kill(&self) {
         let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    }
+
+    /// Kills the zygote for good (server shutdown): no restart, no death notice.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.kill();
+    }
+
+    /// Waits (bounded) until the zygote has exited. The init of a PID namespace exits only
+    /// after every process in it is gone, so this also waits for its children.
+    pub fn wait_gone(&self, timeout: Duration) {
+        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX),
+        );
     }
 
     /// Asks the zygote to fork a child for `shared`'s session, running `handler` on
@@ -288,6 +315,7 @@ impl Zygote {
             };
             match kind {
                 READY => {
+                    let _ = self.ready.set(doc.clone());
                     let _ = ready.send(doc);
                 }
                 FORKED => {
@@ -324,12 +352,15 @@ impl Zygote {
         // The zygote is gone: so are its children.
         self.alive.store(false, Ordering::SeqCst);
         let status = sys::wait4(self.pid).map(|r| r.status).ok();
-        eprintln!(
-            "wfjail: zygote {} (pid {}) died ({}); its sessions fail and it is restarted",
-            self.index,
-            self.pid,
-            status.map_or("status unknown".into(), describe_status)
-        );
+        let expected = self.stopping.load(Ordering::SeqCst) || self.ready.get().is_none();
+        if !expected {
+            eprintln!(
+                "wfjail: zygote {} (pid {}) died ({}); its sessions fail and it is restarted",
+                self.index,
+                self.pid,
+                status.map_or("status unknown".into(), describe_status)
+            );
+        }
         let gone = ChildExit {
             status: None,
             cpu_ms: 0.0,
@@ -341,7 +372,9 @@ impl Zygote {
         for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
             let _ = tx.send(Err("the zygote died".into()));
         }
-        on_death(self.index);
+        if !expected {
+            on_death(self.index);
+        }
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
