@@ -95,9 +95,17 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
     let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let zygote = args.zygote.then(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The policy's preload list first, then the command line's.
+        let mut preload = policy.zygote.preload.clone();
+        preload.extend(
+            args.preload
+                .iter()
+                .filter(|m| !policy.zygote.preload.contains(m))
+                .cloned(),
+        );
         let cfg = wfjail::serve::zygote::ZygoteConfig {
             python: args.python.clone(),
-            preload: args.preload.clone(),
+            preload,
             grants: grants.clone(),
         };
         (cfg, args.zygotes.unwrap_or(cpus))

@@ -78,6 +78,7 @@ pub struct Policy {
 #[derive(Debug, Clone, Serialize)]
 pub struct ZygoteRules {
     pub reads_after_preload: Toggle,
+    pub preload: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -201,6 +202,7 @@ impl Policy {
             },
             zygote: ZygoteRules {
                 reads_after_preload: Toggle::Allow,
+                preload: vec![],
             },
             namespaces: NamespaceRules {
                 user: true,
@@ -517,8 +519,13 @@ fn apply(
             p.env.set.insert(k.clone(), v.clone());
         }
     }
-    if let Some(v) = f.zygote.as_ref().and_then(|z| z.reads_after_preload) {
-        p.zygote.reads_after_preload = v;
+    if let Some(z) = &f.zygote {
+        if let Some(v) = z.reads_after_preload {
+            p.zygote.reads_after_preload = v;
+        }
+        for m in z.preload.iter().flatten() {
+            push_unique(&mut p.zygote.preload, m.clone());
+        }
     }
     if let Some(n) = &f.namespaces {
         let t = &mut p.namespaces;

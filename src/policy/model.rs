@@ -200,4 +200,6 @@ pub struct Zygote {
     /// `deny`: once the zygote has preloaded, a session child may not open files: a late
     /// import is a reported `filesystem` violation.
     pub reads_after_preload: Option<Toggle>,
+    /// Modules the zygote imports before any fork (added to `wfjail serve --preload`).
+    pub preload: Option<Vec<String>>,
 }
