@@ -61,13 +61,19 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         raw: args.raw,
         echo: !args.quiet,
     };
-    let mut stdout = std::io::stdout().lock();
+    let mut stdout = LastByte {
+        inner: std::io::stdout().lock(),
+        last: None,
+    };
     let report = run(&policy, &opts, &mut stdout);
     stdout.flush().ok();
+    let result_ended_line = stdout.last.is_none_or(|b| b == b'\n');
     drop(stdout);
     match args.report.as_deref() {
         Some("-") => {
-            println!("{}", report.to_json());
+            // The report starts on a line of its own, after the result.
+            let sep = if result_ended_line { "" } else { "\n" };
+            println!("{sep}{}", report.to_json());
         }
         Some(path) => {
             std::fs::write(path, report.to_json() + "\n")
@@ -176,5 +182,25 @@ fn cmd_policy(cmd: PolicyCommand) -> anyhow::Result<u8> {
             }
             Ok(if bad > 0 { 2 } else { 0 })
         }
+    }
+}
+
+/// A writer that remembers the last byte written (to start the report on a new line).
+struct LastByte<W: Write> {
+    inner: W,
+    last: Option<u8>,
+}
+
+impl<W: Write> Write for LastByte<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        if n > 0 {
+            self.last = Some(buf[n - 1]);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
