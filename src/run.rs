@@ -170,8 +170,11 @@ impl GuestIo {
             },
         };
         let (out, err) = (pipe()?, pipe()?);
-        if !opts.raw && opts.input.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-            eprintln!("wfjail: reading the request from the terminal (end it with Ctrl-D, or use --input FILE)");
+        if !opts.raw && opts.input.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdin())
+        {
+            eprintln!(
+                "wfjail: reading the request from the terminal (end it with Ctrl-D, or use --input FILE)"
+            );
         }
         if opts.raw {
             return Ok(GuestIo {

@@ -119,6 +119,7 @@ fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
             name,
         )?]),
         ArgRule::Watch => Leaf::Watch,
+        ArgRule::SelfOnly => Leaf::AllowIf(vec![rule(vec![cond(0, Len::Dword, Op::Eq, 0)], name)?]),
         ArgRule::WatchWrites(arg) => {
             // O_WRONLY | O_RDWR | O_CREAT | O_TRUNC: any of them asks to change the file.
             let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
@@ -525,6 +526,12 @@ mod tests {
         // seccomp: no listener.
         assert_eq!(run(&prog, "seccomp", [1, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(run(&prog, "seccomp", [1, 8, 0, 0, 0, 0]), RET_USER_NOTIF);
+        // prlimit64 on itself only.
+        assert_eq!(run(&prog, "prlimit64", [0, 7, 0x1000, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(
+            run(&prog, "prlimit64", [1234, 7, 0x1000, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
         // Opens: read-only stays in the kernel, write intent goes to the supervisor.
         let rdonly = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
         let wr = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC) as u64;

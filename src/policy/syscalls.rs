@@ -217,6 +217,9 @@ pub enum ArgRule {
     /// `seccomp` without `SECCOMP_FILTER_FLAG_NEW_LISTENER`: a guest may narrow itself further
     /// but never become a supervisor.
     NoListener,
+    /// Only on the calling process (pid argument 0): without a PID namespace another pid
+    /// could be a process of the same user outside the sandbox.
+    SelfOnly,
     /// A call that changes the file system. Landlock decides; the supervisor also sees it
     /// (user notification) so that a write outside the policy is reported with its path.
     /// Without notification it is simply allowed, and Landlock alone denies.
@@ -451,7 +454,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     ),
     any("sysinfo", "memory totals (libraries size caches)"),
     any("getrlimit", "resource limits"),
-    any("prlimit64", "resource limits (lowering needs no privilege)"),
+    Allowed {
+        name: "prlimit64",
+        rule: ArgRule::SelfOnly,
+        why: "its own resource limits (pid 0 only: not another process's)",
+    },
     any("setrlimit", "resource limits (lowering needs no privilege)"),
     any("getrusage", "own resource usage"),
     any("times", "own CPU times"),

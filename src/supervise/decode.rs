@@ -473,6 +473,13 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             rule_for(policy, name, true),
         ),
         "kill" | "tgkill" | "tkill" => (hex_args(a, 3), rule_for(policy, name, always_deny)),
+        "prlimit64" if !policy.syscalls.denies(name) => {
+            category = Category::Privilege;
+            (
+                format!("pid {}, resource {}", a[0] as i32, a[1]),
+                "only a process's own limits (pid 0) may be changed".into(),
+            )
+        }
         _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
     };
     if policy.syscalls.denies(name) && !always_deny {
