@@ -147,6 +147,12 @@ pub fn set_parent_death_signal(sig: libc::c_int) -> SysResult<()> {
         .map(drop)
 }
 
+/// Child-safe. `getpid()` (in the caller's PID namespace).
+pub fn getpid() -> libc::pid_t {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { libc::getpid() }
+}
+
 /// Child-safe. `unshare(flags)`.
 pub fn unshare(flags: libc::c_int) -> SysResult<()> {
     // SAFETY: integer argument only.

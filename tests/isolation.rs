@@ -303,6 +303,37 @@ fn x32_syscalls_are_rejected() {
 }
 
 #[test]
+fn signals_go_only_to_the_guest_itself() {
+    // Without a PID namespace the parent's pid is visible: signalling it (wfjail) is denied,
+    // signalling itself works.
+    let s = Scratch::new("signals");
+    let p = s.write(
+        "nopid.toml",
+        "extends = \"default\"\n[namespaces]\npid = false\n",
+    );
+    let code = "import os, signal\nsignal.signal(signal.SIGUSR1, lambda *a: print('self ok'))\nos.kill(os.getpid(), signal.SIGUSR1)\ntry:\n    os.kill(os.getppid(), signal.SIGUSR1)\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n";
+    let o = wfjail(&[
+        "run",
+        "-p",
+        p.to_str().unwrap(),
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        code,
+    ]);
+    o.check(
+        o.stdout == "self ok\nerrno=1\n",
+        "own signal delivered, the parent's denied",
+    );
+    let v = o.assert_violation("kill", "privilege");
+    o.check(
+        v["args"].as_str().unwrap().ends_with("SIGUSR1"),
+        "signal decoded",
+    );
+}
+
+#[test]
 fn seccomp_listener_creation_is_denied() {
     // seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, NULL)
     let o = py("default", &[], &raw_syscall(317, &[1, 8, 0]));

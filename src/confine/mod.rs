@@ -55,10 +55,13 @@ pub struct ChildSpec<'a> {
     pub no_new_privs_required: bool,
     pub landlock_fd: Option<RawFd>,
     pub landlock_required: bool,
-    /// The program with user-notification actions, if the parent wants notification.
-    pub seccomp_notify: Option<&'a [libc::sock_filter]>,
+    /// The program with user-notification actions, if the parent wants notification. The
+    /// child's own copy (fork semantics): it writes its pid into it, see `self_pid_slots`.
+    pub seccomp_notify: Option<&'a mut [libc::sock_filter]>,
     /// The program with in-filter actions, used when notification is unavailable.
-    pub seccomp_fallback: &'a [libc::sock_filter],
+    pub seccomp_fallback: &'a mut [libc::sock_filter],
+    /// Instructions of (notify, fallback) that compare with `bpf::SELF_PID`.
+    pub self_pid_slots: (&'a [usize], &'a [usize]),
     pub seccomp_required: bool,
     pub seccomp_notify_required: bool,
     pub exec_path: &'a CStr,
@@ -71,7 +74,7 @@ pub struct ChildSpec<'a> {
 pub const SETUP_FAILED: libc::c_int = 125;
 
 /// Applies the confinement in order and execs the guest. Never returns.
-pub fn apply(spec: &ChildSpec<'_>) -> ! {
+pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
     let chan = spec.chan;
     sys::close(spec.chan_parent_end);
 
@@ -150,8 +153,22 @@ pub fn apply(spec: &ChildSpec<'_>) -> ! {
 
     // 9. Seccomp, last: from here on the guest's allowlist applies to us too (write, sendmsg,
     // close are on it; execve goes to the supervisor).
+    // Signals only to itself: our pid (1 in a PID namespace) replaces the placeholder.
+    let me = sys::getpid() as u32;
+    if let Some(prog) = spec.seccomp_notify.as_deref_mut() {
+        for &i in spec.self_pid_slots.0 {
+            if let Some(insn) = prog.get_mut(i) {
+                insn.k = me;
+            }
+        }
+    }
+    for &i in spec.self_pid_slots.1 {
+        if let Some(insn) = spec.seccomp_fallback.get_mut(i) {
+            insn.k = me;
+        }
+    }
     let mut installed = false;
-    if let Some(prog) = spec.seccomp_notify {
+    if let Some(prog) = spec.seccomp_notify.as_deref() {
         let flags = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER;
         // WAIT_KILLABLE_RECV (Linux 5.19): a guest killed while its call waits for the
         // supervisor is not left in an uninterruptible wait.
@@ -175,7 +192,7 @@ pub fn apply(spec: &ChildSpec<'_>) -> ! {
             Err(e) => degrade(chan, Step::SeccompNotify, e, spec.seccomp_notify_required),
         }
     }
-    if !installed && let Err(e) = sys::seccomp_install(spec.seccomp_fallback, 0) {
+    if !installed && let Err(e) = sys::seccomp_install(&*spec.seccomp_fallback, 0) {
         degrade(chan, Step::Seccomp, e, spec.seccomp_required);
     }
 

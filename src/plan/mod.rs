@@ -186,6 +186,8 @@ pub struct Plan {
     pub landlock_missing: Option<String>,
     pub seccomp_notify: Vec<libc::sock_filter>,
     pub seccomp_fallback: Vec<libc::sock_filter>,
+    /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
+    pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
@@ -412,13 +414,18 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
 
     // Seccomp: both programs, so the child can fall back without calling us.
     let watch_reads = req.zygote && policy.zygote.reads_after_preload == Toggle::Deny;
-    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, watch_reads)?;
+    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?;
     let seccomp_fallback = bpf::compile(
         policy,
         bpf::Mode::Fallback,
         Some(exec.path_address()),
+        req.zygote,
         watch_reads,
     )?;
+    let self_pid_slots = (
+        bpf::self_pid_slots(&seccomp_notify),
+        bpf::self_pid_slots(&seccomp_fallback),
+    );
 
     use nix::sys::resource::Resource;
     let l = &policy.limits;
@@ -469,6 +476,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         landlock_missing,
         seccomp_notify,
         seccomp_fallback,
+        self_pid_slots,
         last_cap: last_cap(),
         read,
         write,

@@ -40,6 +40,19 @@ const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_RET_K: u16 = 0x06;
 
+/// A placeholder for the guest's own pid in the program (above any pid_max); the child writes
+/// its pid over it before installing the filter, at the slots [`self_pid_slots`] finds.
+pub const SELF_PID: u32 = 0x7fff_fff0;
+
+/// The instructions that compare an argument with [`SELF_PID`].
+pub fn self_pid_slots(prog: &[libc::sock_filter]) -> Vec<usize> {
+    prog.iter()
+        .enumerate()
+        .filter(|(_, i)| i.code == BPF_JMP_JEQ_K && i.k == SELF_PID)
+        .map(|(n, _)| n)
+        .collect()
+}
+
 /// How violations are handled by the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -91,7 +104,7 @@ fn rule(conds: Vec<Cond>, syscall: &'static str) -> Result<SeccompRule, BpfError
 }
 
 /// Argument rules for the base allowlist entries that have them.
-fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
+fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfError> {
     const SOCK_TYPE_MASK: u64 = 0xf; // SOCK_NONBLOCK and SOCK_CLOEXEC live above it
     Ok(match r {
         ArgRule::Any => Leaf::Allow,
@@ -120,6 +133,11 @@ fn arg_rules(name: &'static str, r: ArgRule) -> Result<Leaf, BpfError> {
         )?]),
         ArgRule::Watch => Leaf::Watch,
         ArgRule::SelfOnly => Leaf::AllowIf(vec![rule(vec![cond(0, Len::Dword, Op::Eq, 0)], name)?]),
+        ArgRule::SelfPid if zygote => Leaf::Allow,
+        ArgRule::SelfPid => Leaf::AllowIf(vec![rule(
+            vec![cond(0, Len::Dword, Op::Eq, SELF_PID as u64)],
+            name,
+        )?]),
         ArgRule::WatchWrites(arg) => {
             // O_WRONLY | O_RDWR | O_CREAT | O_TRUNC: any of them asks to change the file.
             let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
@@ -147,16 +165,18 @@ fn nr(name: &str) -> u32 {
 /// The per-syscall decisions of `policy` (numbers absent from the map are violations).
 /// `initial_exec` is the address of the guest path that the child passes to `execve`: in
 /// fallback mode that one exec is allowed by pointer (see docs/architecture.md).
-/// `watch_reads` sends every open to the supervisor (prefork, `reads_after_preload`).
+/// `zygote`: prefork mode (signals are not pinned to one pid). `watch_reads` sends every open
+/// to the supervisor (prefork, `reads_after_preload`).
 pub fn decisions(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
+    zygote: bool,
     watch_reads: bool,
 ) -> Result<BTreeMap<u32, Leaf>, BpfError> {
     let mut map = BTreeMap::new();
     for a in syscalls::BASE_ALLOWLIST {
-        map.insert(nr(a.name), arg_rules(a.name, a.rule)?);
+        map.insert(nr(a.name), arg_rules(a.name, a.rule, zygote)?);
     }
     if policy.time.sleep == Toggle::Allow {
         for n in syscalls::SLEEP {
@@ -304,9 +324,10 @@ pub fn compile(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
+    zygote: bool,
     watch_reads: bool,
 ) -> Result<Vec<libc::sock_filter>, BpfError> {
-    let decisions = decisions(policy, mode, initial_exec, watch_reads)?;
+    let decisions = decisions(policy, mode, initial_exec, zygote, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
     let mut ranges: Vec<Range> = Vec::with_capacity(256);
@@ -471,7 +492,7 @@ mod tests {
     #[test]
     fn default_policy_decisions() {
         let p = policy::load("default").unwrap();
-        let prog = compile(&p, Mode::Notify, None, false).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
         assert!(prog.len() < 600, "program has {} instructions", prog.len());
         assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
         assert_eq!(run(&prog, "openat", [0; 6]), RET_ALLOW);
@@ -551,7 +572,7 @@ mod tests {
             run(&prog, "unlink", [0x1000, 0, 0, 0, 0, 0]),
             RET_USER_NOTIF
         );
-        let fallback = compile(&p, Mode::Fallback, None, false).unwrap();
+        let fallback = compile(&p, Mode::Fallback, None, false, false).unwrap();
         assert_eq!(
             run(&fallback, "openat", [0, 0x1000, wr, 0o644, 0, 0]),
             RET_ALLOW
@@ -572,8 +593,8 @@ mod tests {
     #[test]
     fn every_number_is_decided_like_the_table() {
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Notify, None, false).unwrap();
-        let prog = compile(&p, Mode::Notify, None, false).unwrap();
+        let d = decisions(&p, Mode::Notify, None, false, false).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
         for n in 0..600u32 {
             let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
             let want = match d.get(&n) {
@@ -591,8 +612,8 @@ mod tests {
         // In fallback mode each denied syscall is its own range: the tree is big enough that
         // the root's left subtree needs an unconditional jump.
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Fallback, None, false).unwrap();
-        let prog = compile(&p, Mode::Fallback, None, false).unwrap();
+        let d = decisions(&p, Mode::Fallback, None, false, false).unwrap();
+        let prog = compile(&p, Mode::Fallback, None, false, false).unwrap();
         assert!(
             prog.iter().any(|i| i.code == BPF_JMP_JA),
             "a long jump was needed"
@@ -615,7 +636,7 @@ mod tests {
     #[test]
     fn strict_and_fallback() {
         let p = policy::load("strict").unwrap();
-        let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000), false).unwrap();
+        let prog = compile(&p, Mode::Fallback, Some(0xdead_beef_0000), false, false).unwrap();
         let eperm = RET_ERRNO | libc::EPERM as u32;
         assert_eq!(run(&prog, "nanosleep", [0; 6]), eperm);
         assert_eq!(run(&prog, "getrandom", [0x1000, 16, 0, 0, 0, 0]), eperm);
@@ -639,7 +660,7 @@ mod tests {
         assert_eq!(evaluate(&prog, 0x4000_0003, 0, [0; 6]), eperm);
         let mut killing = p.clone();
         killing.on_violation = OnViolation::Kill;
-        let prog = compile(&killing, Mode::Fallback, None, false).unwrap();
+        let prog = compile(&killing, Mode::Fallback, None, false, false).unwrap();
         assert_eq!(run(&prog, "socket", [0; 6]), RET_KILL_PROCESS);
         assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
     }
@@ -647,7 +668,7 @@ mod tests {
     #[test]
     fn permissive_warns_but_denies_privileged_calls_in_fallback() {
         let p = policy::load("permissive").unwrap();
-        let prog = compile(&p, Mode::Fallback, None, false).unwrap();
+        let prog = compile(&p, Mode::Fallback, None, false, false).unwrap();
         assert_eq!(run(&prog, "socket", [0; 6]), RET_LOG);
         assert_eq!(run(&prog, "bpf", [0; 6]), RET_ERRNO | libc::EPERM as u32);
     }
@@ -656,7 +677,7 @@ mod tests {
     fn knobs() {
         let mut p = policy::load("default").unwrap();
         p.process.threads = Toggle::Allow;
-        let prog = compile(&p, Mode::Notify, None, false).unwrap();
+        let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
         let t = libc::CLONE_THREAD as u64 | libc::CLONE_VM as u64;
         assert_eq!(run(&prog, "clone", [t, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(

@@ -220,6 +220,11 @@ pub enum ArgRule {
     /// Only on the calling process (pid argument 0): without a PID namespace another pid
     /// could be a process of the same user outside the sandbox.
     SelfOnly,
+    /// Only with the guest's own pid as the first argument: signals to itself. The pid is
+    /// known after the fork only, so the compiled program holds a placeholder the child
+    /// fills in (`bpf::SELF_PID`). In prefork mode (each child has its own pid) the PID
+    /// namespace and Landlock's signal scoping are what keep signals in.
+    SelfPid,
     /// A call that changes the file system. Landlock decides; the supervisor also sees it
     /// (user notification) so that a write outside the policy is reported with its path.
     /// Without notification it is simply allowed, and Landlock alone denies.
@@ -386,12 +391,21 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("sigaltstack", "signal stacks"),
     any("signalfd", "signals as descriptors"),
     any("signalfd4", "signals as descriptors"),
-    any(
-        "kill",
-        "signals (scoped to the sandbox by the PID namespace and Landlock)",
-    ),
-    any("tkill", "signals to itself"),
-    any("tgkill", "signals to itself (raise, abort)"),
+    Allowed {
+        name: "kill",
+        rule: ArgRule::SelfPid,
+        why: "signals to itself",
+    },
+    Allowed {
+        name: "tkill",
+        rule: ArgRule::SelfPid,
+        why: "signals to itself",
+    },
+    Allowed {
+        name: "tgkill",
+        rule: ArgRule::SelfPid,
+        why: "signals to itself (raise, abort)",
+    },
     any("restart_syscall", "restarting interrupted calls"),
     // Event loops (asyncio): waiting on descriptors of its own.
     any("poll", "event loops"),

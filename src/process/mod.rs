@@ -93,7 +93,10 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
     for (user, pid) in attempts {
         let flags =
             if user { libc::CLONE_NEWUSER } else { 0 } | if pid { libc::CLONE_NEWPID } else { 0 };
-        let spec = ChildSpec {
+        // The child fills its pid into its copy of the programs.
+        let mut notify_prog = plan.seccomp_notify.clone();
+        let mut fallback_prog = plan.seccomp_fallback.clone();
+        let mut spec = ChildSpec {
             chan: child_end.as_raw_fd(),
             chan_parent_end: parent_end.as_raw_fd(),
             in_user_ns: user,
@@ -108,8 +111,9 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
             no_new_privs_required: p.requires(Layer::NoNewPrivs),
             landlock_fd: plan.landlock.as_ref().map(|(fd, _)| fd.as_raw_fd()),
             landlock_required: p.requires(Layer::Landlock),
-            seccomp_notify: Some(&plan.seccomp_notify),
-            seccomp_fallback: &plan.seccomp_fallback,
+            seccomp_notify: Some(&mut notify_prog),
+            seccomp_fallback: &mut fallback_prog,
+            self_pid_slots: (&plan.self_pid_slots.0, &plan.self_pid_slots.1),
             seccomp_required: p.requires(Layer::Seccomp),
             seccomp_notify_required: p.requires(Layer::SeccompNotify),
             exec_path: &plan.exec.path,
@@ -118,7 +122,7 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
         };
         crate::timing::mark("spawn: before clone");
         let started = Instant::now();
-        match sys::clone_process(flags, || confine::apply(&spec)) {
+        match sys::clone_process(flags, || confine::apply(&mut spec)) {
             Ok(c) => {
                 drop(child_end);
                 let mut clone_degraded = Vec::new();

@@ -472,7 +472,18 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             format_clone_flags(a[if name == "setns" { 1 } else { 0 }]),
             rule_for(policy, name, true),
         ),
-        "kill" | "tgkill" | "tkill" => (hex_args(a, 3), rule_for(policy, name, always_deny)),
+        "kill" | "tgkill" | "tkill" if !policy.syscalls.denies(name) => {
+            category = Category::Privilege;
+            let sig = if name == "tgkill" { a[2] } else { a[1] };
+            (
+                format!(
+                    "pid {}, {}",
+                    a[0] as i32,
+                    crate::report::signal_name(sig as i32)
+                ),
+                "signals only to itself".into(),
+            )
+        }
         "prlimit64" if !policy.syscalls.denies(name) => {
             category = Category::Privilege;
             (
