@@ -175,6 +175,9 @@ fn forbidden_and_conflicting_settings() {
         err.contains(&format!("{file}:2:10")) && err.contains("always denied"),
         "{err}"
     );
+    let (code, err, _) = validate("[syscalls]\nallow = [\"socketpair\"]\n");
+    assert_eq!(code, 2);
+    assert!(err.contains("argument checks"), "{err}");
     let (code, err, _) = validate("[syscalls]\nallow = [\"clone\"]\n");
     assert_eq!(code, 2);
     assert!(err.contains("[process]"), "{err}");

@@ -31,6 +31,17 @@ def crash(req):
 def hang(req):
     while True:
         pass
+def whoami(req):
+    return str(os.getpid()).encode()
+def signal_pid(req):
+    import signal
+    os.kill(int(req), signal.SIGKILL if int(req) != 1 else signal.SIGINT)
+    return b"sent"
+def signal_self(req):
+    import signal
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return b"self ok"
 def slow(req):
     t = time.monotonic()
     while time.monotonic() - t < 0.3:
@@ -78,15 +89,13 @@ fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Served {
         .arg(s.path("policy.toml"));
     cmd.args(args);
     if zygote {
-        cmd.args([
-            "--zygote",
-            "--zygotes",
-            "2",
-            "--python",
-            PY,
-            "--preload",
-            module,
-        ]);
+        let zygotes = if args.contains(&"--zygotes") {
+            vec![]
+        } else {
+            vec!["--zygotes", "2"]
+        };
+        cmd.args(["--zygote", "--python", PY, "--preload", module])
+            .args(zygotes);
     }
     cmd.args(["--", PY, s.path("worker.py").to_str().unwrap()]);
     let out = cmd.stdin(Stdio::null()).output().expect("run wfjail serve");
@@ -219,6 +228,50 @@ print(json.dumps(results))
 }
 
 #[test]
+fn sessions_cannot_signal_each_other_or_the_zygote() {
+    let worker = r#"
+c = Client()
+out = {}
+with c.session(handler=MOD + ":whoami") as a:
+    pid_a = a.call(b"")
+    for target in [pid_a, b"1"]:
+        try:
+            with c.session(handler=MOD + ":signal_pid") as b:
+                out[target.decode()] = b.call(target).decode()
+        except Violation as v:
+            out["victim" if target != b"1" else "zygote"] = [v.category, v.syscall, b.report["violations"][0]["action"]]
+    out["a still answers"] = a.call(b"").decode() == pid_a.decode()
+with c.session(handler=MOD + ":signal_self") as s:
+    out["self"] = s.call(b"").decode()
+with c.session(handler=MOD + ":mutate") as s:
+    out["zygote alive"] = s.call(b"z").decode()
+print(json.dumps(out, sort_keys=True))
+"#;
+    let (s, module) = fixture("signals", worker, "");
+    // One zygote: every child in one PID namespace, where pids could reach each other.
+    let out = serve(&s, &module, true, &["--zygotes", "1"]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(
+        r["victim"],
+        serde_json::json!(["privilege", "kill", "denied"]),
+        "{r}"
+    );
+    assert_eq!(
+        r["zygote"],
+        serde_json::json!(["privilege", "kill", "denied"]),
+        "{r}"
+    );
+    assert_eq!(r["a still answers"], true);
+    assert_eq!(r["self"], "self ok", "a child may signal itself");
+    assert_eq!(r["zygote alive"], "1:z");
+}
+
+#[test]
 fn crash_hang_and_kill_end_only_their_session() {
     let worker = r#"
 c = Client()
@@ -246,6 +299,57 @@ print(json.dumps(out))
         serde_json::json!(["violation", "SIGKILL", ["killed"]])
     );
     assert_eq!(r["mutate"], "1:x", "the server and the zygote go on");
+}
+
+#[test]
+fn a_worker_that_leaves_mid_call_takes_its_guest_along() {
+    let worker = r#"
+import socket, time
+from wfjail import client as wc
+def ours():
+    n = 0
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and MOD.encode() in open("/proc/%s/cmdline" % p, "rb").read():
+                n += 1
+        except OSError:
+            pass
+    return n
+with Client().session(handler=MOD + ":mutate") as s:   # warm: zygotes and spares exist
+    s.call(b"x")
+time.sleep(0.3)
+base = ours()
+conn = socket.socket(socket.AF_UNIX); conn.connect(os.environ["WFJAIL_SOCKET"])
+conn.sendall(wc._frame(wc.OPEN, json.dumps({"handler": MOD + ":hang", "timeout": "60s"})))
+conn.sendall(wc._frame(wc.CALL, b"spin"))
+time.sleep(0.5)
+during = ours()
+conn.close()                                              # the worker goes away mid-call
+t = time.time()
+while ours() > base and time.time() - t < 10:
+    time.sleep(0.1)
+print(json.dumps({"during": during - base, "after": ours() - base, "seconds": round(time.time() - t)}))
+"#;
+    let (s, module) = fixture("abandon", worker, "");
+    let out = serve(&s, &module, true, &["-q"]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert!(
+        r["during"].as_i64().unwrap() >= 1,
+        "the spinning guest ran: {r}"
+    );
+    assert_eq!(r["after"], 0, "it was killed after the worker left: {r}");
+    // The call was running (a pipelined CALL is not lost), so only the grace period ends it:
+    // not at once, and not after the 60s call timeout.
+    let secs = r["seconds"].as_i64().unwrap();
+    assert!(
+        (1..=4).contains(&secs),
+        "killed after the grace period: {r}"
+    );
 }
 
 #[test]

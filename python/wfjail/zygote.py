@@ -62,11 +62,19 @@ def _resolve(spec):
 
 def _leave_zygote(ctl, wake):
     """First thing in a forked child: drop what belongs to the zygote (its control socket,
-    so that the supervisor sees the zygote's death; its SIGCHLD wake-up)."""
+    so that the supervisor sees the zygote's death; its SIGCHLD wake-up and ignored signals),
+    and take the per-execution CPU limit that the zygote itself does not have."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     for fd in (ctl.fileno(), wake[0], wake[1]):
         os.close(fd)
+    cpu = os.environ.get("WFJAIL_CPU_LIMIT")
+    if cpu:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
 
 
 def _child(session_fd, handler_spec):
@@ -141,6 +149,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
+    # The zygote lives as long as the server: no interrupt from a terminal or a stray signal
+    # ends it (its children get default handling back).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    import resource  # noqa: F401  (children use it for their CPU limit)
 
     preloaded, error = [], None
     for name in filter(None, (m.strip() for m in args.preload.split(","))):

@@ -433,7 +433,10 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         (Resource::RLIMIT_AS, l.memory.map(|m| m.0)),
         (
             Resource::RLIMIT_CPU,
-            l.cpu.map(|c| c.0.as_secs_f64().ceil() as u64),
+            // A zygote lives as long as the server: each child takes the limit after its fork.
+            l.cpu
+                .filter(|_| !req.zygote)
+                .map(|c| c.0.as_secs_f64().ceil() as u64),
         ),
         (
             Resource::RLIMIT_NOFILE,

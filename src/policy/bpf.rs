@@ -40,6 +40,13 @@ const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_RET_K: u16 = 0x06;
 
+/// `FIOSETOWN` and `SIOCSPGRP` (asm-generic/sockios.h): set the SIGIO owner of a socket.
+const FIOSETOWN: u64 = 0x8901;
+const SIOCSPGRP: u64 = 0x8902;
+/// `F_SETSIG` and `F_SETOWN_EX` (asm-generic/fcntl.h).
+const F_SETSIG: u64 = 10;
+const F_SETOWN_EX: u64 = 15;
+
 /// A placeholder for the guest's own pid in the program (above any pid_max); the child writes
 /// its pid over it before installing the filter, at the slots [`self_pid_slots`] finds.
 pub const SELF_PID: u32 = 0x7fff_fff0;
@@ -128,12 +135,25 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
                 cond(1, Len::Dword, Op::Ne, libc::TIOCSTI),
                 cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX),
                 cond(1, Len::Dword, Op::Ne, libc::TIOCSETD),
+                cond(1, Len::Dword, Op::Ne, libc::TIOCSPGRP),
+                cond(1, Len::Dword, Op::Ne, libc::FIOASYNC),
+                cond(1, Len::Dword, Op::Ne, FIOSETOWN),
+                cond(1, Len::Dword, Op::Ne, SIOCSPGRP),
+            ],
+            name,
+        )?]),
+        ArgRule::NoSignalOwner => Leaf::AllowIf(vec![rule(
+            vec![
+                cond(1, Len::Dword, Op::Ne, libc::F_SETOWN as u64),
+                cond(1, Len::Dword, Op::Ne, F_SETOWN_EX),
+                cond(1, Len::Dword, Op::Ne, F_SETSIG),
             ],
             name,
         )?]),
         ArgRule::Watch => Leaf::Watch,
         ArgRule::SelfOnly => Leaf::AllowIf(vec![rule(vec![cond(0, Len::Dword, Op::Eq, 0)], name)?]),
-        ArgRule::SelfPid if zygote => Leaf::Allow,
+        // Prefork: each child has its own pid, so the supervisor checks the target (by pid).
+        ArgRule::SelfPid if zygote => Leaf::Watch,
         ArgRule::SelfPid => Leaf::AllowIf(vec![rule(
             vec![cond(0, Len::Dword, Op::Eq, SELF_PID as u64)],
             name,

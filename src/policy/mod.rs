@@ -550,6 +550,14 @@ fn validate(p: &Policy) -> Result<(), PolicyError> {
                 "is always denied: it could weaken or escape the sandbox (see docs/security.md)"
                     .to_string(),
             )
+        } else if let Some(base) = syscalls::BASE_ALLOWLIST
+            .iter()
+            .find(|a| a.name == name && a.rule != syscalls::ArgRule::Any)
+        {
+            Some(format!(
+                "is already allowed with argument checks ({}); allowing it outright would drop them",
+                base.why
+            ))
         } else if syscalls::PROCESS.contains(&name.as_str()) {
             Some("is governed by [process] threads/subprocess/exec; set those instead".to_string())
         } else if syscalls::NETWORK.contains(&name.as_str()) {

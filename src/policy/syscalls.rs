@@ -116,6 +116,8 @@ pub fn category(name: &str) -> Category {
         | "fremovexattr" | "removexattrat" | "mknod" | "mknodat" | "file_setattr"
         | "inotify_init" | "inotify_init1" | "inotify_add_watch" | "fanotify_init"
         | "fanotify_mark" | "name_to_handle_at" | "open_by_handle_at" => Filesystem,
+        // Allowed with argument checks; a denied call is one that reaches outside the guest.
+        "kill" | "tkill" | "tgkill" | "prlimit64" => Privilege,
         _ if always_denied(name) => Privilege,
         _ => Other,
     }
@@ -212,7 +214,8 @@ pub enum ArgRule {
     UnixStreamPair,
     /// `sendto` without a destination address (on an already connected socket).
     NoDestAddr,
-    /// `ioctl` except requests that inject into or reconfigure terminals.
+    /// `ioctl` except requests that inject into or reconfigure terminals, or route SIGIO to
+    /// another process.
     SafeIoctl,
     /// `seccomp` without `SECCOMP_FILTER_FLAG_NEW_LISTENER`: a guest may narrow itself further
     /// but never become a supervisor.
@@ -220,6 +223,9 @@ pub enum ArgRule {
     /// Only on the calling process (pid argument 0): without a PID namespace another pid
     /// could be a process of the same user outside the sandbox.
     SelfOnly,
+    /// `fcntl` except `F_SETOWN`, `F_SETOWN_EX` and `F_SETSIG`: with `O_ASYNC` they make the
+    /// kernel signal any process of the user (SIGIO), around the signal rules.
+    NoSignalOwner,
     /// Only with the guest's own pid as the first argument: signals to itself. The pid is
     /// known after the fork only, so the compiled program holds a placeholder the child
     /// fills in (`bpf::SELF_PID`). In prefork mode (each child has its own pid) the PID
@@ -293,7 +299,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("dup", "descriptor housekeeping"),
     any("dup2", "descriptor housekeeping"),
     any("dup3", "descriptor housekeeping"),
-    any("fcntl", "descriptor flags and locks"),
+    Allowed {
+        name: "fcntl",
+        rule: ArgRule::NoSignalOwner,
+        why: "descriptor flags and locks (not F_SETOWN/F_SETSIG: SIGIO to another process)",
+    },
     any("flock", "advisory locks"),
     any("pipe", "in-process pipes"),
     any("pipe2", "in-process pipes"),

@@ -42,6 +42,9 @@ const START_WAIT: Duration = Duration::from_secs(30);
 /// How long a guest has to exit after its session was closed, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
+/// A frame of the worker wire: kind and payload.
+type Frame = (u8, Vec<u8>);
+
 /// The worker's side of the session.
 struct Client {
     conn: UnixStream,
@@ -175,6 +178,8 @@ struct Session {
     failure: Option<String>,
     command: Vec<String>,
     calls: u64,
+    /// The worker went away while a call (or the start) was in progress.
+    abandoned: bool,
 }
 
 /// Serves one worker connection.
@@ -186,7 +191,7 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
         out: Vec::new(),
         gone: false,
     };
-    let open = match read_open(&mut client) {
+    let (open, early) = match read_open(&mut client) {
         Ok(o) => o,
         Err(e) => {
             let report = failure_report(&server, vec![], e);
@@ -204,6 +209,7 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
             return;
         }
     };
+    session.take_frames(early);
     session.event_loop();
     session.finish();
 }
@@ -222,23 +228,25 @@ pub fn refuse(conn: UnixStream, server: &Server, why: String) {
 }
 
 /// Reads the OPEN frame (bounded wait).
-fn read_open(client: &mut Client) -> Result<OpenRequest, String> {
+/// Returns the request and any frames the worker sent right behind it (calls it pipelined).
+fn read_open(client: &mut Client) -> Result<(OpenRequest, Vec<Frame>), String> {
     client
         .conn
         .set_nonblocking(true)
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + OPEN_WAIT;
     loop {
-        let frames = client.read()?;
-        if let Some((kind, payload)) = frames.into_iter().next() {
+        let mut frames = client.read()?.into_iter();
+        if let Some((kind, payload)) = frames.next() {
             if kind != worker::OPEN {
                 return Err(format!(
                     "expected OPEN as the first frame, got {}",
                     worker::name(kind)
                 ));
             }
-            return serde_json::from_slice(&payload)
-                .map_err(|e| format!("OPEN is not a valid session request: {e}"));
+            let open = serde_json::from_slice(&payload)
+                .map_err(|e| format!("OPEN is not a valid session request: {e}"))?;
+            return Ok((open, frames.collect()));
         }
         if client.gone {
             return Err("the worker closed the connection before OPEN".into());
@@ -374,6 +382,7 @@ impl Session {
             failure: None,
             command,
             calls: 0,
+            abandoned: false,
         })
     }
 
@@ -451,11 +460,8 @@ impl Session {
         self.kill();
     }
 
-    fn on_client(&mut self) {
-        let frames = match self.client.read() {
-            Ok(f) => f,
-            Err(e) => return self.fail(e),
-        };
+    /// Queues the worker's frames: calls (issued one at a time) and CLOSE.
+    fn take_frames(&mut self, frames: Vec<Frame>) {
         for (kind, payload) in frames {
             match kind {
                 worker::CALL => self.pending.push_back(payload),
@@ -468,8 +474,22 @@ impl Session {
                 }
             }
         }
+    }
+
+    fn on_client(&mut self) {
+        let frames = match self.client.read() {
+            Ok(f) => f,
+            Err(e) => return self.fail(e),
+        };
+        self.take_frames(frames);
         if self.client.gone {
             self.close_requested = true; // the worker went away: end the guest too
+            if matches!(self.phase, Phase::Starting | Phase::Calling) && !self.abandoned {
+                // Nobody waits for this call: give it the grace period, not the call timeout.
+                self.abandoned = true;
+                let grace = Instant::now() + EXIT_GRACE;
+                self.deadline = Some(self.deadline.map_or(grace, |d| d.min(grace)));
+            }
         }
         self.advance();
     }
@@ -701,6 +721,9 @@ impl Session {
                 self.deadline = None;
                 match self.phase {
                     Phase::Closing => self.kill(), // did not exit after its input ended
+                    _ if self.abandoned => {
+                        self.fail("the worker closed the session during a call".into())
+                    }
                     Phase::Starting => self.fail("the guest did not say HELLO in time".into()),
                     _ => {
                         self.timed_out = true;

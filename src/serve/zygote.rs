@@ -120,7 +120,16 @@ impl Zygote {
         let req = PlanRequest {
             argv,
             grants: cfg.grants.clone(),
-            extra_env: vec![("WFJAIL_ZYGOTE_FD".into(), "3".into())],
+            extra_env: {
+                let mut env = vec![("WFJAIL_ZYGOTE_FD".into(), "3".into())];
+                if let Some(c) = policy.limits.cpu {
+                    env.push((
+                        "WFJAIL_CPU_LIMIT".into(),
+                        (c.0.as_secs_f64().ceil() as u64).to_string(),
+                    ));
+                }
+                env
+            },
             zygote: true,
         };
         let plan = plan::build(&policy, &req).map_err(|e| e.to_string())?;
@@ -377,6 +386,19 @@ impl Zygote {
         }
     }
 
+    /// A child that started its session before the zygote's FORKED reached us: wait for it
+    /// (briefly: the zygote sends FORKED right after the hand-over), holding its call.
+    fn await_session(&self, pid: u32) -> Option<Arc<SessionShared>> {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline && self.alive() {
+            std::thread::sleep(Duration::from_micros(200));
+            if let Some(s) = self.session_for(pid) {
+                return Some(s);
+            }
+        }
+        None
+    }
+
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
@@ -411,6 +433,14 @@ impl Zygote {
                 continue;
             };
             let name = syscalls::name(n.nr as u32).unwrap_or("");
+            // Signals: each process may signal itself only (its pid in the namespace).
+            if matches!(name, "kill" | "tkill" | "tgkill")
+                && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+                && ns_pid_of(n.pid) == Some(n.args[0] as i32)
+            {
+                violations::allow(listener.as_fd(), &n);
+                continue;
+            }
             if n.pid == self.pid as u32 {
                 // The zygote itself: it forks (only it may), and reads while preloading.
                 let fork = matches!(name, "fork" | "vfork")
@@ -427,7 +457,10 @@ impl Zygote {
                 }
                 continue;
             }
-            let Some(session) = self.session_for(n.pid) else {
+            let Some(session) = self
+                .session_for(n.pid)
+                .or_else(|| self.await_session(n.pid))
+            else {
                 eprintln!(
                     "wfjail: zygote {}: call from unknown pid {} refused",
                     self.index, n.pid

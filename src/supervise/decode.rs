@@ -433,10 +433,14 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             format!("{} bytes", a[1]),
             "random.getrandom = \"deny\"".into(),
         ),
-        "ioctl" => (
-            format!("fd {}, request {:#x}", a[0] as i32, a[1]),
-            "ioctl requests that inject into terminals are denied".into(),
-        ),
+        "ioctl" if !policy.syscalls.denies(name) => {
+            category = Category::Privilege;
+            always_deny = true;
+            (
+                format!("fd {}, request {:#x}", a[0] as i32, a[1]),
+                "ioctl requests that inject into terminals or route SIGIO are denied".into(),
+            )
+        }
         "seccomp" => {
             always_deny = true;
             category = Category::Privilege;
@@ -474,6 +478,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         ),
         "kill" | "tgkill" | "tkill" if !policy.syscalls.denies(name) => {
             category = Category::Privilege;
+            always_deny = true;
             let sig = if name == "tgkill" { a[2] } else { a[1] };
             (
                 format!(
@@ -486,9 +491,18 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         }
         "prlimit64" if !policy.syscalls.denies(name) => {
             category = Category::Privilege;
+            always_deny = true;
             (
                 format!("pid {}, resource {}", a[0] as i32, a[1]),
                 "only a process's own limits (pid 0) may be changed".into(),
+            )
+        }
+        "fcntl" if !policy.syscalls.denies(name) => {
+            category = Category::Privilege;
+            always_deny = true;
+            (
+                format!("fd {}, cmd {}, arg {}", a[0] as i32, a[1], a[2] as i64),
+                "SIGIO may not be routed to another process (F_SETOWN, F_SETSIG)".into(),
             )
         }
         _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
