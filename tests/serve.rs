@@ -31,6 +31,9 @@ def crash(req):
 def hang(req):
     while True:
         pass
+def stdio(req):
+    import stat
+    return b"fifo" if all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (1, 2)) else b"inherited"
 def whoami(req):
     return str(os.getpid()).encode()
 def signal_pid(req):
@@ -276,7 +279,7 @@ fn crash_hang_and_kill_end_only_their_session() {
     let worker = r#"
 c = Client()
 out = {}
-for name, timeout in [("crash", None), ("hang", "500ms"), ("net", None), ("mutate", None)]:
+for name, timeout in [("crash", None), ("hang", "500ms"), ("net", None), ("mutate", None), ("stdio", None)]:
     try:
         with c.session(handler=MOD + ":" + name, timeout=timeout) as s:
             out[name] = s.call(b"x").decode()
@@ -299,6 +302,10 @@ print(json.dumps(out))
         serde_json::json!(["violation", "SIGKILL", ["killed"]])
     );
     assert_eq!(r["mutate"], "1:x", "the server and the zygote go on");
+    assert_eq!(
+        r["stdio"], "fifo",
+        "a guest's stdout and stderr are pipes, not wfjail's own stderr"
+    );
 }
 
 #[test]

@@ -155,7 +155,12 @@ class Session:
         """Send one call; return the guest's result bytes."""
         if self._sock is None:
             raise RuntimeError("the session is not open")
-        self._sock.sendall(_frame(CALL, request))
+        try:
+            self._sock.sendall(_frame(CALL, request))
+        except OSError:
+            # The session may have ended already (its guest died between calls): wfjail sent
+            # FAILED with the report before closing; read it rather than lose it.
+            pass
         kind, payload = self._read()
         if kind == RESULT:
             return payload
@@ -253,8 +258,11 @@ class AsyncSession:
     async def call(self, request):
         if self._writer is None:
             raise RuntimeError("the session is not open")
-        self._writer.write(_frame(CALL, request))
-        await self._writer.drain()
+        try:
+            self._writer.write(_frame(CALL, request))
+            await self._writer.drain()
+        except OSError:
+            pass  # the session ended already: its FAILED report is waiting to be read
         kind, payload = await self._read()
         if kind == RESULT:
             return payload

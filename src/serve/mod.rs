@@ -159,6 +159,8 @@ pub struct Pool {
     pub config: ZygoteConfig,
     zygotes: Mutex<Vec<Option<Arc<Zygote>>>>,
     next: AtomicU64,
+    /// When each zygote was last restarted.
+    restarted: Mutex<std::collections::HashMap<usize, std::time::Instant>>,
 }
 
 impl Pool {
@@ -204,6 +206,30 @@ fn raise_fd_limit() {
     {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
+}
+
+/// A pipe whose write end becomes a guest's stdout and stderr; a thread copies what comes
+/// out to wfjail's stderr. Guests never get wfjail's own stderr: an inherited descriptor
+/// escapes Landlock, and a terminal or log file behind it could be read or truncated.
+pub fn log_pipe(name: String) -> std::io::Result<OwnedFd> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    std::thread::Builder::new()
+        .name(format!("{name}-log"))
+        .spawn(move || {
+            let mut file = std::fs::File::from(r);
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match std::io::Read::read(&mut file, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let _ = std::io::Write::write_all(&mut std::io::stderr(), &buf[..n]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        })?;
+    Ok(w)
 }
 
 /// The default socket path: under `$XDG_RUNTIME_DIR` or the temp dir, named after our pid.
@@ -291,6 +317,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
                 config: cfg.clone(),
                 zygotes: Mutex::new(list),
                 next: AtomicU64::new(0),
+                restarted: Mutex::new(std::collections::HashMap::new()),
             })
         }
         None => None,
@@ -420,6 +447,17 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
 /// signal is tied to a thread that lives as long as the server).
 fn restart_zygote(server: &Server, i: usize, on_death: &Arc<dyn Fn(usize) + Send + Sync>) {
     let Some(pool) = &server.pool else { return };
+    // A zygote that keeps dying is restarted at most once a second.
+    {
+        let mut last = pool.restarted.lock().unwrap();
+        if let Some(t) = last.get(&i) {
+            let since = t.elapsed();
+            if since < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_secs(1) - since);
+            }
+        }
+        last.insert(i, std::time::Instant::now());
+    }
     if let Some(slot) = pool.zygotes.lock().unwrap().get_mut(i) {
         *slot = None;
     }

@@ -923,15 +923,16 @@ fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecC
     };
     let plan = plan::build(policy, &req).map_err(|e| e.to_string())?;
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let log = super::log_pipe("session".into()).map_err(|e| format!("log pipe: {e}"))?;
     let targets = [
         (null.as_raw_fd(), 0),
-        (2, 1),
-        (2, 2),
+        (log.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
         (theirs.as_raw_fd(), 3),
         (theirs.as_raw_fd(), 4),
     ];
     let spawned = crate::process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
-    drop((null, theirs));
+    drop((null, theirs, log));
     let base = LayersBase::of(&plan, &spawned);
     let _ = nix::fcntl::fcntl(
         &spawned.chan,

@@ -141,15 +141,17 @@ impl Zygote {
         )
         .map_err(|e| format!("control socket: {e}"))?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        // The zygote's (and its children's) stdout and stderr are wfjail's stderr: logs.
+        // The zygote's (and its children's) stdout and stderr: a pipe copied to ours.
+        let log =
+            super::log_pipe(format!("zygote{index}")).map_err(|e| format!("log pipe: {e}"))?;
         let targets = [
             (null.as_raw_fd(), 0),
-            (2, 1),
-            (2, 2),
+            (log.as_raw_fd(), 1),
+            (log.as_raw_fd(), 2),
             (theirs.as_raw_fd(), 3),
         ];
         let spawned = process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
-        drop((null, theirs));
+        drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&plan, &spawned);
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
@@ -324,7 +326,10 @@ impl Zygote {
             };
             match kind {
                 READY => {
-                    let _ = self.ready.set(doc.clone());
+                    // A zygote that could not preload exits next: that death is not a restart.
+                    if doc.get("error").is_none() {
+                        let _ = self.ready.set(doc.clone());
+                    }
                     let _ = ready.send(doc);
                 }
                 FORKED => {
