@@ -203,17 +203,7 @@ fn wfjail(how: How, args: &[&str]) -> Outcome {
     if switch {
         cmd.uid(NOBODY).gid(NOBODY);
     }
-    let out = cmd.output().expect("spawn wfjail");
-    let report = std::fs::read_to_string(&report_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    Outcome {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        report,
-    }
+    Outcome::collect(cmd.output().expect("spawn wfjail"), &report_path)
 }
 
 /// `wfjail run -p POLICY [extra...] --raw -- python3 -c CODE`.

@@ -57,6 +57,20 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The exit code, output and JSON report (if `report_path` was written) of a finished run.
+    pub fn collect(out: std::process::Output, report_path: &std::path::Path) -> Outcome {
+        let report = std::fs::read_to_string(report_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        Outcome {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            report,
+        }
+    }
+
     pub fn status(&self) -> &str {
         self.report["status"].as_str().unwrap_or("")
     }
@@ -119,17 +133,7 @@ pub fn wfjail_with(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Outcome 
     cmd.args(iter);
     cmd.stdin(Stdio::null());
     adjust(&mut cmd);
-    let out = cmd.output().expect("spawn wfjail");
-    let report = std::fs::read_to_string(&report_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    Outcome {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        report,
-    }
+    Outcome::collect(cmd.output().expect("spawn wfjail"), &report_path)
 }
 
 /// `wfjail run -p POLICY [extra...] --raw -- /usr/bin/python3 -c CODE`.
