@@ -118,7 +118,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         stderr: opts.echo.then_some(&mut stderr as &mut dyn Write),
         violations: opts.echo,
     };
-    let layers_base = LayersBase::of(&plan, &spawned);
+    let layers_base = LayersBase::of(&spawned);
     let pipes = GuestPipes {
         stdout: out_r,
         stderr: err_r,
@@ -243,7 +243,7 @@ pub struct LayersBase {
 }
 
 impl LayersBase {
-    pub fn of(_plan: &Plan, s: &Spawned) -> Self {
+    pub fn of(s: &Spawned) -> Self {
         LayersBase {
             user_ns: s.user_ns,
             pid_ns: s.pid_ns,
@@ -333,27 +333,19 @@ pub fn layers(
     } else {
         "filter"
     };
-    let ns = plan.namespaces;
-    let mut namespaces = Vec::new();
-    if base.user_ns {
-        namespaces.push("user");
-    }
-    for (want, step, name) in [
-        (ns.net, Step::NetNs, "net"),
-        (true, Step::Landlock, ""),
-        (ns.ipc, Step::IpcNs, "ipc"),
-        (ns.uts, Step::UtsNs, "uts"),
-    ] {
-        if name.is_empty() {
-            if base.pid_ns {
-                namespaces.push("pid");
-            }
-            continue;
-        }
-        if want && !degraded_step(step) {
-            namespaces.push(name);
-        }
-    }
+    // Made by clone (user, pid) or by unshare in the child (net, ipc, uts), in report order.
+    let ns = plan.policy.namespaces;
+    let made = |want: bool, step: Step| want && !degraded_step(step);
+    let namespaces: Vec<&str> = [
+        (base.user_ns, "user"),
+        (made(ns.net, Step::NetNs), "net"),
+        (base.pid_ns, "pid"),
+        (made(ns.ipc, Step::IpcNs), "ipc"),
+        (made(ns.uts, Step::UtsNs), "uts"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
     let capabilities = if degraded_step(Step::CapabilityBounding) {
         "bounding set kept; effective, permitted, inheritable and ambient empty".into()
     } else {

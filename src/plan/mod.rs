@@ -105,16 +105,6 @@ impl PlanError {
     }
 }
 
-/// The namespaces to create, and which are required.
-#[derive(Debug, Clone, Copy)]
-pub struct NamespacePlan {
-    pub user: bool,
-    pub pid: bool,
-    pub net: bool,
-    pub ipc: bool,
-    pub uts: bool,
-}
-
 /// The guest program image: argv and envp as C strings with their pointer arrays.
 pub struct ExecImage {
     pub path: CString,
@@ -177,7 +167,6 @@ pub struct Plan {
     pub script_interpreter: Option<PathBuf>,
     pub exec: ExecImage,
     pub env: BTreeMap<String, String>,
-    pub namespaces: NamespacePlan,
     pub uid_map: Vec<u8>,
     pub gid_map: Vec<u8>,
     pub rlimits: Vec<(libc::c_int, u64)>,
@@ -450,12 +439,12 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let rlimits = wanted
         .into_iter()
         .filter_map(|(r, v)| {
+            let v = v?;
             let hard = nix::sys::resource::getrlimit(r).map_or(u64::MAX, |(_, hard)| hard);
-            v.map(|v| (r as libc::c_int, v.min(hard)))
+            Some((r as libc::c_int, v.min(hard)))
         })
         .collect();
 
-    let ns = policy.namespaces;
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
@@ -465,13 +454,6 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         script_interpreter: interpreter,
         exec,
         env,
-        namespaces: NamespacePlan {
-            user: ns.user,
-            pid: ns.pid,
-            net: ns.net,
-            ipc: ns.ipc,
-            uts: ns.uts,
-        },
         uid_map: format!("{uid} {uid} 1\n").into_bytes(),
         gid_map: format!("{gid} {gid} 1\n").into_bytes(),
         rlimits,

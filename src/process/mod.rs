@@ -64,7 +64,7 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
     .map_err(SpawnError::Channel)?;
 
     let p = &plan.policy;
-    let ns = plan.namespaces;
+    let ns = p.namespaces;
     let mut unshare = Vec::with_capacity(3);
     if ns.net {
         unshare.push((libc::CLONE_NEWNET, Step::NetNs, p.requires(Layer::NetNs)));

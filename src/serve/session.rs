@@ -933,7 +933,7 @@ fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecC
     ];
     let spawned = crate::process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
     drop((null, theirs, log));
-    let base = LayersBase::of(&plan, &spawned);
+    let base = LayersBase::of(&spawned);
     let _ = nix::fcntl::fcntl(
         &spawned.chan,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),

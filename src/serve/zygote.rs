@@ -153,7 +153,7 @@ impl Zygote {
         let spawned = process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
         drop((null, theirs, log));
         let pid = spawned.pid;
-        let base = crate::run::LayersBase::of(&plan, &spawned);
+        let base = crate::run::LayersBase::of(&spawned);
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
             Ok(x) => x,
             Err(e) => {
