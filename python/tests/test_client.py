@@ -31,6 +31,7 @@ from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")
 ERROR_CODES = {"truncated", "oversized", "empty", "unknown-kind"}
 WORKER_KINDS = (C.OPEN, C.CALL, C.CLOSE)  # worker -> wfjail; the client's reader refuses them
+_HEADER = struct.Struct("<IB")  # length, kind
 PATIENCE = 5  # seconds: a hung client or server fails the test instead of hanging it
 
 
@@ -59,17 +60,17 @@ def read_frames(data, worker_kinds=True):
     frames, pos = [], 0
     try:
         while pos < len(data):
-            head = data[pos:pos + C._HEADER.size]
-            if len(head) < C._HEADER.size:
+            head = data[pos:pos + _HEADER.size]
+            if len(head) < _HEADER.size:
                 if len(head) >= 4:  # the length alone is already checkable
                     C._check_length(struct.unpack("<I", head[:4])[0])
                 raise ProtocolError("truncated", "end of stream inside a header")
-            length, kind = C._HEADER.unpack(head)
+            length, kind = _HEADER.unpack(head)
             check_header(length, kind, worker_kinds)
             end = pos + 4 + length
             if end > len(data):
                 raise ProtocolError("truncated", "end of stream inside a payload")
-            frames.append((kind, data[pos + C._HEADER.size:end]))
+            frames.append((kind, data[pos + _HEADER.size:end]))
             pos = end
     except ProtocolError as e:
         return frames, e.code
@@ -125,7 +126,7 @@ class VectorTests(unittest.TestCase):
 
     def test_constants_match_the_file(self):
         self.assertEqual(self.doc["cap"], C.CAP)
-        self.assertEqual(C._HEADER.size, 5)
+        self.assertEqual(_HEADER.size, 5)
         self.assertEqual(C._SERVER_KINDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED})
         self.assertEqual((C.OPEN, C.CALL, C.CLOSE), (0x11, 0x12, 0x13))
         self.assertEqual((C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED),
@@ -268,7 +269,7 @@ class Peer:
         length, kind = struct.unpack("<IB", head)
         if kind not in WORKER_KINDS or not 1 <= length <= C.CAP + 1:
             raise AssertionError("bad frame from the worker: %r" % head)
-        payload = self._exact(length - 1) if length > 1 else b""
+        payload = self._exact(length - 1)
         if payload is None:
             raise AssertionError("the worker sent a truncated frame")
         self.frames.append((kind, payload))

@@ -23,13 +23,15 @@ import os
 import socket
 import struct
 
+from . import protocol as P
 from .errors import ProtocolError, Violation
 
 OPEN, CALL, CLOSE = 0x11, 0x12, 0x13
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
-_SERVER_KINDS = {OPENED, RESULT, ERROR, FAILED, CLOSED}
-CAP = 16 * 1024 * 1024
-_HEADER = struct.Struct("<IB")
+_NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
+          CLOSED: "CLOSED"}
+_SERVER_KINDS = frozenset(_NAMES)
+CAP = P.MAX_CAP
 _LENGTH = struct.Struct("<I")
 
 
@@ -63,24 +65,31 @@ class SessionFailed(Exception):
 def _frame(kind, payload=b""):
     if isinstance(payload, str):
         payload = payload.encode("utf-8")
-    payload = bytes(payload)
-    if len(payload) > CAP:
-        raise ProtocolError("oversized", "a payload of %d bytes exceeds the %d-byte cap"
-                            % (len(payload), CAP))
-    return _HEADER.pack(len(payload) + 1, kind) + payload
+    return P._pack(kind, payload, CAP)
 
 
 def _check_length(length):
-    if length == 0:
-        raise ProtocolError("empty", "frame length 0")
-    if length - 1 > CAP:
-        raise ProtocolError("oversized", "frame of %d bytes exceeds the cap" % (length - 1))
+    P._check_length(length, CAP)
+
+
+def _check_kind(kind):
+    if kind not in _SERVER_KINDS:
+        raise ProtocolError("unknown-kind", "unexpected frame kind 0x%02x from wfjail" % kind)
 
 
 def _check_header(length, kind):
     _check_length(length)
-    if kind not in _SERVER_KINDS:
-        raise ProtocolError("unknown-kind", "unexpected frame kind 0x%02x from wfjail" % kind)
+    _check_kind(kind)
+
+
+def _expect(kind, payload, want):
+    """The payload of a reply of kind ``want``; a call's ERROR raises the guest's error, any
+    other kind is a protocol error. (FAILED is the session's to handle: it ends it.)"""
+    if kind == want:
+        return payload
+    if kind == ERROR and want == RESULT:
+        _raise_call_error(json.loads(payload))
+    raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
 
 
 def _raise_call_error(doc):
@@ -89,9 +98,8 @@ def _raise_call_error(doc):
         # The guest's message names the violation it raised ("network: socket(...) denied");
         # the list holds the whole session's.
         message = doc.get("message", "")
-        chosen = next((v for v in found if message.startswith(
-            "%s: %s(%s)" % (v.get("category"), v.get("syscall"), v.get("args")))), found[-1])
-        v = Violation.from_dict(chosen)
+        candidates = [Violation.from_dict(v) for v in found]
+        v = next((c for c in candidates if message.startswith(c._head())), candidates[-1])
         v.traceback = doc.get("traceback", "")
         raise v
     raise GuestError(doc)
@@ -136,13 +144,7 @@ class Session:
         try:
             self._sock.connect(self._path)
             self._sock.sendall(_frame(OPEN, self._open_doc))
-            kind, payload = self._read()
-            if kind == FAILED:
-                self._finish(payload)
-                raise SessionFailed(self.report)
-            if kind != OPENED:
-                raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
-            doc = json.loads(payload)
+            doc = json.loads(self._answer(OPENED))
         except BaseException:
             if self._sock is not None:
                 self._sock.close()
@@ -161,15 +163,7 @@ class Session:
             # The session may have ended already (its guest died between calls): wfjail sent
             # FAILED with the report before closing; read it rather than lose it.
             pass
-        kind, payload = self._read()
-        if kind == RESULT:
-            return payload
-        if kind == ERROR:
-            _raise_call_error(json.loads(payload))
-        if kind == FAILED:
-            self._finish(payload)
-            raise SessionFailed(self.report)
-        raise ProtocolError("unexpected", "unexpected frame kind 0x%02x" % kind)
+        return self._answer(RESULT)
 
     def close(self):
         """End the session; return its report (a dict, the shape of `wfjail run --report`)."""
@@ -184,6 +178,13 @@ class Session:
             self._sock.close()
             self._sock = None
         return self.report
+
+    def _answer(self, want):
+        kind, payload = self._read()
+        if kind == FAILED:
+            self._finish(payload)
+            raise SessionFailed(self.report)
+        return _expect(kind, payload, want)
 
     def _finish(self, payload):
         self.report = json.loads(payload)
@@ -205,7 +206,7 @@ class Session:
         (length,) = _LENGTH.unpack(self._read_exact(4))
         _check_length(length)
         kind = self._read_exact(1)[0]
-        _check_header(length, kind)
+        _check_kind(kind)
         return kind, self._read_exact(length - 1)
 
     def __enter__(self):
@@ -216,14 +217,8 @@ class Session:
         return False
 
 
-class AsyncClient:
+class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
-
-    def __init__(self, path=None):
-        self.path = path or os.environ.get("WFJAIL_SOCKET")
-        if not self.path:
-            raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
-                               "or pass the path")
 
     def session(self, handler=None, argv=None, timeout=None):
         return AsyncSession(self.path, _open_doc(handler, argv, timeout))
@@ -240,13 +235,7 @@ class AsyncSession:
         try:
             self._writer.write(_frame(OPEN, self._open_doc))
             await self._writer.drain()
-            kind, payload = await self._read()
-            if kind == FAILED:
-                await self._finish(payload)
-                raise SessionFailed(self.report)
-            if kind != OPENED:
-                raise ProtocolError("unexpected", "expected OPENED, got kind 0x%02x" % kind)
-            doc = json.loads(payload)
+            doc = json.loads(await self._answer(OPENED))
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -263,15 +252,7 @@ class AsyncSession:
             await self._writer.drain()
         except OSError:
             pass  # the session ended already: its FAILED report is waiting to be read
-        kind, payload = await self._read()
-        if kind == RESULT:
-            return payload
-        if kind == ERROR:
-            _raise_call_error(json.loads(payload))
-        if kind == FAILED:
-            await self._finish(payload)
-            raise SessionFailed(self.report)
-        raise ProtocolError("unexpected", "unexpected frame kind 0x%02x" % kind)
+        return await self._answer(RESULT)
 
     async def close(self):
         if self._writer is None:
@@ -287,6 +268,13 @@ class AsyncSession:
             self._writer = None
         return self.report
 
+    async def _answer(self, want):
+        kind, payload = await self._read()
+        if kind == FAILED:
+            await self._finish(payload)
+            raise SessionFailed(self.report)
+        return _expect(kind, payload, want)
+
     async def _finish(self, payload):
         self.report = json.loads(payload)
         self._writer.close()
@@ -301,7 +289,7 @@ class AsyncSession:
             (length,) = _LENGTH.unpack(await self._reader.readexactly(4))
             _check_length(length)
             kind = (await self._reader.readexactly(1))[0]
-            _check_header(length, kind)
+            _check_kind(kind)
             return kind, await self._reader.readexactly(length - 1)
         except asyncio.IncompleteReadError:
             raise ProtocolError("truncated", "wfjail closed the session connection") from None

@@ -254,33 +254,39 @@ def _type_name(cls):
     return "%s.%s" % (module, name)
 
 
-def _looks_denied(exc):
-    seen = 0
-    while exc is not None and seen < 16:  # the chain is finite, but stay cheap
-        if isinstance(exc, PermissionError):
-            return True
-        if isinstance(exc, OSError) and exc.errno == errno.EPERM:
-            return True
-        if isinstance(exc, RuntimeError) and "start new thread" in str(exc):
-            return True
-        # os.urandom() under `random.getrandom = "deny"`: getrandom fails with EPERM,
-        # CPython falls back to /dev/urandom, Landlock refuses it, and CPython reports that.
-        if isinstance(exc, NotImplementedError) and "/dev/urandom" in str(exc):
-            return True
+def _chain(exc):
+    """``exc`` and its causes (the chain is finite, but stay cheap: at most 16)."""
+    chain = []
+    while exc is not None and len(chain) < 16:
+        chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
+    return chain
+
+
+def _denial_category(exc):
+    """The violation category an exception that is not an EPERM shows a denial by."""
+    if isinstance(exc, RuntimeError) and "start new thread" in str(exc):
+        return "thread"
+    # os.urandom() under `random.getrandom = "deny"`: getrandom fails with EPERM,
+    # CPython falls back to /dev/urandom, Landlock refuses it, and CPython reports that.
+    if isinstance(exc, NotImplementedError) and "/dev/urandom" in str(exc):
+        return "random"
+    return None
+
+
+def _looks_denied(exc):
+    return any(
+        isinstance(e, PermissionError)
+        or (isinstance(e, OSError) and e.errno == errno.EPERM)
+        or _denial_category(e) is not None
+        for e in _chain(exc))
 
 
 def _match(exc, found):
     """The recorded violation that explains ``exc``: the one naming the file the exception
     names (a denied open: a late import, a write outside the policy), else the one of the
     exception's kind (a thread, randomness), else the most recent."""
-    chain, seen = [], 0
-    while exc is not None and seen < 16:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+    chain = _chain(exc)
     for e in chain:
         name = getattr(e, "filename", None)
         if isinstance(name, str) and name:
@@ -288,11 +294,8 @@ def _match(exc, found):
                 if name in str(v.get("args", "")):
                     return v
     for e in chain:
-        if isinstance(e, RuntimeError) and "start new thread" in str(e):
-            category = "thread"
-        elif isinstance(e, NotImplementedError) and "/dev/urandom" in str(e):
-            category = "random"
-        else:
+        category = _denial_category(e)
+        if category is None:
             continue
         for v in reversed(found):
             if v.get("category") == category:

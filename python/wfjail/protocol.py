@@ -59,6 +59,11 @@ def encode_frame(kind, payload=b"", cap=CAP):
     """Return the bytes of one frame; refuses what a reader would reject."""
     if kind not in NAMES:
         raise ValueError("unknown frame kind %r" % (kind,))
+    return _pack(kind, payload, cap)
+
+
+def _pack(kind, payload, cap):
+    """One frame of any wire that shares this framing (the worker wire too)."""
     payload = bytes(payload)
     if len(payload) > cap:
         raise ProtocolError(
