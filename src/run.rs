@@ -379,9 +379,8 @@ pub fn build_report(
             sig_num = Some(libc::WTERMSIG(st));
             signal = Some(signal_name(libc::WTERMSIG(st)));
         }
-        let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
-        cpu_ms = tv(r.rusage.ru_utime) + tv(r.rusage.ru_stime);
-        max_rss_kb = r.rusage.ru_maxrss as u64;
+        cpu_ms = r.cpu_ms();
+        max_rss_kb = r.max_rss_kb();
     }
     let stderr_tail = String::from_utf8_lossy(&o.stderr_tail).into_owned();
     let mut violations = o.violations;

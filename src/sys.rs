@@ -119,6 +119,19 @@ pub struct Reaped {
     pub rusage: libc::rusage,
 }
 
+impl Reaped {
+    /// User plus system CPU time, in milliseconds.
+    pub fn cpu_ms(&self) -> f64 {
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+        ms(self.rusage.ru_utime) + ms(self.rusage.ru_stime)
+    }
+
+    /// Peak resident set size, in KiB.
+    pub fn max_rss_kb(&self) -> u64 {
+        self.rusage.ru_maxrss as u64
+    }
+}
+
 /// `wait4(pid)`: reaps the child and returns its wait status and resource usage.
 pub fn wait4(pid: libc::pid_t) -> io::Result<Reaped> {
     let mut status: libc::c_int = 0;

@@ -202,7 +202,7 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
         chan,
         ChildMsg::Fatal {
             step: Step::Exec,
-            errno: e as i32,
+            errno: e,
         },
     );
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
@@ -210,13 +210,7 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
 
 /// A step that must succeed failed: report it and exit.
 fn fatal(chan: RawFd, step: Step, errno: Errno) -> ! {
-    channel::send(
-        chan,
-        ChildMsg::Fatal {
-            step,
-            errno: errno as i32,
-        },
-    );
+    channel::send(chan, ChildMsg::Fatal { step, errno });
     sys::exit_now(SETUP_FAILED)
 }
 
@@ -225,13 +219,7 @@ fn degrade(chan: RawFd, step: Step, errno: Errno, required: bool) {
     if required {
         fatal(chan, step, errno);
     }
-    channel::send(
-        chan,
-        ChildMsg::Degraded {
-            step,
-            errno: errno as i32,
-        },
-    );
+    channel::send(chan, ChildMsg::Degraded { step, errno });
 }
 
 /// Places `fd_targets` at their numbers and closes everything else but the channel and the

@@ -7,6 +7,8 @@
 
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
+use nix::errno::Errno;
+
 use crate::sys;
 
 const MAGIC: u8 = 0xf7;
@@ -84,9 +86,9 @@ impl Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChildMsg {
     /// A best-effort step failed; the child goes on.
-    Degraded { step: Step, errno: i32 },
+    Degraded { step: Step, errno: Errno },
     /// A required step failed; the child exits right after sending this.
-    Fatal { step: Step, errno: i32 },
+    Fatal { step: Step, errno: Errno },
     /// The seccomp listener is attached to this record.
     Listener,
 }
@@ -98,8 +100,8 @@ const TAG_LISTENER: u8 = 3;
 impl ChildMsg {
     pub fn encode(self) -> [u8; RECORD_LEN] {
         let (tag, step, errno) = match self {
-            ChildMsg::Degraded { step, errno } => (TAG_DEGRADED, step as u8, errno),
-            ChildMsg::Fatal { step, errno } => (TAG_FATAL, step as u8, errno),
+            ChildMsg::Degraded { step, errno } => (TAG_DEGRADED, step as u8, errno as i32),
+            ChildMsg::Fatal { step, errno } => (TAG_FATAL, step as u8, errno as i32),
             ChildMsg::Listener => (TAG_LISTENER, 0, 0),
         };
         let e = errno.to_le_bytes();
@@ -111,7 +113,7 @@ impl ChildMsg {
         if b[0] != MAGIC {
             return Err(ChannelError::Magic(b[0]));
         }
-        let errno = i32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let errno = Errno::from_raw(i32::from_le_bytes([b[4], b[5], b[6], b[7]]));
         let step = || Step::from_u8(b[2]).ok_or(ChannelError::Step(b[2]));
         match b[1] {
             TAG_DEGRADED => Ok(ChildMsg::Degraded {
@@ -176,11 +178,11 @@ mod tests {
         for m in [
             ChildMsg::Degraded {
                 step: Step::NetNs,
-                errno: 1,
+                errno: Errno::EPERM,
             },
             ChildMsg::Fatal {
                 step: Step::Exec,
-                errno: 2,
+                errno: Errno::ENOENT,
             },
             ChildMsg::Listener,
         ] {

@@ -1,8 +1,6 @@
 //! Frames: `length:u32le kind:u8 payload[length-1]`, with a cap on the payload checked before
 //! anything is allocated for it. Test vectors: docs/protocol-vectors.json.
 
-use std::fmt;
-
 /// The default cap on a frame's payload (16 MiB).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -47,15 +45,19 @@ impl Kind {
 }
 
 /// Why a byte stream is not a valid sequence of frames.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     /// The stream ended inside a frame.
+    #[error("truncated frame: the stream ended after {have} of {need} bytes")]
     Truncated { have: usize, need: usize },
     /// A payload longer than the cap was announced.
+    #[error("frame of {length} bytes exceeds the {cap}-byte cap")]
     Oversized { length: u64, cap: usize },
     /// A length of 0 (it must count the kind byte).
+    #[error("frame with length 0 (the length counts the kind byte)")]
     Empty,
     /// A kind byte outside the protocol.
+    #[error("frame of unknown kind {0:#04x}")]
     UnknownKind(u8),
 }
 
@@ -70,26 +72,6 @@ impl FrameError {
         }
     }
 }
-
-impl fmt::Display for FrameError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FrameError::Truncated { have, need } => {
-                write!(
-                    f,
-                    "truncated frame: the stream ended after {have} of {need} bytes"
-                )
-            }
-            FrameError::Oversized { length, cap } => {
-                write!(f, "frame of {length} bytes exceeds the {cap}-byte cap")
-            }
-            FrameError::Empty => write!(f, "frame with length 0 (the length counts the kind byte)"),
-            FrameError::UnknownKind(k) => write!(f, "frame of unknown kind {k:#04x}"),
-        }
-    }
-}
-
-impl std::error::Error for FrameError {}
 
 /// Encodes one guest-protocol frame.
 pub fn encode(kind: Kind, payload: &[u8]) -> Vec<u8> {

@@ -30,6 +30,7 @@ use crate::report::{GuestError, Report, Status};
 use crate::run::LayersBase;
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::violations::{self, Handled};
+use crate::supervise::{poll_timeout, set_nonblocking};
 use crate::sys::{self, NotifBuf, Reaped};
 
 use super::zygote::{ChildExit, Zygote};
@@ -54,6 +55,15 @@ struct Client {
 }
 
 impl Client {
+    fn new(conn: UnixStream) -> Self {
+        Client {
+            conn,
+            dec: worker::decoder(MAX_FRAME),
+            out: Vec::new(),
+            gone: false,
+        }
+    }
+
     fn send(&mut self, kind: u8, payload: &[u8]) {
         self.out.extend(worker::encode(kind, payload));
         self.flush();
@@ -185,12 +195,7 @@ struct Session {
 /// Serves one worker connection.
 pub fn run(conn: UnixStream, server: Arc<Server>) {
     let id = server.next_id();
-    let mut client = Client {
-        conn,
-        dec: worker::decoder(MAX_FRAME),
-        out: Vec::new(),
-        gone: false,
-    };
+    let mut client = Client::new(conn);
     let (open, early) = match read_open(&mut client) {
         Ok(o) => o,
         Err(e) => {
@@ -217,12 +222,7 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
 /// Answers a connection that cannot be served with FAILED and `why`, without reading it.
 pub fn refuse(conn: UnixStream, server: &Server, why: String) {
     let _ = conn.set_nonblocking(true);
-    let mut client = Client {
-        conn,
-        dec: worker::decoder(MAX_FRAME),
-        out: Vec::new(),
-        gone: false,
-    };
+    let mut client = Client::new(conn);
     let report = failure_report(server, vec![], why);
     client.send_last(worker::FAILED, report.to_json().as_bytes());
 }
@@ -256,10 +256,7 @@ fn read_open(client: &mut Client) -> Result<(OpenRequest, Vec<Frame>), String> {
             return Err(format!("no OPEN within {}s", OPEN_WAIT.as_secs()));
         }
         let mut fds = [PollFd::new(client.conn.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(
-            &mut fds,
-            PollTimeout::try_from(left.as_millis() as i32).unwrap_or(PollTimeout::MAX),
-        );
+        let _ = poll(&mut fds, poll_timeout(left));
     }
 }
 
@@ -354,10 +351,7 @@ impl Session {
         };
         let conv = Conversation::new(MAX_FRAME);
         let guest_out = encode(Kind::Hello, &gp::hello(gp::VERSION));
-        let _ = nix::fcntl::fcntl(
-            &ours,
-            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-        );
+        set_nonblocking(&ours);
         let started = Instant::now();
         Ok(Session {
             id,
@@ -597,10 +591,10 @@ impl Session {
         let Some(c) = &e.chan else { return };
         match chan::recv(c) {
             Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                e.degraded.push((step, Errno::from_raw(errno)))
+                e.degraded.push((step, errno))
             }
             Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                e.fatal = Some((step, Errno::from_raw(errno)))
+                e.fatal = Some((step, errno))
             }
             Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
                 e.buf = NotifBuf::new().ok();
@@ -697,11 +691,7 @@ impl Session {
                 }
             }
             let wait = self.deadline.map_or(PollTimeout::NONE, |d| {
-                let ms = d
-                    .saturating_duration_since(Instant::now())
-                    .as_millis()
-                    .min(i32::MAX as u128) as i32;
-                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+                poll_timeout(d.saturating_duration_since(Instant::now()))
             });
             match poll(&mut fds, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -822,14 +812,7 @@ impl Session {
                     &e.degraded,
                     e.listener.is_some() || e.initial_exec_done,
                 );
-                let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| {
-                    let tv =
-                        |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
-                    (
-                        tv(r.rusage.ru_utime) + tv(r.rusage.ru_stime),
-                        r.rusage.ru_maxrss as u64,
-                    )
-                });
+                let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| (r.cpu_ms(), r.max_rss_kb()));
                 (e.reaped.map(|r| r.status), cpu, rss, layers, false)
             }
         };
@@ -934,10 +917,7 @@ fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecC
     let spawned = crate::process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
     drop((null, theirs, log));
     let base = LayersBase::of(&spawned);
-    let _ = nix::fcntl::fcntl(
-        &spawned.chan,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    );
+    set_nonblocking(&spawned.chan);
     let grants = WriteGrants::new(&plan.write);
     Ok(ExecChild {
         base,

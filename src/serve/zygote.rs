@@ -220,7 +220,6 @@ impl Zygote {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
         }
-        let _ = ready;
         Ok(zygote)
     }
 
@@ -244,10 +243,7 @@ impl Zygote {
     /// after every process in it is gone, so this also waits for its children.
     pub fn wait_gone(&self, timeout: Duration) {
         let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(
-            &mut fds,
-            PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX),
-        );
+        let _ = poll(&mut fds, crate::supervise::poll_timeout(timeout));
     }
 
     /// Asks the zygote to fork a child for `shared`'s session, running `handler` on
@@ -531,16 +527,11 @@ pub fn await_exec(
         if let Some(l) = &listener {
             fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
         }
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .as_millis() as i32;
-        if left == 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.as_millis() == 0 {
             return Err("the guest did not exec within 30s".into());
         }
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
-        ) {
+        match poll(&mut fds, crate::supervise::poll_timeout(left)) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
         }
@@ -554,26 +545,20 @@ pub fn await_exec(
             && let (Some(l), Some(b)) = (&listener, buf.as_mut())
             && let Some(n) = violations::receive(l.as_fd(), b)
         {
-            {
-                if !exec_done && crate::supervise::is_initial_exec(&n, pid) {
-                    exec_done = true;
-                    violations::allow(l.as_fd(), &n);
-                } else {
-                    violations::refuse(l.as_fd(), &n, libc::EPERM);
-                }
+            if !exec_done && crate::supervise::is_initial_exec(&n, pid) {
+                exec_done = true;
+                violations::allow(l.as_fd(), &n);
+            } else {
+                violations::refuse(l.as_fd(), &n, libc::EPERM);
             }
         }
         if chan_ready {
             match chan::recv(&chan_fd) {
                 Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                    degraded.push((step, Errno::from_raw(errno)))
+                    degraded.push((step, errno))
                 }
                 Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                    return Err(format!(
-                        "{} failed: {}",
-                        step.describe(),
-                        Errno::from_raw(errno).desc()
-                    ));
+                    return Err(format!("{} failed: {}", step.describe(), errno.desc()));
                 }
                 Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
                     buf = NotifBuf::new().ok();

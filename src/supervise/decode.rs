@@ -262,26 +262,24 @@ pub fn format_clone_flags(flags: u64) -> String {
     }
 }
 
+/// A `struct timespec` in guest memory, in seconds.
+fn read_timespec(n: &Notif, addr: u64) -> Option<f64> {
+    let b = read_mem(n.pid, addr, 16).filter(|b| b.len() == 16)?;
+    let sec = i64::from_ne_bytes(b[0..8].try_into().ok()?);
+    let nsec = i64::from_ne_bytes(b[8..16].try_into().ok()?);
+    Some(sec as f64 + nsec as f64 / 1e9)
+}
+
 fn timespec_arg(n: &Notif, addr: u64) -> String {
-    match read_mem(n.pid, addr, 16) {
-        Some(b) if b.len() == 16 => {
-            let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or_default());
-            let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or_default());
-            format!("{}s", sec as f64 + nsec as f64 / 1e9)
-        }
-        _ => format!("{addr:#x}"),
-    }
+    read_timespec(n, addr).map_or_else(|| format!("{addr:#x}"), |secs| format!("{secs}s"))
 }
 
 /// The requested sleep as a duration; an absolute deadline is turned into "from now" (the
 /// guest shares our clocks: there is no time namespace).
 fn sleep_duration(n: &Notif, clock: u64, addr: u64, absolute: bool) -> String {
-    let Some(b) = read_mem(n.pid, addr, 16).filter(|b| b.len() == 16) else {
+    let Some(mut secs) = read_timespec(n, addr) else {
         return format!("{addr:#x}");
     };
-    let sec = i64::from_ne_bytes(b[0..8].try_into().unwrap_or_default());
-    let nsec = i64::from_ne_bytes(b[8..16].try_into().unwrap_or_default());
-    let mut secs = sec as f64 + nsec as f64 / 1e9;
     if absolute {
         if let Ok(now) =
             nix::time::clock_gettime(nix::time::ClockId::from_raw(clock as libc::clockid_t))
@@ -507,17 +505,12 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         }
         _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
     };
-    if policy.syscalls.denies(name) && !always_deny {
-        return Decoded {
-            category,
-            syscall,
-            args,
-            rule: format!("syscalls.deny = [\"{name}\"]"),
-            always_deny,
-            errno: libc::EPERM,
-            hint: None,
-        };
-    }
+    // The policy's own deny list names the rule, unless the call is denied whatever it says.
+    let rule = if policy.syscalls.denies(name) && !always_deny {
+        format!("syscalls.deny = [\"{name}\"]")
+    } else {
+        rule
+    };
     Decoded {
         category,
         syscall,

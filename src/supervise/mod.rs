@@ -94,11 +94,18 @@ pub struct Outcome {
     pub framed: bool,
 }
 
-fn set_nonblocking(fd: &OwnedFd) {
+/// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
+pub fn set_nonblocking(fd: &OwnedFd) {
     if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
         let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
         let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
     }
+}
+
+/// A `poll` timeout of `wait`, rounded down to milliseconds and capped at poll's maximum.
+pub fn poll_timeout(wait: Duration) -> PollTimeout {
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
 /// Reads what is available from `fd` into `buf`; returns false at end-of-file.
@@ -302,11 +309,7 @@ pub fn supervise(
         if let (Some(d), None, false) = (deadline, exited_at, o.timed_out) {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
-        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-        let ready = match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
+        let ready = match poll(&mut fds, poll_timeout(wait)) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
             Err(_) => 0,
@@ -336,10 +339,10 @@ pub fn supervise(
                     while let Some(c) = &chan {
                         match channel::recv(c) {
                             Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                                o.degraded.push((step, Errno::from_raw(errno)));
+                                o.degraded.push((step, errno));
                             }
                             Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                                o.fatal = Some((step, Errno::from_raw(errno)));
+                                o.fatal = Some((step, errno));
                             }
                             Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
                                 if let Some(fd) = fd {
