@@ -12,11 +12,11 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use common::{Outcome, PY};
+use common::{Outcome, PY, errno_of, run_reported, wfjail_bin};
 use serde_json::Value;
 
 /// nobody/nogroup.
@@ -77,10 +77,6 @@ impl Drop for TmpDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn wfjail_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_wfjail"))
 }
 
 /// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
@@ -190,20 +186,11 @@ fn wfjail(how: How, args: &[&str]) -> Outcome {
         }
         None => Command::new(&wfjail),
     };
-    let report_path = work.path("report.json");
-    let mut iter = args.iter();
-    if let Some(first) = iter.next() {
-        cmd.arg(first);
-        if *first == "run" {
-            cmd.arg("--report").arg(&report_path);
-        }
-    }
-    cmd.args(iter);
-    cmd.current_dir(&work.0).stdin(Stdio::null());
+    cmd.current_dir(&work.0);
     if switch {
         cmd.uid(NOBODY).gid(NOBODY);
     }
-    Outcome::collect(cmd.output().expect("spawn wfjail"), &report_path)
+    run_reported(cmd, args, &work.path("report.json"))
 }
 
 /// `wfjail run -p POLICY [extra...] --raw -- python3 -c CODE`.
@@ -212,11 +199,6 @@ fn py(how: How, policy: &str, extra: &[&str], code: &str) -> Outcome {
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--raw", "--", PY, "-c", code]);
     wfjail(how, &args)
-}
-
-/// Python that runs `stmt` and prints `errno=N` for the OSError it raises.
-fn errno_of(stmt: &str) -> String {
-    format!("try:\n    {stmt}\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n")
 }
 
 fn strs(v: &Value) -> Vec<&str> {

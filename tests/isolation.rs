@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{PY, Scratch, py, raw_syscall, wfjail, wfjail_with};
+use common::{PY, Scratch, errno_of, py, py_policy, raw_syscall, wfjail, wfjail_with};
 
 #[test]
 fn benign_command_is_ok() {
@@ -96,7 +96,10 @@ fn tcp_socket_is_denied_with_eperm() {
     let o = py(
         "default",
         &[],
-        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9))\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!(
+            "import socket\n{}",
+            errno_of("socket.create_connection(('127.0.0.1', 9))")
+        ),
     );
     o.check(o.stdout.trim() == "errno=1", "socket() fails with EPERM");
     o.check(
@@ -125,7 +128,10 @@ fn udp_sendto_an_address_is_denied() {
     let o = py(
         "default",
         &[],
-        "import socket\na, b = socket.socketpair()\ntry:\n    a.sendto(b'x', '/run/x.sock')\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!(
+            "import socket\na, b = socket.socketpair()\n{}",
+            errno_of("a.sendto(b'x', '/run/x.sock')")
+        ),
     );
     o.check(
         o.stdout.trim() == "errno=1",
@@ -156,7 +162,10 @@ fn datagram_socketpair_is_denied() {
     let o = py(
         "default",
         &[],
-        "import socket\ntry:\n    socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!(
+            "import socket\n{}",
+            errno_of("socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)")
+        ),
     );
     o.check(
         o.stdout.trim() == "errno=1",
@@ -198,7 +207,7 @@ fn fork_is_denied() {
     let o = py(
         "default",
         &[],
-        "import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!("import os\n{}", errno_of("os.fork()")),
     );
     o.check(o.stdout.trim() == "errno=1", "fork fails with EPERM");
     let v = o.assert_violation("clone", "subprocess");
@@ -213,7 +222,10 @@ fn subprocess_run_is_denied() {
     let o = py(
         "default",
         &[],
-        "import subprocess\ntry:\n    subprocess.run(['/bin/true'])\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!(
+            "import subprocess\n{}",
+            errno_of("subprocess.run(['/bin/true'])")
+        ),
     );
     o.check(
         o.stdout.trim() == "errno=1",
@@ -228,7 +240,7 @@ fn exec_after_start_is_denied() {
     let o = py(
         "default",
         &[],
-        "import os\ntry:\n    os.execv('/bin/true', ['true'])\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!("import os\n{}", errno_of("os.execv('/bin/true', ['true'])")),
     );
     o.check(o.stdout.trim() == "errno=1", "execve fails with EPERM");
     let v = o.assert_violation("execve", "exec");
@@ -306,22 +318,11 @@ fn x32_syscalls_are_rejected() {
 fn signals_go_only_to_the_guest_itself() {
     // Without a PID namespace the parent's pid is visible: signalling it (wfjail) is denied,
     // signalling itself works.
-    let s = Scratch::new("signals");
-    let p = s.write(
-        "nopid.toml",
-        "extends = \"default\"\n[namespaces]\npid = false\n",
+    let code = &format!(
+        "import os, signal\nsignal.signal(signal.SIGUSR1, lambda *a: print('self ok'))\nos.kill(os.getpid(), signal.SIGUSR1)\n{}",
+        errno_of("os.kill(os.getppid(), signal.SIGUSR1)")
     );
-    let code = "import os, signal\nsignal.signal(signal.SIGUSR1, lambda *a: print('self ok'))\nos.kill(os.getpid(), signal.SIGUSR1)\ntry:\n    os.kill(os.getppid(), signal.SIGUSR1)\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n";
-    let o = wfjail(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
-        code,
-    ]);
+    let o = py_policy("extends = \"default\"\n[namespaces]\npid = false\n", code);
     o.check(
         o.stdout == "self ok\nerrno=1\n",
         "own signal delivered, the parent's denied",
@@ -348,21 +349,10 @@ fn seccomp_listener_creation_is_denied() {
 
 #[test]
 fn kill_mode_kills_at_the_first_violation() {
-    let s = Scratch::new("kill");
-    let policy = s.write(
-        "kill.toml",
+    let o = py_policy(
         "extends = \"default\"\non_violation = \"kill\"\n",
-    );
-    let o = wfjail(&[
-        "run",
-        "-p",
-        policy.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
         "import os\nos.fork()\nprint('survived')",
-    ]);
+    );
     o.check(!o.stdout.contains("survived"), "the guest did not go on");
     o.check(
         o.code == 3 && o.status() == "violation",
@@ -408,7 +398,7 @@ fn sleep_is_denied_under_strict() {
     let o = py(
         "strict",
         &[],
-        "import time\ntry:\n    time.sleep(0.01)\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!("import time\n{}", errno_of("time.sleep(0.01)")),
     );
     o.check(o.stdout.trim() == "errno=1", "sleep fails with EPERM");
     o.assert_violation("clock_nanosleep", "sleep");
@@ -440,7 +430,7 @@ fn urandom_device_is_unreadable_under_strict() {
     let o = py(
         "strict",
         &[],
-        "try:\n    open('/dev/urandom', 'rb').read(8)\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &errno_of("open('/dev/urandom', 'rb').read(8)"),
     );
     o.check(
         o.stdout.trim() == "errno=13",
@@ -470,7 +460,11 @@ fn granted_paths_are_readable_others_are_not() {
     let o = py(
         "default",
         &[],
-        "import os\nprint(len(open('/usr/bin/env', 'rb').read(4)))\ntry:\n    open('/etc/hostname').read()\nexcept OSError as e:\n    print('errno=%d' % e.errno)\ntry:\n    os.listdir('/root')\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        &format!(
+            "import os\nprint(len(open('/usr/bin/env', 'rb').read(4)))\n{}{}",
+            errno_of("open('/etc/hostname').read()"),
+            errno_of("os.listdir('/root')")
+        ),
     );
     o.check(
         o.stdout == "4\nerrno=13\nerrno=13\n",
@@ -483,8 +477,9 @@ fn ro_grant_makes_a_file_readable_not_writable() {
     let s = Scratch::new("ro");
     let f = s.write("data.txt", "hello");
     let code = format!(
-        "print(open('{0}').read())\ntry:\n    open('{0}', 'a').write('x')\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
-        f.display()
+        "print(open('{0}').read())\n{1}",
+        f.display(),
+        errno_of(&format!("open('{}', 'a').write('x')", f.display()))
     );
     let o = py("default", &["--ro", s.0.to_str().unwrap()], &code);
     o.check(
@@ -507,9 +502,9 @@ fn rw_grant_allows_writes_only_there() {
     let s = Scratch::new("rw");
     let outside = Scratch::new("outside");
     let code = format!(
-        "import os\nopen('{0}/new.txt', 'w').write('written')\nos.mkdir('{0}/d')\nos.rename('{0}/new.txt', '{0}/d/moved.txt')\ntry:\n    open('{1}/x', 'w')\nexcept OSError as e:\n    print('errno=%d' % e.errno)\n",
+        "import os\nopen('{0}/new.txt', 'w').write('written')\nos.mkdir('{0}/d')\nos.rename('{0}/new.txt', '{0}/d/moved.txt')\n{1}",
         s.0.display(),
-        outside.0.display()
+        errno_of(&format!("open('{}/x', 'w')", outside.0.display()))
     );
     let o = py("default", &["--rw", s.0.to_str().unwrap()], &code);
     o.check(o.stdout.trim() == "errno=13", "write outside --rw: EACCES");
@@ -654,21 +649,10 @@ fn timeout_kills_the_guest() {
 
 #[test]
 fn memory_limit_is_a_limit_outcome() {
-    let s = Scratch::new("mem");
-    let p = s.write(
-        "mem.toml",
+    let o = py_policy(
         "extends = \"default\"\n[limits]\nmemory = \"256MiB\"\n",
-    );
-    let o = wfjail(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
         "x = bytearray(512 * 1024 * 1024)",
-    ]);
+    );
     o.check(
         o.code == 5 && o.status() == "limit" && o.report["limit"] == "memory",
         "memory limit",
@@ -684,21 +668,10 @@ fn memory_limit_is_a_limit_outcome() {
 
 #[test]
 fn cpu_limit_is_a_limit_outcome() {
-    let s = Scratch::new("cpu");
-    let p = s.write(
-        "cpu.toml",
+    let o = py_policy(
         "extends = \"default\"\n[limits]\ncpu = \"1s\"\ntimeout = \"20s\"\n",
-    );
-    let o = wfjail(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
         "while True: pass",
-    ]);
+    );
     o.check(
         o.code == 5 && o.status() == "limit" && o.report["limit"] == "cpu",
         "cpu limit",
@@ -707,21 +680,10 @@ fn cpu_limit_is_a_limit_outcome() {
 
 #[test]
 fn output_limit_is_a_limit_outcome() {
-    let s = Scratch::new("out");
-    let p = s.write(
-        "out.toml",
+    let o = py_policy(
         "extends = \"default\"\n[limits]\noutput = \"64KiB\"\n",
-    );
-    let o = wfjail(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
         "import sys\nwhile True: sys.stdout.write('x' * 4096)",
-    ]);
+    );
     o.check(o.code == 5 && o.report["limit"] == "output", "output limit");
     o.check(
         o.stdout.len() <= 64 * 1024 + 64 * 1024,

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{Scratch, wfjail};
+use common::{Scratch, py_policy, wfjail};
 
-/// Runs `wfjail policy validate FILE` on `text` and returns (exit code, stderr).
+/// Runs `wfjail policy validate FILE` on `text`: (exit code, stderr, FILE).
 fn validate(text: &str) -> (i32, String, String) {
     let s = Scratch::new("policy");
     let f = s.write("p.toml", text);
@@ -25,10 +25,8 @@ fn builtins_list_show_and_validate() {
         "show resolves extends",
     );
     // What `show` prints is itself a valid policy.
-    let s = Scratch::new("show");
-    let f = s.write("shown.toml", &o.stdout);
-    let v = wfjail(&["policy", "validate", f.to_str().unwrap()]);
-    v.check(v.code == 0, "show output validates");
+    let (code, err, _) = validate(&o.stdout);
+    o.check(code == 0, &format!("show output validates: {err}"));
     let j = wfjail(&["policy", "show", "strict", "--json"]);
     let parsed: serde_json::Value = serde_json::from_str(&j.stdout).unwrap();
     j.check(parsed["random"]["getrandom"] == "deny", "json output");
@@ -195,21 +193,10 @@ fn forbidden_and_conflicting_settings() {
 
 #[test]
 fn a_policy_file_layers_over_a_builtin() {
-    let s = Scratch::new("layer");
-    let p = s.write(
-        "p.toml",
+    let o = py_policy(
         "extends = \"strict\"\n[time]\nsleep = \"allow\"\n",
-    );
-    let o = wfjail(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "--raw",
-        "--",
-        common::PY,
-        "-c",
         "import time; time.sleep(0.001); print('ok')",
-    ]);
+    );
     o.check(
         o.code == 0 && o.stdout.trim() == "ok",
         "sleep re-allowed over strict",

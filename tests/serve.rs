@@ -5,7 +5,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{PY, Scratch, wfjail_bin};
+use common::{Outcome, PY, Scratch, wfjail_bin, wfjail_with};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -77,36 +77,39 @@ fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
     (s, module)
 }
 
-struct Served {
-    code: i32,
-    stdout: String,
-    stderr: String,
+/// The arguments of `wfjail serve` with the fixture's policy and worker; `zygote`: prefork
+/// mode (2 zygotes unless `args` says how many).
+fn serve_args(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["serve".to_string(), "-p".into()];
+    all.push(s.path("policy.toml").display().to_string());
+    all.extend(args.iter().map(|a| a.to_string()));
+    if zygote {
+        all.extend(["--zygote", "--python", PY, "--preload", module].map(String::from));
+        if !args.contains(&"--zygotes") {
+            all.extend(["--zygotes", "2"].map(String::from));
+        }
+    }
+    all.extend([
+        "--".into(),
+        PY.into(),
+        s.path("worker.py").display().to_string(),
+    ]);
+    all
 }
 
-/// Runs `wfjail serve` with the fixture's worker; `zygote`: prefork mode (2 zygotes).
-fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Served {
-    let mut cmd = Command::new(wfjail_bin());
-    cmd.current_dir(&s.0)
-        .arg("serve")
-        .arg("-p")
-        .arg(s.path("policy.toml"));
-    cmd.args(args);
-    if zygote {
-        let zygotes = if args.contains(&"--zygotes") {
-            vec![]
-        } else {
-            vec!["--zygotes", "2"]
-        };
-        cmd.args(["--zygote", "--python", PY, "--preload", module])
-            .args(zygotes);
-    }
-    cmd.args(["--", PY, s.path("worker.py").to_str().unwrap()]);
-    let out = cmd.stdin(Stdio::null()).output().expect("run wfjail serve");
-    Served {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+/// Runs `wfjail serve` (see [`serve_args`]) in the fixture's directory until the worker ends.
+fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Outcome {
+    let all = serve_args(s, module, zygote, args);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    wfjail_with(&all, |c| {
+        c.current_dir(&s.0);
+    })
+}
+
+/// Asserts that the server and its worker exited 0, and parses what the worker printed.
+fn worker_json(out: &Outcome) -> serde_json::Value {
+    out.check(out.code == 0, "wfjail serve exits 0");
+    serde_json::from_str(out.stdout.trim()).unwrap()
 }
 
 /// Processes whose command line mentions `needle` (ours: the module names are unique).
@@ -156,12 +159,7 @@ print(json.dumps({"sessions": len(durations), "fds_before": before, "fds_after":
 "#;
     let (s, module) = fixture("thousand", worker, "");
     let out = serve(&s, &module, true, &["-q"]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let r = worker_json(&out);
     assert_eq!(r["sessions"], 1000);
     assert_eq!(
         r["fds_before"], r["fds_after"],
@@ -196,12 +194,7 @@ print(json.dumps(results))
 "#;
     let (s, module) = fixture("violations", worker, "");
     let out = serve(&s, &module, true, &[]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let r = worker_json(&out);
     assert_eq!(
         r["net"],
         serde_json::json!(["network", "socket", "violation", "socket"])
@@ -253,12 +246,7 @@ print(json.dumps(out, sort_keys=True))
     let (s, module) = fixture("signals", worker, "");
     // One zygote: every child in one PID namespace, where pids could reach each other.
     let out = serve(&s, &module, true, &["--zygotes", "1"]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let r = worker_json(&out);
     assert_eq!(
         r["victim"],
         serde_json::json!(["privilege", "kill", "denied"]),
@@ -289,12 +277,7 @@ print(json.dumps(out))
 "#;
     let (s, module) = fixture("failures", worker, "on_violation = \"kill\"");
     let out = serve(&s, &module, true, &[]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let r = worker_json(&out);
     assert_eq!(r["crash"], serde_json::json!(["crashed", "SIGSEGV", []]));
     assert_eq!(r["hang"], serde_json::json!(["timeout", "SIGKILL", []]));
     assert_eq!(
@@ -339,12 +322,7 @@ print(json.dumps({"during": during - base, "after": ours() - base, "seconds": ro
 "#;
     let (s, module) = fixture("abandon", worker, "");
     let out = serve(&s, &module, true, &["-q"]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let r = worker_json(&out);
     assert!(
         r["during"].as_i64().unwrap() >= 1,
         "the spinning guest ran: {r}"
@@ -388,11 +366,7 @@ print(json.dumps([first, again]))
 "#;
     let (s, module) = fixture("restart", worker, "");
     let out = serve(&s, &module, true, &[]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
+    out.check(out.code == 0, "wfjail serve exits 0");
     assert_eq!(out.stdout.trim(), r#"["1:x", "1:y"]"#);
     assert!(
         out.stderr.contains("died") && out.stderr.contains("restarted"),
@@ -420,11 +394,7 @@ print(json.dumps(out))
     );
     let (s, module) = fixture("exec", &worker, "");
     let out = serve(&s, &module, false, &["--ro", REPO]);
-    assert_eq!(
-        out.code, 0,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
+    out.check(out.code == 0, "wfjail serve exits 0");
     assert_eq!(out.stdout.trim(), r#"["20.03", "ok", "20.03", "ok"]"#);
 }
 
@@ -440,23 +410,9 @@ fn the_worker_status_is_wfjails_and_sigterm_ends_everything() {
         "import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\nprint('up', flush=True)\ntime.sleep(600)\n",
         "",
     );
-    let mut cmd = Command::new(wfjail_bin());
-    cmd.current_dir(&s.0)
-        .args(["serve", "-q", "-p"])
-        .arg(s.path("policy.toml"));
-    cmd.args([
-        "--zygote",
-        "--zygotes",
-        "1",
-        "--python",
-        PY,
-        "--preload",
-        &module,
-        "--",
-        PY,
-    ]);
-    cmd.arg(s.path("worker.py"));
-    let mut child = cmd
+    let mut child = Command::new(wfjail_bin())
+        .current_dir(&s.0)
+        .args(serve_args(&s, &module, true, &["-q", "--zygotes", "1"]))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -42,25 +42,12 @@ fn attempt(mode: &str, what: &str) -> Outcome {
 }
 
 fn check_named(o: &Outcome, what: &str, syscall: &str, category: &str, args: &str, action: &str) {
-    let v = o.report["violations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["syscall"] == syscall && v["category"] == category);
-    o.check(
-        v.is_some(),
-        &format!("{what}: a {category} violation of {syscall}"),
-    );
-    let v = v.unwrap();
+    let v = o.assert_violation(syscall, category);
     o.check(
         v["args"].as_str().unwrap().contains(args),
         &format!("{what}: args decoded ({args})"),
     );
     o.check(v["action"] == action, &format!("{what}: action {action}"));
-    o.check(
-        !v["hint"].as_str().unwrap().is_empty() && !v["rule"].as_str().unwrap().is_empty(),
-        "hint and rule",
-    );
     let line = format!("wfjail: violation: {category} {syscall}(");
     o.check(
         o.stderr
@@ -79,10 +66,22 @@ fn deny_fails_the_call_and_the_guest_learns_why() {
             o.code == 3 && o.status() == "violation",
             &format!("{what}: status violation, exit 3"),
         );
+        let g = &o.report["guest_error"];
         o.check(
-            o.report["guest_error"]["type"] == "wfjail.Violation",
+            g["type"] == "wfjail.Violation",
             &format!("{what}: the guest raised wfjail.Violation"),
         );
+        if what == "network" {
+            o.check(
+                g["message"].as_str().unwrap().contains("socket(AF_INET"),
+                "naming the syscall",
+            );
+            o.check(
+                g["traceback"].as_str().unwrap().contains("PermissionError"),
+                "with the original traceback",
+            );
+            o.check(o.stderr.contains("Traceback"), "the traceback is printed");
+        }
     }
 }
 
