@@ -40,12 +40,8 @@ const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_RET_K: u16 = 0x06;
 
-/// `FIOSETOWN` and `SIOCSPGRP` (asm-generic/sockios.h): set the SIGIO owner of a socket.
-const FIOSETOWN: u64 = 0x8901;
-const SIOCSPGRP: u64 = 0x8902;
-/// `F_SETSIG` and `F_SETOWN_EX` (asm-generic/fcntl.h).
-const F_SETSIG: u64 = 10;
-const F_SETOWN_EX: u64 = 15;
+/// `MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE` live in the low nibble of mmap's flags.
+const MAP_TYPE: u64 = 0x0f;
 
 /// A placeholder for the guest's own pid in the program (above any pid_max); the child writes
 /// its pid over it before installing the filter, at the slots [`self_pid_slots`] finds.
@@ -88,6 +84,14 @@ pub enum Leaf {
     Watch,
     /// Allowed when one of the rules matches, [`Leaf::Watch`] otherwise.
     AllowIfElseWatch(Vec<SeccompRule>),
+    /// Allowed when one of `allow` matches; else supervised when one of `supervise` matches
+    /// (`None`: in every other case); else a violation. Supervised is a notification in
+    /// notify mode (the supervisor judges and reports) and a violation in fallback mode: the
+    /// call is not safe without someone to judge it (`fcntl` locks, `flock`).
+    AllowElseSupervise {
+        allow: Vec<SeccompRule>,
+        supervise: Option<Vec<SeccompRule>>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,26 +134,46 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
         ArgRule::NoDestAddr => {
             Leaf::AllowIf(vec![rule(vec![cond(4, Len::Qword, Op::Eq, 0)], name)?])
         }
-        ArgRule::SafeIoctl => Leaf::AllowIf(vec![rule(
-            vec![
-                cond(1, Len::Dword, Op::Ne, libc::TIOCSTI),
-                cond(1, Len::Dword, Op::Ne, libc::TIOCLINUX),
-                cond(1, Len::Dword, Op::Ne, libc::TIOCSETD),
-                cond(1, Len::Dword, Op::Ne, libc::TIOCSPGRP),
-                cond(1, Len::Dword, Op::Ne, libc::FIOASYNC),
-                cond(1, Len::Dword, Op::Ne, FIOSETOWN),
-                cond(1, Len::Dword, Op::Ne, SIOCSPGRP),
-            ],
-            name,
-        )?]),
-        ArgRule::NoSignalOwner => Leaf::AllowIf(vec![rule(
-            vec![
-                cond(1, Len::Dword, Op::Ne, libc::F_SETOWN as u64),
-                cond(1, Len::Dword, Op::Ne, F_SETOWN_EX),
-                cond(1, Len::Dword, Op::Ne, F_SETSIG),
-            ],
-            name,
-        )?]),
+        ArgRule::IoctlAllowlist => Leaf::AllowIf(one_of(name, 1, syscalls::IOCTL_ALLOWED)?),
+        ArgRule::FcntlAllowlist => Leaf::AllowElseSupervise {
+            allow: one_of(name, 1, syscalls::FCNTL_ALLOWED)?,
+            supervise: Some(one_of(name, 1, syscalls::FCNTL_LOCKS)?),
+        },
+        ArgRule::Lock => Leaf::AllowElseSupervise {
+            // LOCK_UN, with or without LOCK_NB: letting go of a lock is always fine.
+            allow: vec![rule(
+                vec![cond(
+                    1,
+                    Len::Dword,
+                    Op::MaskedEq(!(libc::LOCK_NB as u64) & 0xffff_ffff),
+                    libc::LOCK_UN as u64,
+                )],
+                name,
+            )?],
+            supervise: None,
+        },
+        ArgRule::NoSharedAnonInZygote if zygote => Leaf::AllowIf(vec![
+            // A file mapping (shared or not: the file is shared anyway), or a private one.
+            rule(
+                vec![cond(
+                    3,
+                    Len::Dword,
+                    Op::MaskedEq(libc::MAP_ANONYMOUS as u64),
+                    0,
+                )],
+                name,
+            )?,
+            rule(
+                vec![cond(
+                    3,
+                    Len::Dword,
+                    Op::MaskedEq(MAP_TYPE),
+                    libc::MAP_PRIVATE as u64,
+                )],
+                name,
+            )?,
+        ]),
+        ArgRule::NoSharedAnonInZygote => Leaf::Allow,
         ArgRule::Watch => Leaf::Watch,
         ArgRule::SelfOnly => Leaf::AllowIf(vec![rule(vec![cond(0, Len::Dword, Op::Eq, 0)], name)?]),
         // Prefork: each child has its own pid, so the supervisor checks the target (by pid).
@@ -176,6 +200,18 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
             name,
         )?]),
     })
+}
+
+/// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
+fn one_of(
+    name: &'static str,
+    arg: u8,
+    values: &[(u64, &str)],
+) -> Result<Vec<SeccompRule>, BpfError> {
+    values
+        .iter()
+        .map(|&(v, _)| rule(vec![cond(arg, Len::Dword, Op::Eq, v)], name))
+        .collect()
 }
 
 fn nr(name: &str) -> u32 {
@@ -360,7 +396,10 @@ pub fn compile(
         // In fallback mode a violation's action depends on its syscall, so each denied
         // syscall is its own range there; in notify mode equal leaves merge.
         let mergeable = match leaf {
-            Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_) => false,
+            Leaf::AllowIf(_)
+            | Leaf::EnosysIf(_)
+            | Leaf::AllowIfElseWatch(_)
+            | Leaf::AllowElseSupervise { .. } => false,
             Leaf::Violation => mode == Mode::Notify || n > highest,
             _ => true,
         };
@@ -434,6 +473,21 @@ fn emit_leaf(
         Leaf::Enosys => out.push(stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32)),
         Leaf::Violation => out.push(stmt(BPF_RET_K, violation)),
         Leaf::Watch => out.push(stmt(BPF_RET_K, watch_action(mode))),
+        Leaf::AllowElseSupervise { allow, supervise } => {
+            // Supervised: the supervisor judges it; without one it is not safe to let through.
+            let supervised = match mode {
+                Mode::Notify => RET_USER_NOTIF,
+                Mode::Fallback => violation,
+            };
+            emit_rules(allow, RET_ALLOW, out);
+            match supervise {
+                Some(rules) => {
+                    emit_rules(rules, supervised, out);
+                    out.push(stmt(BPF_RET_K, violation));
+                }
+                None => out.push(stmt(BPF_RET_K, supervised)),
+            }
+        }
         Leaf::AllowIf(rules) | Leaf::EnosysIf(rules) | Leaf::AllowIfElseWatch(rules) => {
             let on_match = match range.leaf {
                 Leaf::EnosysIf(_) => RET_ERRNO | libc::ENOSYS as u32,
@@ -443,22 +497,26 @@ fn emit_leaf(
                 Leaf::AllowIfElseWatch(_) => watch_action(mode),
                 _ => violation,
             };
-            for r in rules {
-                // A seccompiler rule falls through when it matches and jumps past the
-                // instruction that follows it when it does not.
-                let code: seccompiler::BpfProgram = r.clone().into();
-                out.extend(code.into_iter().map(|i| libc::sock_filter {
-                    code: i.code,
-                    jt: i.jt,
-                    jf: i.jf,
-                    k: i.k,
-                }));
-                out.push(stmt(BPF_RET_K, on_match));
-            }
+            emit_rules(rules, on_match, out);
             out.push(stmt(BPF_RET_K, otherwise));
         }
     }
     Ok(())
+}
+
+/// Each rule followed by `RET on_match`: a seccompiler rule falls through when it matches and
+/// jumps past the instruction that follows it when it does not.
+fn emit_rules(rules: &[SeccompRule], on_match: u32, out: &mut Vec<libc::sock_filter>) {
+    for r in rules {
+        let code: seccompiler::BpfProgram = r.clone().into();
+        out.extend(code.into_iter().map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        }));
+        out.push(stmt(BPF_RET_K, on_match));
+    }
 }
 
 /// A classic-BPF interpreter for the subset this compiler emits; used by tests to check the
@@ -620,7 +678,12 @@ mod tests {
             let want = match d.get(&n) {
                 Some(Leaf::Allow) => RET_ALLOW,
                 Some(Leaf::Enosys) => RET_ERRNO | libc::ENOSYS as u32,
-                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_)) => continue, // by arguments: tested above
+                Some(
+                    Leaf::AllowIf(_)
+                    | Leaf::EnosysIf(_)
+                    | Leaf::AllowIfElseWatch(_)
+                    | Leaf::AllowElseSupervise { .. },
+                ) => continue, // by arguments: tested above
                 Some(Leaf::Violation | Leaf::Watch) | None => RET_USER_NOTIF,
             };
             assert_eq!(got, want, "syscall {n} ({:?})", syscalls::name(n));
@@ -645,7 +708,12 @@ mod tests {
                 Some(Leaf::Enosys) => {
                     assert_eq!(got, RET_ERRNO | libc::ENOSYS as u32, "syscall {n}")
                 }
-                Some(Leaf::AllowIf(_) | Leaf::EnosysIf(_) | Leaf::AllowIfElseWatch(_)) => {}
+                Some(
+                    Leaf::AllowIf(_)
+                    | Leaf::EnosysIf(_)
+                    | Leaf::AllowIfElseWatch(_)
+                    | Leaf::AllowElseSupervise { .. },
+                ) => {}
                 Some(Leaf::Violation) | None => {
                     assert_ne!(got, RET_ALLOW, "syscall {n} ({:?})", syscalls::name(n))
                 }
@@ -704,5 +772,183 @@ mod tests {
             run(&prog, "clone", [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
             RET_USER_NOTIF
         );
+    }
+
+    const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn ioctl_is_an_allowlist() {
+        let p = policy::load("default").unwrap();
+        for mode in [Mode::Notify, Mode::Fallback] {
+            let prog = compile(&p, mode, None, false, false).unwrap();
+            let denied = if mode == Mode::Notify {
+                RET_USER_NOTIF
+            } else {
+                EPERM
+            };
+            for &(req, name) in syscalls::IOCTL_ALLOWED {
+                assert_eq!(
+                    run(&prog, "ioctl", [1, req, 0, 0, 0, 0]),
+                    RET_ALLOW,
+                    "{name}"
+                );
+                // The kernel reads an unsigned int: high bits do not change the request.
+                assert_eq!(
+                    run(&prog, "ioctl", [1, req | 0xffff_ffff_0000_0000, 0, 0, 0, 0]),
+                    RET_ALLOW,
+                    "{name} with high bits"
+                );
+            }
+            for req in [
+                libc::TIOCSTI,
+                libc::TCSETS,
+                libc::FIOASYNC,
+                0x4008_6602, // FS_IOC_SETFLAGS
+                0x401c_5820, // FS_IOC_FSSETXATTR
+                0x8008_6601, // FS_IOC_GETFLAGS
+                libc::SIOCGIFCONF,
+                0x4004_9409, // FICLONE
+            ] {
+                assert_eq!(
+                    run(&prog, "ioctl", [1, req, 0, 0, 0, 0]),
+                    denied,
+                    "{req:#x}"
+                );
+            }
+        }
+        // The table agrees with the C headers where libc has them.
+        for (v, n) in [
+            (libc::TCGETS, "TCGETS"),
+            (libc::TCGETS2, "TCGETS2"),
+            (libc::TIOCGPGRP, "TIOCGPGRP"),
+            (libc::TIOCGWINSZ, "TIOCGWINSZ"),
+            (libc::FIONREAD, "FIONREAD"),
+            (libc::FIONBIO, "FIONBIO"),
+            (libc::FIONCLEX, "FIONCLEX"),
+            (libc::FIOCLEX, "FIOCLEX"),
+            (libc::TIOCSTI, "TIOCSTI"),
+            (libc::FIOASYNC, "FIOASYNC"),
+            (libc::SIOCGIFCONF, "SIOCGIFCONF"),
+            (libc::TIOCSPGRP, "TIOCSPGRP"),
+        ] {
+            assert_eq!(syscalls::ioctl_name(v), Some(n));
+        }
+    }
+
+    #[test]
+    fn fcntl_is_an_allowlist_and_locks_are_supervised() {
+        let p = policy::load("default").unwrap();
+        let notify = compile(&p, Mode::Notify, None, false, false).unwrap();
+        let fallback = compile(&p, Mode::Fallback, None, false, false).unwrap();
+        for &(cmd, name) in syscalls::FCNTL_ALLOWED {
+            assert_eq!(
+                run(&notify, "fcntl", [3, cmd, 0, 0, 0, 0]),
+                RET_ALLOW,
+                "{name}"
+            );
+            assert_eq!(
+                run(&fallback, "fcntl", [3, cmd, 0, 0, 0, 0]),
+                RET_ALLOW,
+                "{name}"
+            );
+        }
+        for &(cmd, name) in syscalls::FCNTL_LOCKS {
+            assert_eq!(
+                run(&notify, "fcntl", [3, cmd, 0x1000, 0, 0, 0]),
+                RET_USER_NOTIF,
+                "{name} goes to the supervisor"
+            );
+            assert_eq!(
+                run(&fallback, "fcntl", [3, cmd, 0x1000, 0, 0, 0]),
+                EPERM,
+                "{name} is denied without one"
+            );
+        }
+        for cmd in [
+            libc::F_SETLEASE,
+            libc::F_NOTIFY,
+            libc::F_SETPIPE_SZ,
+            libc::F_SETOWN,
+            15, // F_SETOWN_EX
+            10, // F_SETSIG
+            libc::F_ADD_SEALS,
+        ] {
+            assert_eq!(
+                run(&notify, "fcntl", [3, cmd as u64, 0, 0, 0, 0]),
+                RET_USER_NOTIF
+            );
+            assert_eq!(run(&fallback, "fcntl", [3, cmd as u64, 0, 0, 0, 0]), EPERM);
+        }
+        // flock: unlocking stays in the kernel, locking is supervised (denied in fallback).
+        let (un, ex, nb) = (
+            libc::LOCK_UN as u64,
+            libc::LOCK_EX as u64,
+            libc::LOCK_NB as u64,
+        );
+        for prog in [&notify, &fallback] {
+            assert_eq!(run(prog, "flock", [3, un, 0, 0, 0, 0]), RET_ALLOW);
+            assert_eq!(run(prog, "flock", [3, un | nb, 0, 0, 0, 0]), RET_ALLOW);
+        }
+        assert_eq!(
+            run(&notify, "flock", [3, ex | nb, 0, 0, 0, 0]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(run(&fallback, "flock", [3, ex, 0, 0, 0, 0]), EPERM);
+        // Even under warn, a fallback program does not let a lease or a notify through.
+        let warn = policy::load("permissive").unwrap();
+        let prog = compile(&warn, Mode::Fallback, None, false, false).unwrap();
+        assert_eq!(
+            run(&prog, "fcntl", [3, libc::F_SETLEASE as u64, 1, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(run(&prog, "ioctl", [3, 0x4008_6602, 0, 0, 0, 0]), EPERM);
+    }
+
+    #[test]
+    fn memfd_and_sysv_ipc_are_denied() {
+        let p = policy::load("default").unwrap();
+        let prog = compile(&p, Mode::Notify, None, true, false).unwrap();
+        for name in [
+            "memfd_create",
+            "shmget",
+            "shmat",
+            "msgget",
+            "semget",
+            "mq_open",
+            "memfd_secret",
+        ] {
+            assert_eq!(run(&prog, name, [0; 6]), RET_USER_NOTIF, "{name}");
+        }
+    }
+
+    #[test]
+    fn shared_anonymous_memory_is_refused_in_a_zygote_only() {
+        let p = policy::load("default").unwrap();
+        let anon = libc::MAP_ANONYMOUS as u64;
+        let (shared, private) = (libc::MAP_SHARED as u64, libc::MAP_PRIVATE as u64);
+        let validate = libc::MAP_SHARED_VALIDATE as u64;
+        let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let mmap = |flags: u64, fd: u64| [0, 4096, rw, flags, fd, 0];
+        let zygote = compile(&p, Mode::Notify, None, true, false).unwrap();
+        let zygote_fb = compile(&p, Mode::Fallback, None, true, false).unwrap();
+        let run_prog = compile(&p, Mode::Notify, None, false, false).unwrap();
+        for flags in [shared | anon, validate | anon] {
+            // mmap.mmap(-1, 4096): MAP_SHARED|MAP_ANONYMOUS, fd -1.
+            assert_eq!(run(&zygote, "mmap", mmap(flags, u64::MAX)), RET_USER_NOTIF);
+            assert_eq!(run(&zygote_fb, "mmap", mmap(flags, u64::MAX)), EPERM);
+            assert_eq!(run(&run_prog, "mmap", mmap(flags, u64::MAX)), RET_ALLOW);
+        }
+        for (flags, fd) in [
+            (private | anon, u64::MAX),
+            (private | anon | libc::MAP_NORESERVE as u64, u64::MAX),
+            (private, 3),
+            (shared, 3), // a file: shared through the file anyway
+        ] {
+            assert_eq!(
+                run(&zygote, "mmap", mmap(flags, fd)),
+                RET_ALLOW,
+                "{flags:#x}"
+            );
+        }
     }
 }

@@ -117,7 +117,9 @@ pub fn category(name: &str) -> Category {
         | "inotify_init" | "inotify_init1" | "inotify_add_watch" | "fanotify_init"
         | "fanotify_mark" | "name_to_handle_at" | "open_by_handle_at" => Filesystem,
         // Allowed with argument checks; a denied call is one that reaches outside the guest.
-        "kill" | "tkill" | "tgkill" | "prlimit64" => Privilege,
+        // ioctl and fcntl are allowed by request: the ones left reach the host (inode flags,
+        // leases, terminal control, SIGIO routing), so they are denied even under `warn`.
+        "kill" | "tkill" | "tgkill" | "prlimit64" | "ioctl" | "fcntl" => Privilege,
         _ if always_denied(name) => Privilege,
         _ => Other,
     }
@@ -214,18 +216,29 @@ pub enum ArgRule {
     UnixStreamPair,
     /// `sendto` without a destination address (on an already connected socket).
     NoDestAddr,
-    /// `ioctl` except requests that inject into or reconfigure terminals, or route SIGIO to
-    /// another process.
-    SafeIoctl,
+    /// `ioctl` with one of [`IOCTL_ALLOWED`] only. Everything else is denied: on read-only
+    /// grants the guest's uid maps to the files' owner, so a denylist left inode flags
+    /// (`FS_IOC_SETFLAGS`) and interface listings (`SIOCGIFCONF`) reachable.
+    IoctlAllowlist,
     /// `seccomp` without `SECCOMP_FILTER_FLAG_NEW_LISTENER`: a guest may narrow itself further
     /// but never become a supervisor.
     NoListener,
     /// Only on the calling process (pid argument 0): without a PID namespace another pid
     /// could be a process of the same user outside the sandbox.
     SelfOnly,
-    /// `fcntl` except `F_SETOWN`, `F_SETOWN_EX` and `F_SETSIG`: with `O_ASYNC` they make the
-    /// kernel signal any process of the user (SIGIO), around the signal rules.
-    NoSignalOwner,
+    /// `fcntl` with one of [`FCNTL_ALLOWED`]; the record-lock commands ([`FCNTL_LOCKS`]) go
+    /// to the supervisor, which allows them on files under the write grants only (a lock on
+    /// a host file is held against host processes). Everything else is denied: `F_SETLEASE`
+    /// blocks a host writer's open, `F_NOTIFY` watches host directories, `F_SETPIPE_SZ`
+    /// spends the user's pipe-buffer quota that every other guest shares, and `F_SETOWN*` /
+    /// `F_SETSIG` route SIGIO to another process. Without a listener locks are denied.
+    FcntlAllowlist,
+    /// `flock`: unlocking is allowed; locking goes to the supervisor like an `fcntl` lock.
+    Lock,
+    /// `mmap`: in prefork mode a shared anonymous mapping made by preloaded code would carry
+    /// one session's data to the next, so `MAP_SHARED`/`MAP_SHARED_VALIDATE` with
+    /// `MAP_ANONYMOUS` is a violation there. Allowed whatever the arguments otherwise.
+    NoSharedAnonInZygote,
     /// Only with the guest's own pid as the first argument: signals to itself. The pid is
     /// known after the fork only, so the compiled program holds a placeholder the child
     /// fills in (`bpf::SELF_PID`). In prefork mode (each child has its own pid) the PID
@@ -301,16 +314,20 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("dup3", "descriptor housekeeping"),
     Allowed {
         name: "fcntl",
-        rule: ArgRule::NoSignalOwner,
-        why: "descriptor flags and locks (not F_SETOWN/F_SETSIG: SIGIO to another process)",
+        rule: ArgRule::FcntlAllowlist,
+        why: "descriptor flags and lock queries; locks only under --rw (supervised)",
     },
-    any("flock", "advisory locks"),
+    Allowed {
+        name: "flock",
+        rule: ArgRule::Lock,
+        why: "advisory locks, only under --rw (supervised)",
+    },
     any("pipe", "in-process pipes"),
     any("pipe2", "in-process pipes"),
     Allowed {
         name: "ioctl",
-        rule: ArgRule::SafeIoctl,
-        why: "isatty, FIONBIO, FIONREAD",
+        rule: ArgRule::IoctlAllowlist,
+        why: "isatty, terminal size, FIONREAD, FIONBIO, FIOCLEX",
     },
     // Paths: Landlock restricts every one of these to the policy's read/write paths.
     watch_writes(
@@ -376,7 +393,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("umask", "file creation mask"),
     // Memory.
     any("brk", "heap"),
-    any("mmap", "memory mappings"),
+    Allowed {
+        name: "mmap",
+        rule: ArgRule::NoSharedAnonInZygote,
+        why: "memory mappings (no shared anonymous memory in a zygote)",
+    },
     any("munmap", "memory mappings"),
     any("mremap", "memory mappings"),
     any("mprotect", "memory mappings"),
@@ -388,7 +409,6 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("msync", "mapped files"),
     any("mseal", "glibc seals its mappings"),
     any("map_shadow_stack", "CET shadow stacks"),
-    any("memfd_create", "anonymous in-memory files"),
     any("membarrier", "runtime memory barriers"),
     any("get_mempolicy", "NUMA queries by allocators"),
     // Signals to itself (a PID namespace and Landlock signal scoping keep them in).
@@ -532,6 +552,124 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("exit", "process exit"),
     any("exit_group", "process exit"),
 ];
+
+/// The `ioctl` requests a guest may make (x86_64 values): what libc and CPython ask of the
+/// descriptors they are given. All are queries or per-descriptor flags.
+pub const IOCTL_ALLOWED: &[(u64, &str)] = &[
+    (0x5401, "TCGETS"),       // isatty(), tcgetattr()
+    (0x802c_542a, "TCGETS2"), // tcgetattr() in newer glibc
+    (0x540f, "TIOCGPGRP"),    // tcgetpgrp()
+    (0x5413, "TIOCGWINSZ"),   // os.get_terminal_size()
+    (0x541b, "FIONREAD"),     // bytes ready to read
+    (0x5421, "FIONBIO"),      // socket.setblocking()
+    (0x5450, "FIONCLEX"),     // os.set_inheritable(fd, True)
+    (0x5451, "FIOCLEX"),      // os.set_inheritable(fd, False)
+];
+
+/// The `fcntl` commands a guest may make.
+pub const FCNTL_ALLOWED: &[(u64, &str)] = &[
+    (0, "F_DUPFD"),
+    (1, "F_GETFD"),
+    (2, "F_SETFD"),
+    (3, "F_GETFL"),
+    (4, "F_SETFL"),
+    (5, "F_GETLK"),
+    (36, "F_OFD_GETLK"),
+    (1030, "F_DUPFD_CLOEXEC"),
+    (1032, "F_GETPIPE_SZ"),
+    (1034, "F_GET_SEALS"),
+];
+
+/// The `fcntl` commands that take or release a record lock: supervised.
+pub const FCNTL_LOCKS: &[(u64, &str)] = &[
+    (6, "F_SETLK"),
+    (7, "F_SETLKW"),
+    (37, "F_OFD_SETLK"),
+    (38, "F_OFD_SETLKW"),
+];
+
+/// The name of `fcntl` command `cmd`, for reports.
+pub fn fcntl_name(cmd: u64) -> Option<&'static str> {
+    const OTHERS: &[(u64, &str)] = &[
+        (8, "F_SETOWN"),
+        (9, "F_GETOWN"),
+        (10, "F_SETSIG"),
+        (11, "F_GETSIG"),
+        (15, "F_SETOWN_EX"),
+        (16, "F_GETOWN_EX"),
+        (17, "F_GETOWNER_UIDS"),
+        (1024, "F_SETLEASE"),
+        (1025, "F_GETLEASE"),
+        (1026, "F_NOTIFY"),
+        (1027, "F_DUPFD_QUERY"),
+        (1028, "F_CREATED_QUERY"),
+        (1031, "F_SETPIPE_SZ"),
+        (1033, "F_ADD_SEALS"),
+        (1035, "F_GET_RW_HINT"),
+        (1036, "F_SET_RW_HINT"),
+        (1037, "F_GET_FILE_RW_HINT"),
+        (1038, "F_SET_FILE_RW_HINT"),
+    ];
+    let cmd = cmd & 0xffff_ffff; // the kernel reads an unsigned int
+    FCNTL_ALLOWED
+        .iter()
+        .chain(FCNTL_LOCKS)
+        .chain(OTHERS)
+        .find(|&&(c, _)| c == cmd)
+        .map(|&(_, n)| n)
+}
+
+/// The name of `ioctl` request `req`, for reports (the allowed ones and those a hostile guest
+/// tries: terminal control, SIGIO routing, inode flags, interface queries, reflinks).
+pub fn ioctl_name(req: u64) -> Option<&'static str> {
+    const OTHERS: &[(u64, &str)] = &[
+        (0x5402, "TCSETS"),
+        (0x5403, "TCSETSW"),
+        (0x5404, "TCSETSF"),
+        (0x5409, "TCSBRK"),
+        (0x540a, "TCXONC"),
+        (0x540b, "TCFLSH"),
+        (0x540c, "TIOCEXCL"),
+        (0x540d, "TIOCNXCL"),
+        (0x540e, "TIOCSCTTY"),
+        (0x5410, "TIOCSPGRP"),
+        (0x5412, "TIOCSTI"),
+        (0x5414, "TIOCSWINSZ"),
+        (0x541c, "TIOCLINUX"),
+        (0x541d, "TIOCCONS"),
+        (0x5422, "TIOCNOTTY"),
+        (0x5423, "TIOCSETD"),
+        (0x5429, "TIOCGSID"),
+        (0x5452, "FIOASYNC"),
+        (0x8901, "FIOSETOWN"),
+        (0x8902, "SIOCSPGRP"),
+        (0x8903, "FIOGETOWN"),
+        (0x8904, "SIOCGPGRP"),
+        (0x8912, "SIOCGIFCONF"),
+        (0x8913, "SIOCGIFFLAGS"),
+        (0x8915, "SIOCGIFADDR"),
+        (0x8927, "SIOCGIFHWADDR"),
+        (0x8933, "SIOCGIFINDEX"),
+        (0x8008_6601, "FS_IOC_GETFLAGS"),
+        (0x4008_6602, "FS_IOC_SETFLAGS"),
+        (0x801c_581f, "FS_IOC_FSGETXATTR"),
+        (0x401c_5820, "FS_IOC_FSSETXATTR"),
+        (0x8008_7601, "FS_IOC_GETVERSION"),
+        (0x4008_7602, "FS_IOC_SETVERSION"),
+        (0xc020_660b, "FS_IOC_FIEMAP"),
+        (0x4004_9409, "FICLONE"),
+        (0x4020_940d, "FICLONERANGE"),
+        (0xc018_9436, "FIDEDUPERANGE"),
+        (0x0001, "FIBMAP"),
+        (0x0002, "FIGETBSZ"),
+    ];
+    let req = req & 0xffff_ffff; // the kernel reads an unsigned int
+    IOCTL_ALLOWED
+        .iter()
+        .chain(OTHERS)
+        .find(|&&(r, _)| r == req)
+        .map(|&(_, n)| n)
+}
 
 /// Syscalls the `[time] sleep = "allow"` knob adds.
 pub const SLEEP: &[&str] = &[
