@@ -8,7 +8,9 @@ use crate::policy::syscalls::{self, Category};
 use crate::policy::{NetworkMode, Policy, Toggle, bpf};
 use crate::sys::{self, Notif};
 
-use super::paths::{self, WriteGrants};
+use std::path::PathBuf;
+
+use super::paths::{self, Verdict, WriteGrants};
 
 /// A decoded notification (before the supervisor decides what to do with it).
 #[derive(Debug, Clone, PartialEq)]
@@ -30,24 +32,57 @@ pub const LATE_IMPORT_HINT: &str = "the workflow opened a file after preload (a 
 
 /// The write-intent file-system calls the filter sends for checking, and where their paths
 /// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
+/// A hard link's source is judged too: Landlock refuses (EXDEV) a link that would give a
+/// file more rights under its new name.
 fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
     match name {
         "open" | "creat" | "truncate" => &[(None, 0, true)],
         "openat" | "openat2" => &[(Some(0), 1, true)],
         "mkdir" | "rmdir" | "unlink" => &[(None, 0, false)],
         "mkdirat" | "unlinkat" => &[(Some(0), 1, false)],
-        "rename" => &[(None, 0, false), (None, 1, false)],
-        "renameat" | "renameat2" => &[(Some(0), 1, false), (Some(2), 3, false)],
-        "link" => &[(None, 1, false)],
-        "linkat" => &[(Some(2), 3, false)],
+        "rename" | "link" => &[(None, 0, false), (None, 1, false)],
+        "renameat" | "renameat2" | "linkat" => &[(Some(0), 1, false), (Some(2), 3, false)],
         "symlink" => &[(None, 1, false)],
         "symlinkat" => &[(Some(1), 2, false)],
         _ => &[],
     }
 }
 
-/// For a watched file-system call: `None` when every path it writes is granted (or cannot be
-/// told: Landlock decides), else the violation naming the first path outside the grants.
+/// Why a path could not be read from the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathError {
+    Unreadable,
+    TooLong,
+}
+
+impl std::fmt::Display for PathError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PathError::Unreadable => "the path is not readable in the guest's memory",
+            PathError::TooLong => "the path is longer than PATH_MAX",
+        })
+    }
+}
+
+fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
+    Decoded {
+        category: Category::Filesystem,
+        syscall: name.to_string(),
+        args,
+        rule: rule.into(),
+        always_deny: false,
+        errno: libc::EACCES,
+        hint: None,
+    }
+}
+
+const OUTSIDE_RULE: &str = "filesystem.write does not grant this path";
+const CANNOT_JUDGE_RULE: &str =
+    "a write the supervisor cannot judge is refused (filesystem.write must be shown to grant it)";
+
+/// For a watched file-system call: `None` when every path it writes is granted (or bound to
+/// fail in the kernel below a granted directory), else the violation naming the first path
+/// outside the grants, or saying why it could not be judged.
 fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -> Option<Decoded> {
     let a = &n.args;
     let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
@@ -57,6 +92,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
         // struct open_how { u64 flags; u64 mode; u64 resolve; }
         "openat2" => read_mem(n.pid, a[2], 8)
             .and_then(|how| Some(u64::from_ne_bytes(how.get(..8)?.try_into().ok()?))),
+        "creat" => Some(write_bits),
         _ => None,
     };
     if let Some(flags) = flags
@@ -67,40 +103,115 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
             return None;
         }
         let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
-        let path = read_string(n.pid, a[path_arg]).unwrap_or_else(|| "?".into());
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
-        let full =
-            paths::base_dir(n.pid, dirfd, &path).map_or(path.clone().into(), |b| b.join(&path));
+        let shown = match read_path(n.pid, a[path_arg]) {
+            Ok(p) => paths::display(n.pid, &paths::guest_path(n.pid, dirfd, &p))
+                .display()
+                .to_string(),
+            Err(e) => e.to_string(),
+        };
         return Some(Decoded {
             category: Category::Filesystem,
             syscall: name.to_string(),
-            args: format!("{} (read)", full.display()),
+            args: format!("{shown} (read)"),
             rule: "zygote.reads_after_preload = \"deny\"".into(),
             always_deny: false,
             errno: libc::EACCES,
             hint: Some(LATE_IMPORT_HINT),
         });
     }
+    // O_NOFOLLOW, and O_CREAT|O_EXCL, do not follow a final symlink.
+    let excl = (libc::O_CREAT | libc::O_EXCL) as u64;
+    let open_follows = flags.is_none_or(|f| f & libc::O_NOFOLLOW as u64 == 0 && f & excl != excl);
     for &(dirfd_arg, path_arg, follow) in watched_paths(name) {
-        let path = read_string(n.pid, a[path_arg])?;
-        let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
-        let Some(base) = paths::base_dir(n.pid, dirfd, &path) else {
-            continue;
+        let raw = match read_path(n.pid, a[path_arg]) {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(fs_violation(
+                    name,
+                    format!("{:#x} (write; cannot judge: {e})", a[path_arg]),
+                    CANNOT_JUDGE_RULE,
+                ));
+            }
         };
-        let full = base.join(&path);
-        if !grants.covers(&full, follow) {
-            return Some(Decoded {
-                category: Category::Filesystem,
-                syscall: name.to_string(),
-                args: format!("{} (write)", full.display()),
-                rule: "filesystem.write does not grant this path".into(),
-                always_deny: false,
-                errno: libc::EACCES,
-                hint: None,
-            });
+        let follow = match (name, path_arg) {
+            // linkat's source: AT_SYMLINK_FOLLOW, or AT_EMPTY_PATH (the descriptor itself).
+            ("linkat", 1) => a[4] & libc::AT_SYMLINK_FOLLOW as u64 != 0 || raw.is_empty(),
+            _ => follow && open_follows,
+        };
+        let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
+        let full = paths::guest_path(n.pid, dirfd, &raw);
+        match grants.judge(n.pid, &full, follow, true) {
+            Verdict::Granted => {}
+            Verdict::Outside(p) => {
+                return Some(fs_violation(
+                    name,
+                    format!("{} (write)", p.display()),
+                    OUTSIDE_RULE,
+                ));
+            }
+            Verdict::CannotJudge(why) => {
+                return Some(fs_violation(
+                    name,
+                    format!(
+                        "{} (write; cannot judge: {why})",
+                        paths::display(n.pid, &full).display()
+                    ),
+                    CANNOT_JUDGE_RULE,
+                ));
+            }
         }
     }
     None
+}
+
+/// `fcntl` record locks and `flock`: allowed on files under the write grants (and always to
+/// unlock), else a violation — a lock on a host file is held against host processes.
+fn check_lock(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
+    let a = &n.args;
+    let fd = a[0] as i32;
+    let (what, unlock) = if name == "flock" {
+        let op = a[1] & 0xffff_ffff & !(libc::LOCK_NB as u64);
+        let what = match op as i32 {
+            libc::LOCK_SH => "LOCK_SH".to_string(),
+            libc::LOCK_EX => "LOCK_EX".to_string(),
+            libc::LOCK_UN => "LOCK_UN".to_string(),
+            _ => format!("operation {:#x}", a[1]),
+        };
+        (what, op == libc::LOCK_UN as u64)
+    } else {
+        // struct flock starts with `short l_type`.
+        let l_type = read_mem(n.pid, a[2], 2)
+            .filter(|b| b.len() == 2)
+            .map(|b| i16::from_ne_bytes([b[0], b[1]]));
+        let ty = match l_type.map(i32::from) {
+            Some(libc::F_RDLCK) => "F_RDLCK".to_string(),
+            Some(libc::F_WRLCK) => "F_WRLCK".to_string(),
+            Some(libc::F_UNLCK) => "F_UNLCK".to_string(),
+            Some(t) => format!("type {t}"),
+            None => "an unreadable struct flock".to_string(),
+        };
+        let cmd = syscalls::fcntl_name(a[1]).unwrap_or("?");
+        (format!("{cmd} {ty}"), l_type == Some(libc::F_UNLCK as i16))
+    };
+    let path = PathBuf::from(format!("/proc/{}/fd/{fd}", n.pid));
+    let on = match grants.judge(n.pid, &path, true, false) {
+        Verdict::Granted => return None,
+        _ if unlock => return None,
+        Verdict::Outside(p) => p.display().to_string(),
+        Verdict::CannotJudge(why) => format!("fd {fd} ({why})"),
+    };
+    Some(Decoded {
+        category: Category::Filesystem,
+        syscall: name.to_string(),
+        args: format!("{what} on {on}"),
+        rule: "locks only on files under filesystem.write".into(),
+        always_deny: false,
+        errno: libc::EPERM,
+        hint: Some(
+            "a lock on a file outside --rw would be held against processes outside the sandbox; lock files under --rw",
+        ),
+    })
 }
 
 /// Reads guest memory at `addr`, up to `len` bytes (fewer if a page is unmapped).
@@ -127,20 +238,34 @@ fn read_mem(pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Reads a NUL-terminated string (at most 4 KiB) from guest memory.
-fn read_string(pid: u32, addr: u64) -> Option<String> {
+/// Reads a NUL-terminated path from guest memory, as bytes: at most `PATH_MAX` (4096)
+/// including the NUL, like the kernel.
+fn read_path(pid: u32, addr: u64) -> Result<Vec<u8>, PathError> {
     let mut out = Vec::new();
     let mut a = addr;
-    while out.len() < 4096 {
-        let chunk = read_mem(pid, a, (4096 - (a % 4096)) as usize)?;
+    while out.len() < libc::PATH_MAX as usize {
+        let want = (4096 - (a % 4096)) as usize;
+        let chunk = read_mem(pid, a, want).ok_or(PathError::Unreadable)?;
         if let Some(nul) = chunk.iter().position(|&b| b == 0) {
             out.extend_from_slice(&chunk[..nul]);
-            return Some(String::from_utf8_lossy(&out).into_owned());
+            return Ok(out);
         }
         a += chunk.len() as u64;
         out.extend_from_slice(&chunk);
     }
-    Some(String::from_utf8_lossy(&out).into_owned() + "...")
+    Err(PathError::TooLong)
+}
+
+/// Reads a NUL-terminated string (at most 4 KiB) from guest memory, for reports.
+fn read_string(pid: u32, addr: u64) -> Option<String> {
+    match read_path(pid, addr) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(PathError::TooLong) => {
+            let b = read_mem(pid, addr, 4096)?;
+            Some(String::from_utf8_lossy(&b).into_owned() + "...")
+        }
+        Err(PathError::Unreadable) => None,
+    }
 }
 
 fn family_name(f: u64) -> String {
@@ -244,16 +369,23 @@ const CLONE_FLAGS: &[(u64, &str)] = &[
     (libc::CLONE_IO as u64, "CLONE_IO"),
 ];
 
-/// `CLONE_VM|CLONE_THREAD|...|SIGCHLD`.
+/// `CLONE_VM|CLONE_THREAD|...|SIGCHLD`. The flags are 32 bits (`libc`'s constants are
+/// `c_int`: widened, `CLONE_IO` would match every high bit); bits without a name are shown
+/// in hex.
 pub fn format_clone_flags(flags: u64) -> String {
+    let bit = |b: &u64| *b as u32 as u64;
     let mut parts: Vec<String> = CLONE_FLAGS
         .iter()
-        .filter(|(bit, _)| flags & bit != 0)
+        .filter(|(b, _)| flags & bit(b) != 0)
         .map(|(_, name)| name.to_string())
         .collect();
     let sig = (flags & 0xff) as i32;
     if sig != 0 {
         parts.push(crate::report::signal_name(sig));
+    }
+    let known = CLONE_FLAGS.iter().fold(0xff, |m, (b, _)| m | bit(b));
+    if flags & !known != 0 {
+        parts.push(format!("{:#x}", flags & !known));
     }
     if parts.is_empty() {
         "0".into()
@@ -345,6 +477,16 @@ pub fn classify(
             }
             return check_writes(n, name, grants, late_reads);
         }
+        let lock = match name {
+            "flock" => true,
+            "fcntl" => syscalls::FCNTL_LOCKS
+                .iter()
+                .any(|&(c, _)| c == n.args[1] & 0xffff_ffff),
+            _ => false,
+        };
+        if lock && !policy.syscalls.denies(name) {
+            return check_lock(n, name, grants);
+        }
     }
     Some(decode(n, policy))
 }
@@ -384,6 +526,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
     };
     let mut category = syscalls::category(name);
     let mut always_deny = syscalls::always_denied(name);
+    let mut hint = None;
     let net_rule = || format!("network.mode = \"{}\"", mode_str(policy.network.mode));
     let (args, rule) = match name {
         "socket" => (
@@ -432,11 +575,23 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             "random.getrandom = \"deny\"".into(),
         ),
         "ioctl" if !policy.syscalls.denies(name) => {
-            category = Category::Privilege;
             always_deny = true;
+            let req = a[1] & 0xffff_ffff; // the kernel reads an unsigned int
+            category = match (req >> 8) & 0xff {
+                // 'f', 'X', 'v' and 0x94: inode flags, fsxattr, versions, reflinks.
+                0x66 | 0x58 | 0x76 | 0x94 | 0x00 => Category::Filesystem,
+                0x89 if !matches!(req, 0x8901 | 0x8902) => Category::Network,
+                _ => Category::Privilege,
+            };
+            hint = Some(
+                "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox",
+            );
+            let shown =
+                syscalls::ioctl_name(req).map_or_else(|| format!("{req:#x}"), str::to_string);
             (
-                format!("fd {}, request {:#x}", a[0] as i32, a[1]),
-                "ioctl requests that inject into terminals or route SIGIO are denied".into(),
+                format!("fd {}, {shown}", a[0] as i32),
+                "ioctl requests are an allowlist (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX...)"
+                    .into(),
             )
         }
         "seccomp" => {
@@ -496,11 +651,71 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             )
         }
         "fcntl" if !policy.syscalls.denies(name) => {
-            category = Category::Privilege;
             always_deny = true;
+            let cmd = syscalls::fcntl_name(a[1]);
+            let (cat, rule) = match cmd {
+                Some("F_SETLEASE") => (
+                    Category::Filesystem,
+                    "leases are denied: a lease blocks other processes' opens of the file",
+                ),
+                Some("F_NOTIFY") => (
+                    Category::Filesystem,
+                    "directory notifications are denied: they watch directories outside the sandbox",
+                ),
+                Some("F_SETPIPE_SZ") => (
+                    Category::Other,
+                    "pipe sizes are fixed: pipe buffers are a per-user quota every other guest shares",
+                ),
+                Some("F_SETOWN" | "F_SETOWN_EX" | "F_SETSIG") => (
+                    Category::Privilege,
+                    "SIGIO may not be routed to another process (F_SETOWN, F_SETSIG)",
+                ),
+                _ => (
+                    Category::Privilege,
+                    "fcntl commands are an allowlist (descriptor flags, duplication, lock queries; locks under --rw)",
+                ),
+            };
+            category = cat;
+            let shown = cmd.map_or_else(|| format!("cmd {:#x}", a[1]), str::to_string);
             (
-                format!("fd {}, cmd {}, arg {}", a[0] as i32, a[1], a[2] as i64),
-                "SIGIO may not be routed to another process (F_SETOWN, F_SETSIG)".into(),
+                format!("fd {}, {shown}, arg {}", a[0] as i32, a[2] as i64),
+                rule.into(),
+            )
+        }
+        "memfd_create" if !policy.syscalls.denies(name) => {
+            hint = Some(
+                "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects",
+            );
+            (
+                format!(
+                    "{:?}, flags {:#x}",
+                    read_string(n.pid, a[0]).unwrap_or_default(),
+                    a[1]
+                ),
+                "memory files are denied: they are not counted by limits.memory".into(),
+            )
+        }
+        "shmget" | "shmat" | "shmctl" | "shmdt" | "msgget" | "msgsnd" | "msgrcv" | "msgctl"
+        | "semget" | "semop" | "semtimedop" | "semctl" | "mq_open" | "mq_unlink"
+        | "mq_timedsend" | "mq_timedreceive" | "mq_notify" | "mq_getsetattr"
+            if !policy.syscalls.denies(name) =>
+        {
+            hint = Some(
+                "inter-process channels are not allowed in workflow code (prefork sessions would share them)",
+            );
+            (
+                hex_args(a, 3),
+                "System V IPC and POSIX message queues are denied".into(),
+            )
+        }
+        "mmap" if !policy.syscalls.denies(name) => {
+            always_deny = true;
+            hint = Some(
+                "shared memory is not allowed in prefork (zygote) mode: a mapping made before a fork would carry one session's data to the next; use ordinary objects",
+            );
+            (
+                format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
+                "no shared anonymous memory in a zygote".into(),
             )
         }
         _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
@@ -518,8 +733,29 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         rule,
         always_deny,
         errno: libc::EPERM,
-        hint: None,
+        hint,
     }
+}
+
+/// `MAP_SHARED|MAP_ANONYMOUS|...` (the mapping type and the flags that matter here).
+fn format_mmap_flags(flags: u64) -> String {
+    let mut parts = vec![match flags & 0x0f {
+        0x01 => "MAP_SHARED".to_string(),
+        0x02 => "MAP_PRIVATE".to_string(),
+        0x03 => "MAP_SHARED_VALIDATE".to_string(),
+        t => format!("type {t:#x}"),
+    }];
+    for (bit, name) in [
+        (libc::MAP_ANONYMOUS, "MAP_ANONYMOUS"),
+        (libc::MAP_FIXED, "MAP_FIXED"),
+        (libc::MAP_NORESERVE, "MAP_NORESERVE"),
+        (libc::MAP_POPULATE, "MAP_POPULATE"),
+    ] {
+        if flags & bit as u64 != 0 {
+            parts.push(name.to_string());
+        }
+    }
+    parts.join("|")
 }
 
 fn mode_str(m: NetworkMode) -> &'static str {
@@ -566,5 +802,12 @@ mod tests {
     fn clone_flags() {
         let f = (libc::CLONE_VM | libc::CLONE_THREAD | libc::SIGCHLD) as u64;
         assert_eq!(format_clone_flags(f), "CLONE_VM|CLONE_THREAD|SIGCHLD");
+        // High bits are not CLONE_IO (issue 7, E6).
+        assert_eq!(
+            format_clone_flags(0x1_0000_0000 | libc::SIGCHLD as u64),
+            "SIGCHLD|0x100000000"
+        );
+        assert_eq!(format_clone_flags(libc::CLONE_IO as u32 as u64), "CLONE_IO");
+        assert_eq!(format_clone_flags(0x40_0000), "0x400000"); // CLONE_DETACHED, unused
     }
 }

@@ -1,10 +1,24 @@
 //! Which file-system writes the policy grants, judged the way Landlock judges them: by the
 //! identity (device, inode) of the granted directories and files, so that a path reached
 //! through a bind mount or a symlink is treated like its target.
+//!
+//! A guest's path is resolved here by hand, one component at a time, as bytes (a file name
+//! need not be UTF-8): symlinks are followed with `readlink` even when their target does not
+//! exist (a dangling link in a `--rw` directory may point outside it), at most
+//! [`MAX_SYMLINKS`] of them like the kernel, and `/proc/self` and `/proc/thread-self` name the
+//! guest, not the supervisor. What cannot be resolved is judged by the deepest directory that
+//! could be: inside the grants the kernel decides (it will say ENOENT or ENOTDIR); outside,
+//! the write cannot be judged, and that is a violation.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+
+/// Symlinks followed in one resolution before it is ELOOP (the kernel's limit).
+pub const MAX_SYMLINKS: u32 = 40;
 
 /// The write grants of one execution.
 #[derive(Debug, Clone, Default)]
@@ -12,8 +26,137 @@ pub struct WriteGrants {
     ids: HashSet<(u64, u64)>,
 }
 
+/// How a write to one path is judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Inside the grants, or bound to fail in the kernel below a granted directory.
+    Granted,
+    /// Outside the grants: the path as resolved.
+    Outside(PathBuf),
+    /// Cannot be told (a component outside the grants could not be resolved): why.
+    CannotJudge(String),
+}
+
 fn id_of(p: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// What resolving a path gave.
+#[derive(Debug, PartialEq, Eq)]
+enum Resolved {
+    /// Every directory resolved: the path of the final name (which may not exist) and, when
+    /// it exists, its identity.
+    Full(PathBuf, Option<(u64, u64)>),
+    /// Stopped at existing directory `.0`: `.1` says why.
+    Partial(PathBuf, String),
+    /// A descriptor without a path (pipe, socket, anonymous inode) reached through
+    /// `/proc/PID/fd/N`: the guest already holds it.
+    Pseudo,
+}
+
+enum Part {
+    Root,
+    Up,
+    Name(OsString),
+}
+
+fn parts(p: &Path) -> impl Iterator<Item = Part> + '_ {
+    p.components().filter_map(|c| match c {
+        Component::RootDir | Component::Prefix(_) => Some(Part::Root),
+        Component::CurDir => None,
+        Component::ParentDir => Some(Part::Up),
+        Component::Normal(n) => Some(Part::Name(n.to_os_string())),
+    })
+}
+
+/// Whether `p` is inside some process's `/proc/PID` directory, where symlinks are "magic":
+/// the kernel jumps to the file behind them, which may have no path at all.
+fn in_proc_pid(p: &Path) -> bool {
+    let mut c = p.components();
+    c.next() == Some(Component::RootDir)
+        && c.next() == Some(Component::Normal(OsStr::new("proc")))
+        && matches!(c.next(), Some(Component::Normal(n))
+            if !n.is_empty() && n.as_bytes().iter().all(u8::is_ascii_digit))
+}
+
+/// Resolves absolute `path` as the guest (global pid `pid`) would. `follow`: the call
+/// follows a final symlink.
+fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
+    let mut queue: VecDeque<Part> = parts(path).collect();
+    let mut cur = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = queue.pop_front() {
+        let name = match part {
+            Part::Root => {
+                cur = PathBuf::from("/");
+                continue;
+            }
+            Part::Up => {
+                cur.pop(); // `cur` is resolved, so its parent is what ".." reaches
+                continue;
+            }
+            Part::Name(n) => n,
+        };
+        // /proc/self and /proc/thread-self are the guest's, not ours.
+        let name = if cur == Path::new("/proc") && name == "self" {
+            OsString::from(pid.to_string())
+        } else if cur == Path::new("/proc") && name == "thread-self" {
+            queue.push_front(Part::Name(pid.to_string().into()));
+            queue.push_front(Part::Name("task".into()));
+            OsString::from(pid.to_string())
+        } else {
+            name
+        };
+        let last = queue.is_empty();
+        let cand = cur.join(&name);
+        let meta = match std::fs::symlink_metadata(&cand) {
+            Ok(m) => m,
+            Err(e) if last && e.kind() == io::ErrorKind::NotFound => {
+                return Resolved::Full(cand, None);
+            }
+            Err(e) => return Resolved::Partial(cur, format!("{}: {e}", cand.display())),
+        };
+        if meta.file_type().is_symlink() && (!last || follow) {
+            links += 1;
+            if links > MAX_SYMLINKS {
+                return Resolved::Partial(cur, format!("{}: too many symlinks", cand.display()));
+            }
+            let target = match std::fs::read_link(&cand) {
+                Ok(t) => t,
+                Err(e) => return Resolved::Partial(cur, format!("{}: {e}", cand.display())),
+            };
+            let mut target = target.into_os_string();
+            if in_proc_pid(&cand) {
+                // A magic link: the kernel goes to the file itself. A path we can follow; a
+                // deleted file is judged by its directory; a pipe or socket has no path.
+                let bytes = target.as_bytes();
+                if bytes.first() != Some(&b'/') {
+                    if last {
+                        return Resolved::Pseudo;
+                    }
+                    return Resolved::Partial(cur, format!("{}: not a directory", cand.display()));
+                }
+                if let Some(live) = bytes.strip_suffix(b" (deleted)") {
+                    target = OsStr::from_bytes(live).to_os_string();
+                }
+            }
+            let target = PathBuf::from(target);
+            for p in parts(&target).collect::<Vec<_>>().into_iter().rev() {
+                queue.push_front(p);
+            }
+            continue;
+        }
+        if last {
+            return Resolved::Full(cand, Some((meta.dev(), meta.ino())));
+        }
+        if !meta.is_dir() {
+            return Resolved::Partial(cur, format!("{}: not a directory", cand.display()));
+        }
+        cur = cand;
+    }
+    // Ended on a directory ("/", "/rw/..", "/rw/.").
+    let id = id_of(&cur);
+    Resolved::Full(cur, id)
 }
 
 impl WriteGrants {
@@ -23,61 +166,97 @@ impl WriteGrants {
         }
     }
 
-    /// Whether writing `path` (absolute, as the guest named it after joining its base) is
-    /// granted. `follow`: the call follows a final symlink (open does; unlink does not).
-    /// Unknown is answered `true`: Landlock still decides, we only lose the report.
-    pub fn covers(&self, path: &Path, follow: bool) -> bool {
-        let target = if follow {
-            std::fs::canonicalize(path).ok()
-        } else {
-            None
-        };
-        let start = match target {
-            Some(t) => t,
-            None => match (path.parent(), path.file_name()) {
-                (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
-                    Ok(p) => p.join(name),
-                    Err(_) => return true, // the kernel will fail it (ENOENT) anyway
-                },
-                _ => return true,
-            },
-        };
-        // The file itself (a granted device such as /dev/null), then each ancestor.
-        let mut cur: Option<&Path> = Some(&start);
-        while let Some(p) = cur {
-            if let Some(id) = id_of(p)
-                && self.ids.contains(&id)
-            {
-                return true;
+    /// Whether `dir` (resolved, existing) or one of its ancestors is granted.
+    fn covers_dir(&self, dir: &Path) -> bool {
+        dir.ancestors()
+            .any(|p| id_of(p).is_some_and(|id| self.ids.contains(&id)))
+    }
+
+    /// Judges a write to `path` (absolute; `/proc/self` means guest `pid`). `follow`: the call
+    /// follows a final symlink (open does; unlink does not). `pseudo`: the verdict when the
+    /// path is a descriptor without a path (a pipe reopened through `/proc/self/fd/N`).
+    pub fn judge(&self, pid: u32, path: &Path, follow: bool, pseudo: bool) -> Verdict {
+        match resolve(pid, path, follow) {
+            Resolved::Pseudo if pseudo => Verdict::Granted,
+            Resolved::Pseudo => Verdict::CannotJudge("not a file (a pipe or socket)".into()),
+            Resolved::Full(p, id) => {
+                // The file itself (a granted device such as /dev/null), then each ancestor.
+                let granted = id.is_some_and(|id| self.ids.contains(&id))
+                    || p.parent().is_some_and(|d| self.covers_dir(d));
+                if granted {
+                    Verdict::Granted
+                } else {
+                    Verdict::Outside(p)
+                }
             }
-            cur = p.parent();
+            // The kernel stops where we stopped: below a granted directory it is its call.
+            Resolved::Partial(at, _) if self.covers_dir(&at) => Verdict::Granted,
+            Resolved::Partial(_, why) => Verdict::CannotJudge(why),
         }
-        false
+    }
+
+    /// Whether writing `path` is granted (see [`WriteGrants::judge`]); a path that cannot be
+    /// judged is not.
+    pub fn covers(&self, path: &Path, follow: bool) -> bool {
+        self.judge(std::process::id(), path, follow, true) == Verdict::Granted
     }
 }
 
-/// The directory a guest's relative path starts from: its cwd or the directory behind `dirfd`.
-pub fn base_dir(pid: u32, dirfd: i32, path: &str) -> Option<PathBuf> {
-    if path.starts_with('/') {
-        return Some(PathBuf::from("/"));
+/// The absolute path the guest (global pid `pid`) names with `path` relative to `dirfd`:
+/// through its cwd or descriptor in `/proc`, which [`WriteGrants::judge`] resolves.
+pub fn guest_path(pid: u32, dirfd: i32, path: &[u8]) -> PathBuf {
+    let path = Path::new(OsStr::from_bytes(path));
+    if path.is_absolute() {
+        return path.to_path_buf();
     }
-    let link = if dirfd == libc::AT_FDCWD {
+    let base = if dirfd == libc::AT_FDCWD {
         format!("/proc/{pid}/cwd")
     } else {
         format!("/proc/{pid}/fd/{dirfd}")
     };
-    std::fs::read_link(link).ok()
+    PathBuf::from(base).join(path)
+}
+
+/// `path` as the guest meant it, for reports: a `/proc/PID/cwd` or `/proc/PID/fd/N` prefix
+/// replaced by what it points to, when that is a path.
+pub fn display(pid: u32, path: &Path) -> PathBuf {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let Ok(rest) = path.strip_prefix(&proc) else {
+        return path.to_path_buf();
+    };
+    let mut c = rest.components();
+    let prefix = match (c.next(), c.clone().next()) {
+        (Some(Component::Normal(n)), _) if n == "cwd" => proc.join(n),
+        (Some(Component::Normal(n)), Some(Component::Normal(fd))) if n == "fd" => {
+            c.next();
+            proc.join(n).join(fd)
+        }
+        _ => return path.to_path_buf(),
+    };
+    match std::fs::read_link(&prefix) {
+        Ok(t) if t.is_absolute() && c.as_path().as_os_str().is_empty() => t,
+        Ok(t) if t.is_absolute() => t.join(c.as_path()),
+        _ => path.to_path_buf(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("wfjail-paths-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 
     #[test]
     fn grants_by_identity() {
-        let dir = std::env::temp_dir().join(format!("wfjail-paths-{}", std::process::id()));
+        let dir = scratch("id");
         std::fs::create_dir_all(dir.join("sub")).unwrap();
-        std::os::unix::fs::symlink(&dir, dir.with_extension("link")).ok();
+        symlink(&dir, dir.with_extension("link")).ok();
         let g = WriteGrants::new(std::slice::from_ref(&dir));
         assert!(g.covers(&dir.join("new-file"), true));
         assert!(g.covers(&dir.join("sub/x"), true));
@@ -91,5 +270,124 @@ mod tests {
         assert!(!null.covers(Path::new("/dev/zero"), true));
         std::fs::remove_file(dir.with_extension("link")).ok();
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn dangling_symlinks_are_followed() {
+        let root = scratch("dangling");
+        let (rw, out) = (root.join("rw"), root.join("out"));
+        std::fs::create_dir_all(&rw).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        symlink(out.join("missing"), rw.join("abs")).unwrap();
+        symlink("../out/missing", rw.join("rel")).unwrap();
+        symlink("inside-missing", rw.join("in")).unwrap();
+        symlink("loop", rw.join("loop")).unwrap();
+        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let me = std::process::id();
+        for l in ["abs", "rel"] {
+            assert_eq!(
+                g.judge(me, &rw.join(l), true, true),
+                Verdict::Outside(out.join("missing")),
+                "{l}"
+            );
+            // unlink/rename do not follow: the link itself is in the grants.
+            assert_eq!(g.judge(me, &rw.join(l), false, true), Verdict::Granted);
+        }
+        assert_eq!(g.judge(me, &rw.join("in"), true, true), Verdict::Granted);
+        assert!(matches!(
+            g.judge(me, &rw.join("loop/x"), true, true),
+            Verdict::Granted // ELOOP below a granted directory: the kernel's call
+        ));
+        let g_out = WriteGrants::new(std::slice::from_ref(&out));
+        assert!(matches!(
+            g_out.judge(me, &rw.join("loop"), true, true),
+            Verdict::CannotJudge(w) if w.contains("too many symlinks")
+        ));
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn missing_directories_are_judged_by_the_deepest_existing_one() {
+        let root = scratch("missing");
+        let rw = root.join("rw");
+        std::fs::create_dir_all(&rw).unwrap();
+        std::fs::write(root.join("file"), "").unwrap();
+        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let me = std::process::id();
+        assert_eq!(
+            g.judge(me, &rw.join("no/such/x"), true, true),
+            Verdict::Granted
+        );
+        assert_eq!(
+            g.judge(me, &rw.join("no/../../escape"), true, true),
+            Verdict::Granted,
+            "the kernel stops at rw/no (ENOENT)"
+        );
+        assert!(matches!(
+            g.judge(me, &root.join("no/x"), true, true),
+            Verdict::CannotJudge(_)
+        ));
+        assert!(matches!(
+            g.judge(me, &root.join("file/x"), true, true),
+            Verdict::CannotJudge(w) if w.contains("not a directory")
+        ));
+        assert_eq!(
+            g.judge(me, &rw.join("../x"), true, true),
+            Verdict::Outside(root.join("x"))
+        );
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn non_utf8_names_are_kept() {
+        let root = scratch("bytes");
+        let rw = root.join("rw");
+        let odd = root.join(OsStr::from_bytes(b"caf\xe9"));
+        std::fs::create_dir_all(&rw).unwrap();
+        std::fs::create_dir_all(&odd).unwrap();
+        // A lossy copy of the name ("caf\u{fffd}") does not exist; the real one does.
+        symlink(&rw, odd.join("to-rw")).unwrap();
+        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let me = std::process::id();
+        assert_eq!(
+            g.judge(me, &odd.join("to-rw/x"), true, true),
+            Verdict::Granted
+        );
+        assert_eq!(
+            g.judge(me, &odd.join("x"), true, true),
+            Verdict::Outside(odd.join("x"))
+        );
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn proc_self_is_the_guest() {
+        let root = scratch("proc");
+        let g = WriteGrants::new(std::slice::from_ref(&root));
+        // Our own cwd is not granted; "the guest" (this process, by pid) is checked through
+        // /proc/PID, which must give the same answer as /proc/self.
+        let me = std::process::id();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            g.judge(me, Path::new("/proc/self/cwd/x"), true, true),
+            Verdict::Outside(cwd.join("x"))
+        );
+        // A pipe behind /proc/self/fd/N has no path: reopening it is the pseudo verdict.
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let p = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&w)
+        ));
+        assert_eq!(g.judge(me, &p, true, true), Verdict::Granted);
+        assert!(matches!(
+            g.judge(me, &p, true, false),
+            Verdict::CannotJudge(_)
+        ));
+        drop((r, w));
+        assert_eq!(
+            display(me, &guest_path(me, libc::AT_FDCWD, b"a/b")),
+            cwd.join("a/b")
+        );
+        std::fs::remove_dir_all(&root).ok();
     }
 }
