@@ -248,6 +248,9 @@ fn read_path(pid: u32, addr: u64) -> Result<Vec<u8>, PathError> {
         let chunk = read_mem(pid, a, want).ok_or(PathError::Unreadable)?;
         if let Some(nul) = chunk.iter().position(|&b| b == 0) {
             out.extend_from_slice(&chunk[..nul]);
+            if out.len() >= libc::PATH_MAX as usize {
+                break;
+            }
             return Ok(out);
         }
         a += chunk.len() as u64;

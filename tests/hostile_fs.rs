@@ -1,0 +1,446 @@
+//! A hostile guest against the host through what it was given (issue 7, C2, C3, D1, D3, B3,
+//! E4, E6, F1-F3, F5): ioctls and fcntls on granted files, locks held against host processes,
+//! memory files, shared memory in a zygote, and writes the supervisor could not judge. Each
+//! attempt runs in a real confined process; the test asserts the errno the guest saw and the
+//! report entry.
+
+mod common;
+
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+
+use common::{Outcome, PY, Scratch, errno_of, py, raw_syscall, run_reported, wfjail_bin};
+
+/// The violations of `o` for `syscall`.
+fn violations<'a>(o: &'a Outcome, syscall: &str) -> Vec<&'a serde_json::Value> {
+    o.report["violations"]
+        .as_array()
+        .map(|l| l.iter().filter(|v| v["syscall"] == syscall).collect())
+        .unwrap_or_default()
+}
+
+/// Asserts one violation of `syscall` in `category` whose args contain `args`.
+fn assert_reported(o: &Outcome, syscall: &str, category: &str, args: &str) {
+    let found = violations(o, syscall)
+        .into_iter()
+        .any(|v| v["category"] == category && v["args"].as_str().unwrap_or("").contains(args));
+    o.check(
+        found,
+        &format!("a {category} violation of {syscall} with args containing {args:?}"),
+    );
+}
+
+fn s(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+// ---- ioctl ----------------------------------------------------------------------------------
+
+#[test]
+fn inode_flag_ioctls_on_read_only_files_are_denied_and_reported() {
+    let dir = Scratch::new("ioctl-flags");
+    let f = dir.write("data.txt", "hello");
+    // FS_IOC_SETFLAGS takes an int, FS_IOC_FSSETXATTR a 28-byte struct fsxattr; the guest's
+    // uid owns the file, so only the filter stands between it and the inode.
+    let code = format!(
+        "import fcntl, os\nfd = os.open({f:?}, os.O_RDONLY)\n{}{}",
+        errno_of("fcntl.ioctl(fd, 0x40086602, b'\\0' * 4)"),
+        errno_of("fcntl.ioctl(fd, 0x401c5820, b'\\0' * 28)"),
+        f = s(&f)
+    );
+    let o = py("default", &["--ro", &s(&dir.0)], &code);
+    o.check(
+        o.stdout == "errno=1\nerrno=1\n",
+        "both ioctls fail with EPERM",
+    );
+    assert_reported(&o, "ioctl", "filesystem", "FS_IOC_SETFLAGS");
+    assert_reported(&o, "ioctl", "filesystem", "FS_IOC_FSSETXATTR");
+    o.check(o.code == 3 && o.status() == "violation", "exit 3");
+}
+
+#[test]
+fn interface_listing_on_a_socket_is_denied_and_reported() {
+    let code = format!(
+        "import fcntl, socket\na, b = socket.socketpair()\n{}",
+        errno_of("fcntl.ioctl(a.fileno(), 0x8912, b'\\0' * 16)") // SIOCGIFCONF
+    );
+    let o = py("default", &[], &code);
+    o.check(o.stdout == "errno=1\n", "SIOCGIFCONF fails with EPERM");
+    assert_reported(&o, "ioctl", "network", "SIOCGIFCONF");
+}
+
+#[test]
+fn the_ioctls_libc_and_cpython_need_still_work() {
+    // isatty (TCGETS), FIONREAD, FIONBIO (setblocking), FIOCLEX/FIONCLEX (set_inheritable),
+    // terminal size: none is a violation, under the temporal-python policy.
+    let code = "import asyncio, logging, json, fcntl, os, socket, struct, sys, termios\n\
+                a, b = socket.socketpair()\na.setblocking(False)\nb.send(b'xyz')\n\
+                n = struct.unpack('i', fcntl.ioctl(a.fileno(), termios.FIONREAD, b'\\0' * 4))[0]\n\
+                os.set_inheritable(a.fileno(), True)\nos.set_inheritable(a.fileno(), False)\n\
+                logging.basicConfig()\nasyncio.run(asyncio.sleep(0))\n\
+                print(sys.stdout.isatty(), n, os.get_inheritable(a.fileno()))\n";
+    let o = py("temporal-python", &[], code);
+    o.check(
+        o.code == 0 && o.stdout == "False 3 False\n",
+        "runs without a violation",
+    );
+    o.check(
+        o.report["violations"]
+            .as_array()
+            .is_some_and(|l| l.is_empty()),
+        "no violations",
+    );
+}
+
+// ---- fcntl and locks ------------------------------------------------------------------------
+
+#[test]
+fn leases_notifications_and_pipe_sizes_are_denied_and_reported() {
+    let dir = Scratch::new("fcntl");
+    let f = dir.write("data.txt", "hello");
+    let code = format!(
+        "import fcntl, os\nfd = os.open({f:?}, os.O_RDONLY)\nd = os.open({d:?}, os.O_RDONLY)\n\
+         r, w = os.pipe()\n{}{}{}",
+        errno_of("fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)"),
+        errno_of("fcntl.fcntl(d, fcntl.F_NOTIFY, fcntl.DN_MODIFY)"),
+        errno_of("fcntl.fcntl(w, 1031, 1 << 20)"), // F_SETPIPE_SZ
+        f = s(&f),
+        d = s(&dir.0)
+    );
+    let o = py("default", &["--ro", &s(&dir.0)], &code);
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\n",
+        "each fails with EPERM",
+    );
+    assert_reported(&o, "fcntl", "filesystem", "F_SETLEASE");
+    assert_reported(&o, "fcntl", "filesystem", "F_NOTIFY");
+    assert_reported(&o, "fcntl", "other", "F_SETPIPE_SZ");
+}
+
+#[test]
+fn locks_are_allowed_only_on_files_under_the_write_grants() {
+    let ro = Scratch::new("lock-ro");
+    let rw = Scratch::new("lock-rw");
+    let host = ro.write("host.lock", "");
+    let mine = rw.write("mine.lock", "");
+    let code = format!(
+        "import fcntl, os, struct\n\
+         h = os.open({host:?}, os.O_RDONLY)\nm = os.open({mine:?}, os.O_RDWR)\n\
+         {}{}{}\
+         fcntl.flock(m, fcntl.LOCK_EX | fcntl.LOCK_NB)\nfcntl.flock(m, fcntl.LOCK_UN)\n\
+         fcntl.lockf(m, fcntl.LOCK_EX | fcntl.LOCK_NB)\nfcntl.lockf(m, fcntl.LOCK_UN)\n\
+         fcntl.fcntl(m, 37, struct.pack('hhqqi4x', fcntl.F_WRLCK, 0, 0, 0, 0))\n\
+         fcntl.fcntl(h, fcntl.F_SETLK, struct.pack('hhqqi4x', fcntl.F_UNLCK, 0, 0, 0, 0))\n\
+         fcntl.flock(h, fcntl.LOCK_UN)\n\
+         print('rw locks ok')\n",
+        errno_of("fcntl.flock(h, fcntl.LOCK_SH | fcntl.LOCK_NB)"),
+        errno_of("fcntl.lockf(h, fcntl.LOCK_SH | fcntl.LOCK_NB)"),
+        errno_of("fcntl.fcntl(h, 37, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))"),
+        host = s(&host),
+        mine = s(&mine)
+    );
+    let o = py("default", &["--ro", &s(&ro.0), "--rw", &s(&rw.0)], &code);
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\nrw locks ok\n",
+        "locks on the read-only file fail with EPERM; under --rw they work, unlocking anywhere",
+    );
+    assert_reported(
+        &o,
+        "flock",
+        "filesystem",
+        &format!("LOCK_SH on {}", s(&host)),
+    );
+    assert_reported(
+        &o,
+        "fcntl",
+        "filesystem",
+        &format!("F_SETLK F_RDLCK on {}", s(&host)),
+    );
+    assert_reported(
+        &o,
+        "fcntl",
+        "filesystem",
+        &format!("F_OFD_SETLK F_RDLCK on {}", s(&host)),
+    );
+    o.check(
+        o.report["violations"].as_array().unwrap().len() == 3,
+        "locks under --rw and unlocks are not violations",
+    );
+    let v = &violations(&o, "flock")[0];
+    o.check(
+        v["hint"].as_str().unwrap().contains("--rw"),
+        "the hint says where to lock",
+    );
+}
+
+// ---- memory files, IPC, shared memory --------------------------------------------------------
+
+#[test]
+fn memory_files_are_denied_and_reported() {
+    // A memfd is not counted by RLIMIT_AS: 1.5 GiB could be held under a 1 GiB limit.
+    let o = py(
+        "default",
+        &[],
+        &errno_of("import os; os.memfd_create('big')"),
+    );
+    o.check(o.stdout == "errno=1\n", "memfd_create fails with EPERM");
+    let v = &violations(&o, "memfd_create")[0];
+    o.check(
+        v["args"].as_str().unwrap().contains("big"),
+        "the name is decoded",
+    );
+    o.check(
+        v["hint"]
+            .as_str()
+            .unwrap()
+            .contains("memory files are not allowed"),
+        "with its hint",
+    );
+}
+
+#[test]
+fn system_v_ipc_and_message_queues_are_denied_and_reported() {
+    // shmget(IPC_PRIVATE, 4096, IPC_CREAT|0600), msgget, semget, mq_open: a channel between
+    // prefork sessions, which share an IPC namespace.
+    for (nr, name, args) in [
+        (29u64, "shmget", vec![0u64, 4096, 0o1600]),
+        (68, "msgget", vec![0, 0o1600]),
+        (64, "semget", vec![0, 1, 0o1600]),
+        (240, "mq_open", vec![0, 0o100, 0o600, 0]),
+    ] {
+        let o = py("default", &[], &raw_syscall(nr, &args));
+        o.check(o.stdout == "errno=1\n", &format!("{name} fails with EPERM"));
+        let v = violations(&o, name);
+        o.check(
+            v.first()
+                .is_some_and(|v| v["rule"].as_str().unwrap().contains("System V IPC")),
+            &format!("{name} is reported with its rule"),
+        );
+    }
+}
+
+#[test]
+fn run_still_allows_shared_anonymous_memory() {
+    // Nobody to share it with in a one-shot run.
+    let o = py(
+        "default",
+        &[],
+        "import mmap\nm = mmap.mmap(-1, 4096)\nm[:2] = b'ok'\nprint(m[:2].decode())",
+    );
+    o.check(o.code == 0 && o.stdout == "ok\n", "mmap.mmap(-1, n) works");
+}
+
+#[test]
+fn a_zygote_session_may_not_map_shared_anonymous_memory() {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let dir = Scratch::new("zygote-shm");
+    let module = format!(
+        "wf_{}",
+        dir.0
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('-', "_")
+    );
+    dir.write(
+        &format!("{module}.py"),
+        "import mmap\ndef shm(req):\n    try:\n        mmap.mmap(-1, 4096)\n        return b'mapped'\n    \
+         except OSError as e:\n        return b'errno=%d' % e.errno\n\
+         def private(req):\n    m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)\n    m[:2] = b'ok'\n    return bytes(m[:2])\n",
+    );
+    let policy = dir.write(
+        "policy.toml",
+        &format!(
+            "extends = \"temporal-python\"\n[filesystem]\nread = [\"{repo}/python\", \"{d}\"]\n\
+             [env]\nset = {{ PYTHONPATH = \"{repo}/python:{d}\" }}\n",
+            d = dir.0.display()
+        ),
+    );
+    let worker = dir.write(
+        "worker.py",
+        &format!(
+            "import sys, json\nsys.path.insert(0, {py:?})\nfrom wfjail.client import Client\n\
+             c = Client()\nout = {{}}\nfor h in ['shm', 'private']:\n    \
+             with c.session(handler={module:?} + ':' + h) as s:\n        out[h] = s.call(b'').decode()\n    \
+             out[h + ' report'] = s.report['violations']\nprint(json.dumps(out))\n",
+            py = format!("{repo}/python")
+        ),
+    );
+    let report = dir.path("report.json");
+    let mut cmd = Command::new(wfjail_bin());
+    cmd.current_dir(&dir.0);
+    let o = run_reported(
+        cmd,
+        &[
+            "serve",
+            "-p",
+            &s(&policy),
+            "--zygote",
+            "--zygotes",
+            "1",
+            "--python",
+            PY,
+            "--preload",
+            &module,
+            "--",
+            PY,
+            &s(&worker),
+        ],
+        &report,
+    );
+    o.check(o.code == 0, "serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(o.stdout.trim()).unwrap();
+    o.check(
+        r["shm"] == "errno=1",
+        "MAP_SHARED|MAP_ANONYMOUS fails with EPERM",
+    );
+    let v = &r["shm report"][0];
+    o.check(
+        v["syscall"] == "mmap"
+            && v["args"]
+                .as_str()
+                .unwrap()
+                .contains("MAP_SHARED|MAP_ANONYMOUS")
+            && v["action"] == "denied",
+        "and is reported in the session",
+    );
+    o.check(r["private"] == "ok", "a private anonymous mapping works");
+    o.check(
+        r["private report"].as_array().unwrap().is_empty(),
+        "without a violation",
+    );
+}
+
+// ---- judging writes -------------------------------------------------------------------------
+
+#[test]
+fn a_dangling_symlink_in_rw_to_a_missing_file_outside_is_reported() {
+    let rw = Scratch::new("dangling-rw");
+    let out = Scratch::new("dangling-out");
+    std::os::unix::fs::symlink(out.path("created"), rw.path("link")).unwrap();
+    let o = py(
+        "default",
+        &["--rw", &s(&rw.0)],
+        &errno_of(&format!("open({:?}, 'w')", s(&rw.path("link")))),
+    );
+    o.check(o.stdout == "errno=13\n", "EACCES");
+    o.check(!out.path("created").exists(), "nothing created outside");
+    assert_reported(&o, "openat", "filesystem", &s(&out.path("created")));
+}
+
+#[test]
+fn a_hard_link_of_a_file_outside_into_rw_is_reported() {
+    let rw = Scratch::new("link-rw");
+    let ro = Scratch::new("link-ro");
+    let f = ro.write("host.txt", "host");
+    let code = errno_of(&format!(
+        "import os; os.link({:?}, {:?})",
+        s(&f),
+        s(&rw.path("alias"))
+    ));
+    let o = py("default", &["--ro", &s(&ro.0), "--rw", &s(&rw.0)], &code);
+    o.check(
+        o.stdout == "errno=13\n",
+        "EACCES (Landlock alone says EXDEV)",
+    );
+    o.check(!rw.path("alias").exists(), "no link made");
+    assert_reported(&o, "link", "filesystem", &s(&f)); // CPython calls link(2)
+}
+
+#[test]
+fn a_non_utf8_directory_name_is_judged_by_its_bytes() {
+    let rw = Scratch::new("bytes-rw");
+    let out = Scratch::new("bytes-out");
+    let odd = out.0.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&odd).unwrap();
+    let target = [odd.as_os_str().as_bytes(), b"/x"].concat();
+    let lit: String = target.iter().map(|b| format!("\\x{b:02x}")).collect();
+    let o = py(
+        "default",
+        &["--rw", &s(&rw.0)],
+        &errno_of(&format!("open(b'{lit}', 'w')")),
+    );
+    o.check(o.stdout == "errno=13\n", "EACCES");
+    assert_reported(&o, "openat", "filesystem", &s(&out.0));
+}
+
+#[test]
+fn writes_that_cannot_be_judged_are_violations() {
+    let rw = Scratch::new("unjudged");
+    let long = format!("/{}", "a/".repeat(2100)); // longer than PATH_MAX
+    // open(0xdead0000, O_WRONLY|O_CREAT): unreadable; openat(99, "x", ...): no such dirfd.
+    let flags = (libc::O_WRONLY | libc::O_CREAT) as u64;
+    let bad_dirfd = format!(
+        "r = libc.syscall(ctypes.c_long(257), ctypes.c_long(99), ctypes.c_char_p(b'x'), \
+         ctypes.c_long({flags}), ctypes.c_long(0o644))\n\
+         print('errno=%d' % (ctypes.get_errno() if r == -1 else 0))\n"
+    );
+    let code = [
+        errno_of(&format!("open({long:?}, 'w')")),
+        raw_syscall(2, &[0xdead_0000, flags, 0o644]),
+        bad_dirfd,
+        // Below a granted directory a missing parent is the kernel's to refuse (ENOENT).
+        errno_of(&format!("open({:?}, 'w')", s(&rw.path("missing/x")))),
+    ]
+    .concat();
+    let o = py("default", &["--rw", &s(&rw.0)], &code);
+    o.check(
+        o.stdout == "errno=13\nerrno=13\nerrno=13\nerrno=2\n",
+        "EACCES for each write that cannot be judged, ENOENT below --rw",
+    );
+    let cannot: Vec<_> = o.report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["args"].as_str().unwrap().contains("cannot judge"))
+        .collect();
+    o.check(cannot.len() == 3, "three cannot-judge violations");
+    assert_reported(&o, "openat", "filesystem", "longer than PATH_MAX");
+    assert_reported(&o, "open", "filesystem", "not readable");
+    assert_reported(&o, "openat", "filesystem", "/fd/99");
+}
+
+#[test]
+fn proc_self_is_the_guest_not_the_supervisor() {
+    let rw = Scratch::new("procself");
+    let code = format!(
+        "import os\nos.chdir({rw:?})\n\
+         f = open('/proc/self/fd/1', 'w'); f.write('reopened\\n'); f.close()\n\
+         open('/proc/self/cwd/inside.txt', 'w').write('x')\n{}",
+        errno_of("open('/proc/self/cwd/../outside.txt', 'w')"),
+        rw = s(&rw.0)
+    );
+    let o = py("default", &["--rw", &s(&rw.0)], &code);
+    o.check(
+        o.stdout == "reopened\nerrno=13\n",
+        "its own stdout reopens, its cwd is its own",
+    );
+    o.check(
+        rw.path("inside.txt").exists(),
+        "written through /proc/self/cwd",
+    );
+    let parent = rw.0.parent().unwrap().join("outside.txt");
+    o.check(!parent.exists(), "nothing written outside");
+    assert_reported(&o, "openat", "filesystem", &s(&parent));
+    o.check(
+        o.report["violations"].as_array().unwrap().len() == 1,
+        "only the write outside is a violation",
+    );
+}
+
+#[test]
+fn clone_flags_above_32_bits_are_not_clone_io() {
+    // clone(0x1_0000_0011) -> SIGCHLD plus an unknown high bit, not CLONE_IO.
+    let o = py(
+        "default",
+        &[],
+        &raw_syscall(56, &[0x1_0000_0011, 0, 0, 0, 0]),
+    );
+    o.check(o.stdout == "errno=1\n", "EPERM");
+    let v = o.assert_violation("clone", "subprocess");
+    let args = v["args"].as_str().unwrap();
+    o.check(
+        args == "SIGCHLD|0x100000000",
+        "decoded on 32 bits, the rest in hex",
+    );
+}
