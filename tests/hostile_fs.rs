@@ -444,3 +444,61 @@ fn clone_flags_above_32_bits_are_not_clone_io() {
         "decoded on 32 bits, the rest in hex",
     );
 }
+
+/// `examples/container_sim` (built on first use), to run wfjail without a seccomp listener.
+fn container_sim() -> std::path::PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let profile_dir = wfjail_bin().parent().unwrap().to_path_buf();
+    let sim = profile_dir.join("examples/container_sim");
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if !sim.exists() {
+        // target/<triple>/<profile>: .cargo/config.toml sets the triple.
+        let above = profile_dir.parent().unwrap();
+        let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+            "debug" => "dev",
+            other => other,
+        };
+        let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["build", "--example", "container_sim", "--profile", profile])
+            .arg("--manifest-path")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target")
+            .arg(above.file_name().unwrap())
+            .arg("--target-dir")
+            .arg(above.parent().unwrap())
+            .output()
+            .expect("cargo build --example container_sim");
+        assert!(out.status.success() && sim.exists(), "{out:?}");
+    }
+    sim
+}
+
+#[test]
+fn without_a_listener_locks_and_leases_are_simply_denied() {
+    let rw = Scratch::new("fallback-lock");
+    let f = rw.write("mine.lock", "");
+    let code = format!(
+        "import fcntl, os\nm = os.open({f:?}, os.O_RDWR)\n{}{}{}\
+         fcntl.flock(m, fcntl.LOCK_UN)\nprint(fcntl.fcntl(m, fcntl.F_GETFD))\n",
+        errno_of("fcntl.flock(m, fcntl.LOCK_EX | fcntl.LOCK_NB)"),
+        errno_of("fcntl.lockf(m, fcntl.LOCK_EX | fcntl.LOCK_NB)"),
+        errno_of("fcntl.fcntl(m, fcntl.F_SETLEASE, fcntl.F_WRLCK)"),
+        f = s(&f)
+    );
+    let report = rw.path("report.json");
+    let mut cmd = Command::new(container_sim());
+    cmd.args(["--deny-notify", "--"]).arg(wfjail_bin());
+    let o = run_reported(
+        cmd,
+        &["run", "--rw", &s(&rw.0), "--raw", "--", PY, "-c", &code],
+        &report,
+    );
+    o.check(
+        o.report["layers"]["seccomp"] != "user-notify",
+        "no listener: the fall-back program",
+    );
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\n1\n", // F_GETFD: FD_CLOEXEC
+        "even under --rw a lock is EPERM without a supervisor; unlocking and F_GETFD work",
+    );
+}
