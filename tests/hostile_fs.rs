@@ -244,7 +244,12 @@ fn a_zygote_session_may_not_map_shared_anonymous_memory() {
     );
     dir.write(
         &format!("{module}.py"),
-        "import mmap\ndef shm(req):\n    try:\n        mmap.mmap(-1, 4096)\n        return b'mapped'\n    \
+        // At preload (the zygote itself: every later session would inherit the mapping) and
+        // in a session.
+        "import mmap\ntry:\n    SHARED = mmap.mmap(-1, 4096)\n    AT_PRELOAD = b'mapped'\n\
+         except OSError as e:\n    AT_PRELOAD = b'errno=%d' % e.errno\n\
+         def preload(req):\n    return AT_PRELOAD\n\
+         def shm(req):\n    try:\n        mmap.mmap(-1, 4096)\n        return b'mapped'\n    \
          except OSError as e:\n        return b'errno=%d' % e.errno\n\
          def private(req):\n    m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)\n    m[:2] = b'ok'\n    return bytes(m[:2])\n",
     );
@@ -260,7 +265,7 @@ fn a_zygote_session_may_not_map_shared_anonymous_memory() {
         "worker.py",
         &format!(
             "import sys, json\nsys.path.insert(0, {py:?})\nfrom wfjail.client import Client\n\
-             c = Client()\nout = {{}}\nfor h in ['shm', 'private']:\n    \
+             c = Client()\nout = {{}}\nfor h in ['preload', 'shm', 'private']:\n    \
              with c.session(handler={module:?} + ':' + h) as s:\n        out[h] = s.call(b'').decode()\n    \
              out[h + ' report'] = s.report['violations']\nprint(json.dumps(out))\n",
             py = format!("{repo}/python")
