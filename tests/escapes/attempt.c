@@ -548,7 +548,7 @@ static int a_open_by_handle(int argc, char **argv) {
  * it to OUT/new: the supervisor must judge the path it cannot print. */
 static int a_nonutf8_escape(int argc, char **argv) {
     (void)argc;
-    char dir[4096], path[4096];
+    char dir[2048], path[4096];
     snprintf(dir, sizeof dir, "%s/\xff\xfe", argv[2]);
     if (syscall(SYS_mkdir, dir, 0755) != 0) {
         printf("result=setup-mkdir-%s\n", errname(errno));
