@@ -114,7 +114,7 @@ fn leases_notifications_and_pipe_sizes_are_denied_and_reported() {
     );
     assert_reported(&o, "fcntl", "filesystem", "F_SETLEASE");
     assert_reported(&o, "fcntl", "filesystem", "F_NOTIFY");
-    assert_reported(&o, "fcntl", "other", "F_SETPIPE_SZ");
+    assert_reported(&o, "fcntl", "privilege", "F_SETPIPE_SZ");
 }
 
 #[test]

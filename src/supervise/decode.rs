@@ -666,7 +666,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
                     "directory notifications are denied: they watch directories outside the sandbox",
                 ),
                 Some("F_SETPIPE_SZ") => (
-                    Category::Other,
+                    Category::Privilege,
                     "pipe sizes are fixed: pipe buffers are a per-user quota every other guest shares",
                 ),
                 Some("F_SETOWN" | "F_SETOWN_EX" | "F_SETSIG") => (
