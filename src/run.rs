@@ -93,7 +93,8 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     if let Some(feed) = stdin_feed {
         feed.start();
     }
-    let run_started = std::time::SystemTime::now();
+    // File times come from the kernel's coarse clock (up to a tick behind this one).
+    let run_started = std::time::SystemTime::now() - FILE_TIME_SLACK;
     let protocol = proto.map(|p| {
         let ((to_r, to_w), (from_r, from_w)) = (p.to_guest, p.from_guest);
         drop((to_r, from_w)); // the guest's ends
@@ -596,6 +597,10 @@ pub fn near_memory_limit(peak: u64, limit: u64) -> bool {
     let margin = (limit / 16).max(1 << 20);
     peak.saturating_add(margin) >= limit
 }
+
+/// How far a file's modification time may lag behind the run's start (the kernel stamps
+/// files with a clock that advances once a tick).
+const FILE_TIME_SLACK: Duration = Duration::from_millis(100);
 
 /// Entries looked at when searching the write grants for a file at the size limit.
 const FILE_SCAN_BUDGET: usize = 10_000;
