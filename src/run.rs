@@ -510,9 +510,11 @@ pub fn build_report(
         let failed =
             exit_code.is_some_and(|c| c != 0) || sig_num.is_some() || o.guest_error.is_some();
         let memory_hit = failed
-            && o.vm_peak.is_some_and(|peak| {
-                applied_rlimit(plan, libc::RLIMIT_AS).is_some_and(|l| near_memory_limit(peak, l))
-            });
+            && (o.memory_refused.is_some()
+                || o.vm_peak.is_some_and(|peak| {
+                    applied_rlimit(plan, libc::RLIMIT_AS)
+                        .is_some_and(|l| near_memory_limit(peak, l))
+                }));
         let file_size_hit = sig_num == Some(libc::SIGXFSZ) || (failed && o.file_at_limit.is_some());
         if enforced {
             Status::Violation

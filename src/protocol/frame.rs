@@ -242,6 +242,30 @@ mod tests {
     }
 
     #[test]
+    fn many_small_frames_in_one_feed_then_a_split_one() {
+        let mut stream: Vec<u8> = (0..10_000)
+            .flat_map(|_| encode(Kind::Log, b"\x14"))
+            .collect();
+        let tail = encode(Kind::Result, b"done");
+        stream.extend_from_slice(&tail[..3]);
+        let mut d = Decoder::new(MAX_FRAME);
+        d.feed(&stream);
+        let mut n = 0;
+        while let Some((k, p)) = d.next_frame().unwrap() {
+            assert_eq!((k, p.as_slice()), (Kind::Log, &b"\x14"[..]));
+            n += 1;
+        }
+        assert_eq!((n, d.buffered()), (10_000, 3));
+        d.feed(&tail[3..]);
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some((Kind::Result, b"done".to_vec()))
+        );
+        assert_eq!(d.buffered(), 0);
+        d.finish().unwrap();
+    }
+
+    #[test]
     fn oversized_is_rejected_before_allocating() {
         let mut d = Decoder::new(10);
         d.feed(&[0xff, 0xff, 0xff, 0xff]);

@@ -403,6 +403,57 @@ mod tests {
     }
 
     #[test]
+    fn the_outbox_is_bounded() {
+        let mut o = Outbox::with_opening(opening(b"req"));
+        let opening_len = o.len();
+        let answer = encode(Kind::Violations, b"[]");
+        let fits = OUTBOX_SLACK / answer.len();
+        for _ in 0..fits {
+            o.push(&answer).unwrap();
+        }
+        assert!(o.push(&answer).is_err(), "over the bound");
+        assert_eq!(o.len(), opening_len + fits * answer.len());
+        // Written bytes make room again.
+        let n = o.pending().len();
+        o.advance(n);
+        assert!(o.is_empty());
+        o.push(&answer).unwrap();
+        assert_eq!(o.pending(), &answer[..]);
+    }
+
+    #[test]
+    fn answers_and_charges_are_bounded() {
+        let v = Violation {
+            category: crate::policy::syscalls::Category::Filesystem,
+            syscall: "openat".into(),
+            args: "x".repeat(1000),
+            action: crate::report::Action::Denied,
+            rule: "r".into(),
+            hint: "h".into(),
+            count: 1,
+        };
+        let list = vec![v; 100];
+        let f = violations_frame(&list, 10_000);
+        assert!(f.len() <= 10_005);
+        let json: serde_json::Value = serde_json::from_slice(&f[5..]).unwrap();
+        assert!(!json.as_array().unwrap().is_empty());
+        let mut c = Conversation::new(64);
+        c.begin_call();
+        let bytes = guest_bytes(&[
+            (Kind::Hello, &hello(1)),
+            (Kind::Log, b"\x14"),
+            (Kind::Query, b""),
+        ]);
+        c.feed(&bytes).unwrap();
+        assert_eq!(
+            c.take_charge(),
+            bytes.len() as u64,
+            "empty frames are charged"
+        );
+        assert_eq!(c.take_charge(), 0);
+    }
+
+    #[test]
     fn sessions_allow_another_call() {
         let mut c = Conversation::new(64);
         let e = c.feed(&guest_bytes(&[(Kind::Hello, &hello(1))])).unwrap();

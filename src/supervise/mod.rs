@@ -192,20 +192,55 @@ pub struct Outcome {
     /// A file under the write grants at exactly the file-size limit (set by the caller
     /// after the run): kernel evidence for RLIMIT_FSIZE.
     pub file_at_limit: Option<String>,
+    /// An `mmap`/`mremap` that asked for more address space (bytes) than RLIMIT_AS left:
+    /// kernel evidence for the memory limit, when the filter routes large mappings here.
+    pub memory_refused: Option<u64>,
 }
 
-/// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
-pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
+/// The guest's current address space in bytes (`VmSize`), if readable.
+fn vm_size(pid: libc::pid_t) -> Option<u64> {
+    proc_status_kb(pid, "VmSize:").map(|kb| kb * 1024)
+}
+
+/// A `kB` field of /proc/PID/status.
+fn proc_status_kb(pid: libc::pid_t, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmPeak:"))?;
-    let kb: u64 = line
-        .trim_start_matches("VmPeak:")
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
-        .ok()?;
-    Some(kb * 1024)
+        .ok()
+}
+
+/// The name of the mapping call `n` (for the policy's deny list).
+fn mapping_call_name(n: &sys::Notif) -> &'static str {
+    if n.nr == libc::SYS_mremap as i32 {
+        "mremap"
+    } else {
+        "mmap"
+    }
+}
+
+/// How much address space a native `mmap` or `mremap` notification asks to add (`None` for
+/// any other call, and for `MAP_FIXED`, which may replace existing mappings). The arguments
+/// are registers, so what is read here is what the kernel will see.
+pub fn memory_request(n: &sys::Notif) -> Option<u64> {
+    if n.arch != crate::policy::bpf::AUDIT_ARCH_X86_64 {
+        return None;
+    }
+    match n.nr as libc::c_long {
+        libc::SYS_mmap if n.args[3] & libc::MAP_FIXED as u64 == 0 => Some(n.args[1]),
+        // mremap(old_address, old_size, new_size, flags, ...): the growth.
+        libc::SYS_mremap => Some(n.args[2].saturating_sub(n.args[1])),
+        _ => None,
+    }
+}
+
+/// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
+pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
+    proc_status_kb(pid, "VmPeak:").map(|kb| kb * 1024)
 }
 
 /// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
@@ -524,6 +559,23 @@ pub fn supervise(
                         violations::allow(l.as_fd(), &n);
                         continue;
                     }
+                    // A large allocation routed here for the memory limit's evidence. The
+                    // contract with the filter (policy/bpf.rs): with limits.memory set, it may
+                    // send mmap/mremap calls the policy allows (e.g. those asking for at least
+                    // limit/16); a call the policy denies is judged as a violation below.
+                    if let Some(limit) = cfg.memory_limit
+                        && let Some(grow) = memory_request(&n)
+                        && !policy.syscalls.denies(mapping_call_name(&n))
+                    {
+                        let size = vm_size(child.pid);
+                        if sys::notif_id_valid(l.as_fd(), n.id)
+                            && size.is_some_and(|s| s.saturating_add(grow) > limit)
+                        {
+                            o.memory_refused = Some(grow);
+                        }
+                        violations::allow(l.as_fd(), &n); // the kernel applies RLIMIT_AS
+                        continue;
+                    }
                     if violations::answer(
                         l.as_fd(),
                         &n,
@@ -604,8 +656,10 @@ pub fn supervise(
                                         if line.is_empty() {
                                             line = e.feed(b"\n");
                                         }
-                                        // What is echoed counts too (the prefix of an empty LOG).
-                                        output = output.saturating_add(line.len() as u64);
+                                        // What the echo adds (prefix, escapes) counts too,
+                                        // so an empty LOG costs its printed line.
+                                        let added = line.len().saturating_sub(text.len());
+                                        output = output.saturating_add(added as u64);
                                         let _ = w.write_all(&line);
                                     }
                                 }
@@ -680,5 +734,53 @@ fn level_name(level: u8) -> &'static str {
         11..=20 => "info",
         21..=30 => "warning",
         _ => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_lines_are_prefixed_escaped_and_bounded() {
+        let mut e = LineEcho::new("[g] ");
+        let out = e.feed(b"wfjail: ok\n\x1b[2Kx\ty\r\x7f\xc2\x9b\npartial");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "[g] wfjail: ok\n[g] \\x1b[2Kx\ty\\x0d\\x7f\\x9b\n"
+        );
+        assert_eq!(e.finish(), b"[g] partial\n");
+        let out = e.feed(&vec![b'a'; 3 * MAX_ECHO_LINE]);
+        assert_eq!(out.len(), 3 * (4 + MAX_ECHO_LINE + 1));
+        assert!(e.buf.is_empty());
+    }
+
+    fn notif(nr: libc::c_long, args: [u64; 6]) -> sys::Notif {
+        sys::Notif {
+            id: 1,
+            pid: 1,
+            nr: nr as i32,
+            arch: crate::policy::bpf::AUDIT_ARCH_X86_64,
+            instruction_pointer: 0,
+            args,
+        }
+    }
+
+    #[test]
+    fn memory_requests_are_read_from_registers() {
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, 0x22, 0, 0])),
+            Some(1 << 29)
+        );
+        let fixed = libc::MAP_FIXED as u64 | 0x22;
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, fixed, 0, 0])),
+            None
+        );
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mremap, [0, 1 << 20, 3 << 20, 1, 0, 0])),
+            Some(2 << 20)
+        );
+        assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
     }
 }
