@@ -188,7 +188,17 @@ impl GuestIo {
         }
         if opts.raw {
             // Never the caller's own descriptor: a terminal, a socket or a read-write file
-            // there would escape the policy. The guest reads a pipe that a thread fills.
+            // there would escape the policy. The guest reads a pipe that a thread fills, or
+            // a /dev/null of its own when that is all the input is.
+            if is_dev_null(&input) {
+                return Ok(GuestIo {
+                    stdin: null()?,
+                    stdin_feed: None,
+                    out,
+                    err,
+                    proto: None,
+                });
+            }
             let (r, w) = pipe()?;
             return Ok(GuestIo {
                 stdin: r,
@@ -285,6 +295,15 @@ pub fn protocol_env(policy: &Policy) -> Vec<(String, String)> {
 /// The largest frame payload accepted: 16 MiB, or `limits.output` if smaller.
 pub fn frame_cap(policy: &Policy) -> usize {
     (policy.limits.output.0 as usize).min(crate::protocol::MAX_FRAME)
+}
+
+/// Whether `fd` is the null device (character device 1:3).
+fn is_dev_null(fd: &OwnedFd) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| {
+        (st.st_mode & libc::S_IFMT) == libc::S_IFCHR
+            && libc::major(st.st_rdev) == 1
+            && libc::minor(st.st_rdev) == 3
+    })
 }
 
 fn dev_null() -> std::io::Result<OwnedFd> {
