@@ -37,6 +37,8 @@ pub const STDERR_TAIL: usize = 4096;
 pub const READ_CHUNK: usize = 64 * 1024;
 /// How often the guest's peak address space is sampled while it runs (limits.memory set).
 const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// How soon after the previous sample the guest is sampled again when it wrote output.
+const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
 /// The poll timeout while sampling, so that an idle guest is still sampled.
 const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
 
@@ -390,6 +392,7 @@ pub fn supervise(
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_sample: Option<Instant> = None;
+    let mut woke_by_output = false;
     // Kill the guest (and, as PID 1 of its namespace, everything it started).
     let kill = || {
         let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), libc::SIGKILL);
@@ -405,9 +408,18 @@ pub fn supervise(
             kill();
         }
         // Kernel evidence for the memory limit: the peak address space, while the guest lives.
+        // Sooner after output: a guest whose allocation failed prints why, then exits, and
+        // its address space is gone once it has.
+        let every = if woke_by_output {
+            VM_SAMPLE_AFTER_OUTPUT
+        } else {
+            VM_SAMPLE_EVERY
+        };
+        woke_by_output = false;
         if cfg.memory_limit.is_some()
             && exited_at.is_none()
-            && last_sample.is_none_or(|t| t.elapsed() >= VM_SAMPLE_EVERY)
+            && chan.is_none()
+            && last_sample.is_none_or(|t| t.elapsed() >= every)
         {
             last_sample = Some(Instant::now());
             if let Some(peak) = vm_peak(child.pid) {
@@ -505,6 +517,7 @@ pub fn supervise(
             continue;
         }
         for (src, rev) in revents {
+            woke_by_output |= matches!(src, Src::Stdout | Src::Stderr | Src::FromGuest);
             match src {
                 Src::Chan => {
                     // Set-up records until end-of-file (= the exec happened).
