@@ -82,7 +82,11 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         None => {}
     }
     if let (false, Some(g)) = (args.quiet, &report.guest_error) {
-        eprint!("{}", g.traceback);
+        // The guest's text, behind the guest prefix like its other output.
+        let mut echo = wfjail::supervise::LineEcho::new(wfjail::supervise::GUEST_PREFIX);
+        let mut text = echo.feed(g.traceback.as_bytes());
+        text.extend(echo.finish());
+        let _ = std::io::stderr().write_all(&text);
     }
     if !args.quiet
         && (report.status != Status::Ok

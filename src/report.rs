@@ -81,11 +81,9 @@ pub struct Violation {
 impl Violation {
     /// The one-line human summary the supervisor prints to stderr.
     pub fn summary(&self) -> String {
-        let args = if self.args.is_empty() {
-            String::new()
-        } else {
-            self.args.clone()
-        };
+        // The arguments come from the guest (paths, argv): escaped, so that they cannot end
+        // the line and start one of wfjail's.
+        let args = one_line(&self.args);
         let times = if self.count > 1 {
             format!(" (x{})", self.count)
         } else {
@@ -210,13 +208,23 @@ impl Report {
             s.push_str(&format!("; {l} limit reached"));
         }
         if let Some(e) = &self.error {
-            s.push_str(&format!("; {e}"));
+            s.push_str(&format!("; {}", one_line(e)));
         }
         if let Some(g) = &self.guest_error {
-            s.push_str(&format!("; {}: {}", g.kind, g.message));
+            // The guest's own words: escaped, so that they stay on this line.
+            s.push_str(&format!(
+                "; {}: {}",
+                one_line(&g.kind),
+                one_line(&g.message)
+            ));
         }
         s
     }
+}
+
+/// `text` on one line: control characters (newlines, escape sequences) written as `\xNN`.
+pub fn one_line(text: &str) -> String {
+    crate::supervise::escape_guest_text(text.as_bytes())
 }
 
 /// Signal names for reports.

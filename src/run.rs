@@ -70,6 +70,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     };
     let GuestIo {
         stdin,
+        stdin_feed,
         out: (out_r, out_w),
         err: (err_r, err_w),
         proto,
@@ -89,6 +90,11 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     };
     crate::timing::mark("spawn (clone)");
     drop((stdin, out_w, err_w));
+    if let Some(feed) = stdin_feed {
+        feed.start();
+    }
+    // File times come from the kernel's coarse clock (up to a tick behind this one).
+    let run_started = std::time::SystemTime::now() - FILE_TIME_SLACK;
     let protocol = proto.map(|p| {
         let ((to_r, to_w), (from_r, from_w)) = (p.to_guest, p.from_guest);
         drop((to_r, from_w)); // the guest's ends
@@ -103,18 +109,14 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     let cfg = Config {
         timeout,
         output_limit: policy.limits.output.0,
+        memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
         write_grants: supervise::paths::WriteGrants::new(&plan.write),
     };
     let mut stderr = std::io::stderr();
-    let mut logs = std::io::stderr();
     let framed = protocol.is_some();
     let sinks = Sinks {
-        // Framed, the guest's stdout is a log: it goes with its stderr.
-        stdout: if framed {
-            opts.echo.then_some(&mut logs as &mut dyn Write)
-        } else {
-            Some(&mut *stdout)
-        },
+        // Framed, the guest's stdout is a log: the supervisor echoes it with its stderr.
+        stdout: (!framed).then_some(&mut *stdout as &mut dyn Write),
         stderr: opts.echo.then_some(&mut stderr as &mut dyn Write),
         violations: opts.echo,
     };
@@ -129,6 +131,12 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     if let Some(result) = &outcome.result {
         let _ = stdout.write_all(result);
         let _ = stdout.flush();
+    }
+    let mut outcome = outcome;
+    if let Some(limit) = applied_rlimit(&plan, libc::RLIMIT_FSIZE)
+        && guest_failed(&outcome)
+    {
+        outcome.file_at_limit = file_at_limit(&plan.write, limit, run_started);
     }
     let report = build_report(&plan, layers_base, outcome, timeout);
     crate::timing::mark("report");
@@ -149,6 +157,8 @@ struct ProtoIo {
 /// The descriptors a guest gets, before they are handed over.
 struct GuestIo {
     stdin: OwnedFd,
+    /// Raw mode: what copies the input into the guest's stdin pipe.
+    stdin_feed: Option<StdinFeed>,
     out: Pipe,
     err: Pipe,
     proto: Option<ProtoIo>,
@@ -177,8 +187,22 @@ impl GuestIo {
             );
         }
         if opts.raw {
+            // Never the caller's own descriptor: a terminal, a socket or a read-write file
+            // there would escape the policy. The guest reads a pipe that a thread fills, or
+            // a /dev/null of its own when that is all the input is.
+            if is_dev_null(&input) {
+                return Ok(GuestIo {
+                    stdin: null()?,
+                    stdin_feed: None,
+                    out,
+                    err,
+                    proto: None,
+                });
+            }
+            let (r, w) = pipe()?;
             return Ok(GuestIo {
-                stdin: input,
+                stdin: r,
+                stdin_feed: Some(StdinFeed { from: input, to: w }),
                 out,
                 err,
                 proto: None,
@@ -204,10 +228,52 @@ impl GuestIo {
         };
         Ok(GuestIo {
             stdin: null()?,
+            stdin_feed: None,
             out,
             err,
             proto: Some(proto),
         })
+    }
+}
+
+/// Copies wfjail's input (its stdin or `--input`) into the raw guest's stdin pipe, on a thread
+/// with blocking reads and writes and a fixed buffer. It ends at the input's end-of-file
+/// (closing the pipe: the guest sees end-of-file) or when the guest closes its end (EPIPE).
+struct StdinFeed {
+    from: OwnedFd,
+    to: OwnedFd,
+}
+
+impl StdinFeed {
+    fn start(self) {
+        let StdinFeed { from, to } = self;
+        // Blocking writes: the pipe's capacity is the only buffer besides ours.
+        if let Ok(flags) = nix::fcntl::fcntl(&to, nix::fcntl::FcntlArg::F_GETFL) {
+            let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+            let _ = nix::fcntl::fcntl(&to, nix::fcntl::FcntlArg::F_SETFL(flags));
+        }
+        let spawned = std::thread::Builder::new()
+            .name("wfjail-stdin".into())
+            .spawn(move || {
+                let mut from = std::fs::File::from(from);
+                let mut to = std::fs::File::from(to);
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if to.write_all(&buf[..n]).is_err() {
+                                break; // the guest closed its stdin
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            });
+        if spawned.is_err() {
+            eprintln!("wfjail: could not start the stdin copier; the guest's stdin is empty");
+        }
     }
 }
 
@@ -229,6 +295,15 @@ pub fn protocol_env(policy: &Policy) -> Vec<(String, String)> {
 /// The largest frame payload accepted: 16 MiB, or `limits.output` if smaller.
 pub fn frame_cap(policy: &Policy) -> usize {
     (policy.limits.output.0 as usize).min(crate::protocol::MAX_FRAME)
+}
+
+/// Whether `fd` is the null device (character device 1:3).
+fn is_dev_null(fd: &OwnedFd) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| {
+        (st.st_mode & libc::S_IFMT) == libc::S_IFCHR
+            && libc::major(st.st_rdev) == 1
+            && libc::minor(st.st_rdev) == 3
+    })
 }
 
 fn dev_null() -> std::io::Result<OwnedFd> {
@@ -431,6 +506,10 @@ pub fn build_report(
             });
         }
         let enforced = violations.iter().any(|v| v.action != Action::Warned);
+        // Why the conversation was ended, whatever status outranks it.
+        if let Some(e) = &o.protocol_error {
+            error = Some(format!("{e}; the guest was stopped (docs/protocol.md)"));
+        }
         // A SIGKILL we did not send comes from the kernel's RLIMIT_CPU (the guest is PID 1,
         // so the SIGXCPU before it is ignored). rusage times are tick-sampled and may read
         // lower than the kernel's precise count, hence the loose lower bound.
@@ -444,18 +523,25 @@ pub fn build_report(
                     && !we_killed
                     && cpu_ms >= c.0.as_secs_f64() * 500.0)
         });
-        let memory_error = o
-            .guest_error
-            .as_ref()
-            .is_some_and(|g| g.kind == "MemoryError");
+        // Limits are classified from kernel evidence, never from what the guest printed or
+        // put in an ERROR frame: RLIMIT_AS makes an allocation fail and RLIMIT_FSIZE a write
+        // (EFBIG; the SIGXFSZ is ignored by the guest as PID 1), so the guest only fails.
+        let failed =
+            exit_code.is_some_and(|c| c != 0) || sig_num.is_some() || o.guest_error.is_some();
+        let memory_hit = failed
+            && (o.memory_refused.is_some()
+                || o.vm_peak.is_some_and(|peak| {
+                    applied_rlimit(plan, libc::RLIMIT_AS)
+                        .is_some_and(|l| near_memory_limit(peak, l))
+                }));
+        let file_size_hit = sig_num == Some(libc::SIGXFSZ) || (failed && o.file_at_limit.is_some());
         if enforced {
             Status::Violation
         } else if o.timed_out {
             Status::Timeout
-        } else if let Some(e) = &o.protocol_error {
-            error = Some(format!("{e}; the guest was stopped (docs/protocol.md)"));
+        } else if o.protocol_error.is_some() {
             Status::GuestError
-        } else if memory_error && policy.limits.memory.is_some() {
+        } else if memory_hit {
             limit = Some("memory".into());
             Status::Limit
         } else if o.output_exceeded {
@@ -464,14 +550,8 @@ pub fn build_report(
         } else if cpu_limit_hit {
             limit = Some("cpu".into());
             Status::Limit
-        } else if sig_num == Some(libc::SIGXFSZ) {
+        } else if file_size_hit {
             limit = Some("file_size".into());
-            Status::Limit
-        } else if let Some(which) = (exit_code.is_some_and(|c| c != 0) || sig_num.is_some())
-            .then(|| limit_from_stderr(policy, &stderr_tail))
-            .flatten()
-        {
-            limit = Some(which.into());
             Status::Limit
         } else if sig_num.is_some() {
             Status::Crashed
@@ -514,24 +594,64 @@ pub fn build_report(
     }
 }
 
-/// Which limit a failed guest's last words say it hit. RLIMIT_AS makes allocations fail and
-/// RLIMIT_FSIZE makes writes fail with EFBIG (the guest is PID 1 of its namespace, so the
-/// SIGXFSZ that would kill it elsewhere is ignored): the guest reports either its own way.
-fn limit_from_stderr(policy: &Policy, tail: &str) -> Option<&'static str> {
-    let last = tail
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    let memory = last.starts_with("MemoryError")
-        || last.contains("std::bad_alloc")
-        || last.contains("out of memory")
-        || last.contains("Cannot allocate memory");
-    if memory && policy.limits.memory.is_some() {
-        return Some("memory");
-    }
-    if policy.limits.file_size.is_some() && tail.contains("File too large") {
-        return Some("file_size");
+/// The value of rlimit `resource` the child applies (the policy's, or a lower inherited one).
+fn applied_rlimit(plan: &Plan, resource: u32) -> Option<u64> {
+    plan.rlimits
+        .iter()
+        .find(|(r, _)| *r as u32 == resource)
+        .map(|(_, v)| *v)
+}
+
+/// Whether the guest ended badly (the only case where a limit can explain the end).
+fn guest_failed(o: &Outcome) -> bool {
+    o.guest_error.is_some()
+        || o.reaped.as_ref().is_some_and(|r| {
+            let st = r.status;
+            libc::WIFSIGNALED(st) || (libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0)
+        })
+}
+
+/// Whether a peak address space of `peak` bytes means an allocation met RLIMIT_AS `limit`:
+/// within `limit / 16` (at least 1 MiB) of it. An allocation larger than that margin that
+/// fails leaves no trace the supervisor can read (see docs/security.md).
+pub fn near_memory_limit(peak: u64, limit: u64) -> bool {
+    let margin = (limit / 16).max(1 << 20);
+    peak.saturating_add(margin) >= limit
+}
+
+/// How far a file's modification time may lag behind the run's start (the kernel stamps
+/// files with a clock that advances once a tick).
+const FILE_TIME_SLACK: Duration = Duration::from_millis(100);
+
+/// Entries looked at when searching the write grants for a file at the size limit.
+const FILE_SCAN_BUDGET: usize = 10_000;
+
+/// Kernel evidence for RLIMIT_FSIZE: a regular file under the write grants, written since the
+/// run started, whose size is exactly the limit (a write past it failed with EFBIG). The
+/// search is bounded ([`FILE_SCAN_BUDGET`] entries) and follows no symlink.
+fn file_at_limit(roots: &[PathBuf], limit: u64, since: std::time::SystemTime) -> Option<String> {
+    let mut budget = FILE_SCAN_BUDGET;
+    let mut stack: Vec<PathBuf> = roots.to_vec();
+    while let Some(p) = stack.pop() {
+        if budget == 0 {
+            return None;
+        }
+        budget -= 1;
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_file() {
+            let fresh = meta.modified().is_ok_and(|m| m >= since);
+            if meta.len() == limit && fresh {
+                return Some(p.display().to_string());
+            }
+        } else if meta.is_dir()
+            && let Ok(entries) = std::fs::read_dir(&p)
+        {
+            for e in entries.flatten().take(budget) {
+                stack.push(e.path());
+            }
+        }
     }
     None
 }

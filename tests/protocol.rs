@@ -221,7 +221,7 @@ fn bundled_example_guest_returns_its_result() {
         "the result payload is wfjail's stdout",
     );
     o.check(
-        o.stderr.contains("guest log (info)"),
+        o.stderr.contains("[guest] log (info)"),
         "LOG frames are shown",
     );
 }

@@ -91,10 +91,14 @@ pub fn encode_raw(kind: u8, payload: &[u8]) -> Vec<u8> {
 ///
 /// It never holds more than one frame header plus `cap` payload bytes plus what the last
 /// `feed` brought, and it checks an announced length against the cap before reserving room.
+/// Taking a frame out moves an offset (`pos`); the consumed prefix is dropped once per
+/// `feed`, so decoding a stream costs time linear in its length however small its frames.
 #[derive(Debug)]
 pub struct Decoder {
     cap: usize,
     buf: Vec<u8>,
+    /// Where the next frame starts in `buf` (everything before it has been taken).
+    pos: usize,
     failed: Option<FrameError>,
     /// Which kind bytes this wire format has.
     known: fn(u8) -> bool,
@@ -111,6 +115,7 @@ impl Decoder {
         Decoder {
             cap,
             buf: Vec::new(),
+            pos: 0,
             failed: None,
             known,
         }
@@ -126,6 +131,11 @@ impl Decoder {
     /// Appends bytes read from the stream.
     pub fn feed(&mut self, data: &[u8]) {
         if self.failed.is_none() {
+            if self.pos > 0 {
+                // Drop what was taken, once per feed (not once per frame).
+                self.buf.drain(..self.pos);
+                self.pos = 0;
+            }
             self.buf.extend_from_slice(data);
         }
     }
@@ -140,12 +150,14 @@ impl Decoder {
         if let Err(e) = &r {
             self.failed = Some(e.clone());
             self.buf = Vec::new();
+            self.pos = 0;
         }
         r
     }
 
     fn parse(&mut self) -> Result<Option<(u8, Vec<u8>)>, FrameError> {
-        let Some(header) = self.buf.get(..4) else {
+        let rest = &self.buf[self.pos..];
+        let Some(header) = rest.get(..4) else {
             return Ok(None);
         };
         let length = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as u64;
@@ -158,20 +170,21 @@ impl Decoder {
                 cap: self.cap,
             });
         }
-        let Some(&kind) = self.buf.get(4) else {
+        let Some(&kind) = rest.get(4) else {
             return Ok(None);
         };
         if !(self.known)(kind) {
             return Err(FrameError::UnknownKind(kind));
         }
         let total = 4 + length as usize;
-        if self.buf.len() < total {
+        if rest.len() < total {
             // Reserve at most what this (capped) frame still needs.
-            self.buf.reserve(total - self.buf.len());
+            let need = total - rest.len();
+            self.buf.reserve(need);
             return Ok(None);
         }
-        let payload = self.buf[5..total].to_vec();
-        self.buf.drain(..total);
+        let payload = rest[5..total].to_vec();
+        self.pos += total;
         Ok(Some((kind, payload)))
     }
 
@@ -180,15 +193,16 @@ impl Decoder {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        if self.buf.is_empty() {
+        let rest = &self.buf[self.pos..];
+        if rest.is_empty() {
             return Ok(());
         }
-        let need = match self.buf.get(..4) {
+        let need = match rest.get(..4) {
             Some(h) => 4 + u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize,
             None => 4,
         };
         let e = FrameError::Truncated {
-            have: self.buf.len(),
+            have: rest.len(),
             need,
         };
         self.failed = Some(e.clone());
@@ -197,7 +211,7 @@ impl Decoder {
 
     /// Bytes held (for tests of the allocation bound).
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.pos
     }
 }
 
@@ -225,6 +239,30 @@ mod tests {
                 (Kind::Result, b"payload".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn many_small_frames_in_one_feed_then_a_split_one() {
+        let mut stream: Vec<u8> = (0..10_000)
+            .flat_map(|_| encode(Kind::Log, b"\x14"))
+            .collect();
+        let tail = encode(Kind::Result, b"done");
+        stream.extend_from_slice(&tail[..3]);
+        let mut d = Decoder::new(MAX_FRAME);
+        d.feed(&stream);
+        let mut n = 0;
+        while let Some((k, p)) = d.next_frame().unwrap() {
+            assert_eq!((k, p.as_slice()), (Kind::Log, &b"\x14"[..]));
+            n += 1;
+        }
+        assert_eq!((n, d.buffered()), (10_000, 3));
+        d.feed(&tail[3..]);
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some((Kind::Result, b"done".to_vec()))
+        );
+        assert_eq!(d.buffered(), 0);
+        d.finish().unwrap();
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! guest and when. Pure logic, fed with bytes; the supervisor does the I/O.
 
 use super::frame::{Decoder, FrameError, Kind, encode};
-use crate::report::GuestError;
+use crate::report::{GuestError, Violation};
 
 /// The protocol version this supervisor speaks.
 pub const VERSION: u16 = 1;
@@ -21,6 +21,131 @@ pub fn opening(request: &[u8]) -> Vec<u8> {
     let mut out = encode(Kind::Hello, &hello(VERSION));
     out.extend(encode(Kind::Request, request));
     out
+}
+
+/// How many bytes of answers the supervisor holds for a guest beyond its opening (HELLO and
+/// the request): a guest that sends QUERY frames and never reads fd 3 hits this bound instead
+/// of growing the supervisor's memory, and is stopped.
+pub const OUTBOX_SLACK: usize = 4 << 20;
+
+/// The largest VIOLATIONS answer (JSON payload); entries that do not fit are left out of
+/// that answer (they stay in the report).
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// Bytes the supervisor has queued for a guest and the guest has not read yet, with a bound.
+/// Writing moves an offset; the written prefix is dropped once it is half the buffer, so the
+/// cost stays linear in what is sent.
+#[derive(Debug)]
+pub struct Outbox {
+    buf: Vec<u8>,
+    pos: usize,
+    limit: usize,
+}
+
+/// The guest did not read what it asked for (docs/protocol.md: the execution ends as
+/// `guest_error`, the same as any other breach of the conversation).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the guest left more than {limit} bytes of answers unread on fd 3 \
+     (QUERY frames sent without reading the VIOLATIONS answers)"
+)]
+pub struct OutboxFull {
+    pub limit: usize,
+}
+
+impl From<OutboxFull> for ProtocolError {
+    fn from(e: OutboxFull) -> Self {
+        ProtocolError(e.to_string())
+    }
+}
+
+impl Outbox {
+    /// An outbox holding at most `limit` unread bytes.
+    pub fn new(limit: usize) -> Self {
+        Outbox {
+            buf: Vec::new(),
+            pos: 0,
+            limit,
+        }
+    }
+
+    /// An outbox that starts with `opening` (HELLO and the request) and holds at most
+    /// [`OUTBOX_SLACK`] more.
+    pub fn with_opening(opening: Vec<u8>) -> Self {
+        Outbox {
+            limit: opening.len() + OUTBOX_SLACK,
+            buf: opening,
+            pos: 0,
+        }
+    }
+
+    /// Queues `frame`, or refuses it when the unread bytes would exceed the bound (then
+    /// nothing is queued).
+    pub fn push(&mut self, frame: &[u8]) -> Result<(), OutboxFull> {
+        if self.len().saturating_add(frame.len()) > self.limit {
+            return Err(OutboxFull { limit: self.limit });
+        }
+        if self.pos > 0 && self.pos >= self.buf.len() / 2 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.buf.extend_from_slice(frame);
+        Ok(())
+    }
+
+    /// The bytes still to be written.
+    pub fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// `n` bytes of [`Outbox::pending`] were written.
+    pub fn advance(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.buf.len());
+        if self.pos == self.buf.len() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops everything (the guest closed its end).
+    pub fn clear(&mut self) {
+        self.buf = Vec::new();
+        self.pos = 0;
+    }
+}
+
+/// The VIOLATIONS frame answering a QUERY: `list` as JSON, at most `min(cap, MAX_ANSWER)`
+/// bytes of payload (trailing entries that do not fit are left out of this answer).
+pub fn violations_frame(list: &[Violation], cap: usize) -> Vec<u8> {
+    let max = cap.min(MAX_ANSWER);
+    let mut n = list.len();
+    loop {
+        let json = serde_json::to_vec(&list[..n]).unwrap_or_else(|_| b"[]".to_vec());
+        if json.len() <= max || n == 0 {
+            let json = if json.len() <= max { json } else { Vec::new() };
+            return encode(Kind::Violations, &json);
+        }
+        n /= 2;
+    }
+}
+
+/// What a frame from the guest costs against `limits.output`: the whole frame for what is
+/// a log or a request to the supervisor (LOG, QUERY, HELLO), so that empty frames are not
+/// free; the header only for RESULT and ERROR, whose payload is the execution's outcome
+/// (bounded by the frame cap, one per call).
+pub fn output_charge(kind: Kind, payload_len: usize) -> u64 {
+    match kind {
+        Kind::Result | Kind::Error => 5,
+        _ => 5 + payload_len as u64,
+    }
 }
 
 /// Something the guest said that the supervisor must act on.
@@ -64,6 +189,8 @@ enum State {
 pub struct Conversation {
     decoder: Decoder,
     state: State,
+    /// Output charge of the frames decoded since [`Conversation::take_charge`].
+    charge: u64,
 }
 
 impl Conversation {
@@ -72,7 +199,14 @@ impl Conversation {
         Conversation {
             decoder: Decoder::new(cap),
             state: State::AwaitHello { call: false },
+            charge: 0,
         }
+    }
+
+    /// What the frames decoded since the previous call cost against `limits.output`
+    /// ([`output_charge`]), including frames of a `feed` that ended in an error.
+    pub fn take_charge(&mut self) -> u64 {
+        std::mem::take(&mut self.charge)
     }
 
     /// Whether no call is in progress (the last one was answered, or none was made).
@@ -93,6 +227,7 @@ impl Conversation {
         self.decoder.feed(data);
         let mut events = Vec::new();
         while let Some((kind, payload)) = self.decoder.next_frame()? {
+            self.charge += output_charge(kind, payload.len());
             events.push(self.on_frame(kind, payload)?);
         }
         Ok(events)
@@ -265,6 +400,57 @@ mod tests {
         let mut c = Conversation::new(1024);
         c.feed(&encode(Kind::Hello, &hello(1))[..5]).unwrap();
         assert!(c.eof().unwrap_err().0.contains("truncated"));
+    }
+
+    #[test]
+    fn the_outbox_is_bounded() {
+        let mut o = Outbox::with_opening(opening(b"req"));
+        let opening_len = o.len();
+        let answer = encode(Kind::Violations, b"[]");
+        let fits = OUTBOX_SLACK / answer.len();
+        for _ in 0..fits {
+            o.push(&answer).unwrap();
+        }
+        assert!(o.push(&answer).is_err(), "over the bound");
+        assert_eq!(o.len(), opening_len + fits * answer.len());
+        // Written bytes make room again.
+        let n = o.pending().len();
+        o.advance(n);
+        assert!(o.is_empty());
+        o.push(&answer).unwrap();
+        assert_eq!(o.pending(), &answer[..]);
+    }
+
+    #[test]
+    fn answers_and_charges_are_bounded() {
+        let v = Violation {
+            category: crate::policy::syscalls::Category::Filesystem,
+            syscall: "openat".into(),
+            args: "x".repeat(1000),
+            action: crate::report::Action::Denied,
+            rule: "r".into(),
+            hint: "h".into(),
+            count: 1,
+        };
+        let list = vec![v; 100];
+        let f = violations_frame(&list, 10_000);
+        assert!(f.len() <= 10_005);
+        let json: serde_json::Value = serde_json::from_slice(&f[5..]).unwrap();
+        assert!(!json.as_array().unwrap().is_empty());
+        let mut c = Conversation::new(64);
+        c.begin_call();
+        let bytes = guest_bytes(&[
+            (Kind::Hello, &hello(1)),
+            (Kind::Log, b"\x14"),
+            (Kind::Query, b""),
+        ]);
+        c.feed(&bytes).unwrap();
+        assert_eq!(
+            c.take_charge(),
+            bytes.len() as u64,
+            "empty frames are charged"
+        );
+        assert_eq!(c.take_charge(), 0);
     }
 
     #[test]

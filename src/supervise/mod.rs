@@ -1,6 +1,12 @@
 //! The parent while the guest runs: set-up records, seccomp notifications, the guest's output
 //! (bounded), the protocol conversation, the wall-clock timeout, and the exit. One `poll`
 //! loop, no threads.
+//!
+//! Whatever the guest sends, the supervisor's own memory and time stay bounded: each
+//! iteration reads at most [`READ_CHUNK`] bytes per descriptor and then checks the deadline;
+//! what it holds for the guest (the frame decoder, the outbox of answers, the echo's line
+//! buffers, the stderr tail, the violations list) each has a bound; every frame from the
+//! guest is charged to `limits.output`.
 
 pub mod decode;
 pub mod paths;
@@ -17,8 +23,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::policy::Policy;
 use crate::process::Spawned;
 use crate::process::channel::{self, ChildMsg, Received, Step};
-use crate::protocol::guest::{Conversation, Event};
-use crate::protocol::{Kind, encode};
+use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
 use violations::{Handled, Violations};
@@ -28,12 +33,101 @@ use violations::{Handled, Violations};
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Bytes of stderr kept for the report.
 pub const STDERR_TAIL: usize = 4096;
+/// The most read from one descriptor in one iteration of the loop.
+pub const READ_CHUNK: usize = 64 * 1024;
+/// How often the guest's peak address space is sampled while it runs (limits.memory set).
+const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// How soon after the previous sample the guest is sampled again when it wrote output.
+const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
+/// The poll timeout while sampling, so that an idle guest is still sampled.
+const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
+
+/// What starts every line of guest text echoed on wfjail's stderr. wfjail's own lines start
+/// with `wfjail: `, so a guest cannot print one of them (docs/security.md).
+pub const GUEST_PREFIX: &str = "[guest] ";
+/// The longest guest line echoed as one line; a longer one is cut into several, so a guest
+/// that never writes a newline does not grow the buffer.
+pub const MAX_ECHO_LINE: usize = 4096;
+
+/// Guest text made safe for a terminal: invalid UTF-8 replaced, and control characters
+/// (C0 except tab, DEL, C1) written as `\xNN` so that the guest cannot move the cursor,
+/// erase a line or start a new one.
+pub fn escape_guest_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if (c.is_control() && c != '\t') || c == '\u{7f}' {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Guest output echoed line by line, each line behind a prefix and escaped
+/// ([`escape_guest_text`]); at most [`MAX_ECHO_LINE`] bytes are held.
+#[derive(Debug)]
+pub struct LineEcho {
+    prefix: String,
+    buf: Vec<u8>,
+}
+
+impl LineEcho {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        LineEcho {
+            prefix: prefix.into(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// The lines `data` completes, rendered (prefix, escaped text, newline), ready to write.
+    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in data.split_inclusive(|&b| b == b'\n') {
+            let (body, ends) = match piece.split_last() {
+                Some((b'\n', body)) => (body, true),
+                _ => (piece, false),
+            };
+            let mut body = body;
+            while self.buf.len() + body.len() >= MAX_ECHO_LINE {
+                let take = MAX_ECHO_LINE - self.buf.len();
+                self.buf.extend_from_slice(&body[..take]);
+                body = &body[take..];
+                self.render(&mut out);
+            }
+            self.buf.extend_from_slice(body);
+            if ends {
+                self.render(&mut out);
+            }
+        }
+        out
+    }
+
+    /// A last line without its newline, rendered.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if !self.buf.is_empty() {
+            self.render(&mut out);
+        }
+        out
+    }
+
+    fn render(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.prefix.as_bytes());
+        out.extend_from_slice(escape_guest_text(&self.buf).as_bytes());
+        out.push(b'\n');
+        self.buf.clear();
+    }
+}
 
 /// Where the guest's output goes.
 pub struct Sinks<'a> {
-    /// The guest's stdout (raw mode: the result; framed mode: logs).
+    /// The result (raw mode): the guest's stdout, byte for byte. Ignored in framed mode,
+    /// where the guest's stdout is a log echoed with its stderr.
     pub stdout: Option<&'a mut dyn Write>,
-    /// Echo the guest's stderr (and, framed, its LOG frames) live here.
+    /// Echo the guest's stderr (and, framed, its stdout and LOG frames) live here, each
+    /// line behind [`GUEST_PREFIX`] and escaped.
     pub stderr: Option<&'a mut dyn Write>,
     /// Print a one-line summary of each new violation on stderr.
     pub violations: bool,
@@ -43,6 +137,8 @@ pub struct Sinks<'a> {
 pub struct Config {
     pub timeout: Option<Duration>,
     pub output_limit: u64,
+    /// `limits.memory` (RLIMIT_AS): the guest's peak address space is sampled as evidence.
+    pub memory_limit: Option<u64>,
     /// What the policy lets the guest write (watched writes are checked against it).
     pub write_grants: paths::WriteGrants,
 }
@@ -92,6 +188,61 @@ pub struct Outcome {
     pub protocol_error: Option<String>,
     /// Framed mode was used (the report then expects a RESULT or an ERROR).
     pub framed: bool,
+    /// The largest `VmPeak` (bytes) read from the guest's /proc status while it ran
+    /// (sampled when `limits.memory` is set): kernel evidence for the memory limit.
+    pub vm_peak: Option<u64>,
+    /// A file under the write grants at exactly the file-size limit (set by the caller
+    /// after the run): kernel evidence for RLIMIT_FSIZE.
+    pub file_at_limit: Option<String>,
+    /// An `mmap`/`mremap` that asked for more address space (bytes) than RLIMIT_AS left:
+    /// kernel evidence for the memory limit, when the filter routes large mappings here.
+    pub memory_refused: Option<u64>,
+}
+
+/// The guest's current address space in bytes (`VmSize`), if readable.
+fn vm_size(pid: libc::pid_t) -> Option<u64> {
+    proc_status_kb(pid, "VmSize:").map(|kb| kb * 1024)
+}
+
+/// A `kB` field of /proc/PID/status.
+fn proc_status_kb(pid: libc::pid_t, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The name of the mapping call `n` (for the policy's deny list).
+fn mapping_call_name(n: &sys::Notif) -> &'static str {
+    if n.nr == libc::SYS_mremap as i32 {
+        "mremap"
+    } else {
+        "mmap"
+    }
+}
+
+/// How much address space a native `mmap` or `mremap` notification asks to add (`None` for
+/// any other call, and for `MAP_FIXED`, which may replace existing mappings). The arguments
+/// are registers, so what is read here is what the kernel will see.
+pub fn memory_request(n: &sys::Notif) -> Option<u64> {
+    if n.arch != crate::policy::bpf::AUDIT_ARCH_X86_64 {
+        return None;
+    }
+    match n.nr as libc::c_long {
+        libc::SYS_mmap if n.args[3] & libc::MAP_FIXED as u64 == 0 => Some(n.args[1]),
+        // mremap(old_address, old_size, new_size, flags, ...): the growth.
+        libc::SYS_mremap => Some(n.args[2].saturating_sub(n.args[1])),
+        _ => None,
+    }
+}
+
+/// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
+pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
+    proc_status_kb(pid, "VmPeak:").map(|kb| kb * 1024)
 }
 
 /// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
@@ -108,15 +259,17 @@ pub fn poll_timeout(wait: Duration) -> PollTimeout {
     PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
-/// Reads what is available from `fd` into `buf`; returns false at end-of-file.
-fn read_available(fd: &OwnedFd, buf: &mut [u8], mut on_data: impl FnMut(&[u8])) -> bool {
+/// Reads once from `fd` into `buf` (at most its length: the caller's bound per iteration);
+/// returns the bytes read and false at end-of-file. The loop polls again for more, so a
+/// guest that writes without pause cannot keep the supervisor here.
+fn read_some<'b>(fd: &OwnedFd, buf: &'b mut [u8]) -> (&'b [u8], bool) {
     loop {
         match nix::unistd::read(fd, buf) {
-            Ok(0) => return false,
-            Ok(n) => on_data(&buf[..n]),
+            Ok(0) => return (&[], false),
+            Ok(n) => return (&buf[..n], true),
             Err(Errno::EINTR) => continue,
-            Err(Errno::EAGAIN) => return true,
-            Err(_) => return false,
+            Err(Errno::EAGAIN) => return (&[], true),
+            Err(_) => return (&[], false),
         }
     }
 }
@@ -125,10 +278,12 @@ fn read_available(fd: &OwnedFd, buf: &mut [u8], mut on_data: impl FnMut(&[u8])) 
 struct Framed {
     to_guest: Option<OwnedFd>,
     from_guest: Option<OwnedFd>,
-    outbox: Vec<u8>,
+    outbox: Outbox,
     /// Close our writing end once the outbox is flushed (the call is answered).
     close_when_flushed: bool,
     conv: Conversation,
+    /// The largest payload accepted from (and sent in an answer to) the guest.
+    cap: usize,
 }
 
 impl Framed {
@@ -138,10 +293,8 @@ impl Framed {
             if self.outbox.is_empty() {
                 break;
             }
-            match nix::unistd::write(fd, &self.outbox) {
-                Ok(n) => {
-                    self.outbox.drain(..n);
-                }
+            match nix::unistd::write(fd, self.outbox.pending()) {
+                Ok(n) => self.outbox.advance(n),
                 Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => return,
                 Err(_) => {
@@ -199,6 +352,9 @@ pub fn supervise(
         framed: pipes.protocol.is_some(),
         ..Outcome::default()
     };
+    if o.framed {
+        out_sink = None; // framed, stdout is a log: echoed with stderr below
+    }
     let mut violations = Violations::new(echo.then(String::new));
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
@@ -206,7 +362,7 @@ pub fn supervise(
     let mut stdout = Some(pipes.stdout);
     let mut stderr = Some(pipes.stderr);
     let mut framed = pipes.protocol.map(|p| Framed {
-        outbox: crate::protocol::guest::opening(&p.request),
+        outbox: Outbox::with_opening(gp::opening(&p.request)),
         to_guest: Some(p.to_guest),
         from_guest: Some(p.from_guest),
         close_when_flushed: false,
@@ -215,6 +371,7 @@ pub fn supervise(
             c.begin_call(); // the request goes out with HELLO
             c
         },
+        cap: p.cap,
     });
     for fd in [&stdout, &stderr, &chan].into_iter().flatten() {
         set_nonblocking(fd);
@@ -225,18 +382,50 @@ pub fn supervise(
         }
         f.flush(); // HELLO and the request wait in the pipe for the guest
     }
+    // Echoes of the guest's streams, each line behind the guest prefix.
+    let mut err_echo = LineEcho::new(GUEST_PREFIX);
+    let mut out_echo = LineEcho::new(GUEST_PREFIX);
     let deadline = cfg.timeout.map(|t| child.started + t);
     let mut exited_at: Option<Instant> = None;
     let mut initial_exec_done = false;
     let mut output: u64 = 0;
     let mut tail: Vec<u8> = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut last_sample: Option<Instant> = None;
+    let mut woke_by_output = false;
     // Kill the guest (and, as PID 1 of its namespace, everything it started).
     let kill = || {
         let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), libc::SIGKILL);
     };
 
     loop {
+        // The deadline is checked on every iteration, not only when nothing is ready: a guest
+        // that keeps a descriptor busy must not keep its time.
+        if let (Some(d), None, false) = (deadline, exited_at, o.timed_out)
+            && Instant::now() >= d
+        {
+            o.timed_out = true;
+            kill();
+        }
+        // Kernel evidence for the memory limit: the peak address space, while the guest lives.
+        // Sooner after output: a guest whose allocation failed prints why, then exits, and
+        // its address space is gone once it has.
+        let every = if woke_by_output {
+            VM_SAMPLE_AFTER_OUTPUT
+        } else {
+            VM_SAMPLE_EVERY
+        };
+        woke_by_output = false;
+        if cfg.memory_limit.is_some()
+            && exited_at.is_none()
+            && chan.is_none()
+            && last_sample.is_none_or(|t| t.elapsed() >= every)
+        {
+            last_sample = Some(Instant::now());
+            if let Some(peak) = vm_peak(child.pid) {
+                o.vm_peak = o.vm_peak.max(Some(peak));
+            }
+        }
         let streams_open = stdout.is_some()
             || stderr.is_some()
             || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
@@ -309,6 +498,9 @@ pub fn supervise(
         if let (Some(d), None, false) = (deadline, exited_at, o.timed_out) {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
         }
+        if cfg.memory_limit.is_some() && exited_at.is_none() {
+            wait = wait.min(VM_SAMPLE_WAIT);
+        }
         let ready = match poll(&mut fds, poll_timeout(wait)) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
@@ -321,18 +513,11 @@ pub fn supervise(
             .filter(|(_, r)| !r.is_empty())
             .collect();
         drop(fds);
-
         if ready == 0 {
-            if let (Some(d), None) = (deadline, exited_at)
-                && Instant::now() >= d
-                && !o.timed_out
-            {
-                o.timed_out = true;
-                kill();
-            }
             continue;
         }
         for (src, rev) in revents {
+            woke_by_output |= matches!(src, Src::Stdout | Src::Stderr | Src::FromGuest);
             match src {
                 Src::Chan => {
                     // Set-up records until end-of-file (= the exec happened).
@@ -387,6 +572,23 @@ pub fn supervise(
                         violations::allow(l.as_fd(), &n);
                         continue;
                     }
+                    // A large allocation routed here for the memory limit's evidence. The
+                    // contract with the filter (policy/bpf.rs): with limits.memory set, it may
+                    // send mmap/mremap calls the policy allows (e.g. those asking for at least
+                    // limit/16); a call the policy denies is judged as a violation below.
+                    if let Some(limit) = cfg.memory_limit
+                        && let Some(grow) = memory_request(&n)
+                        && !policy.syscalls.denies(mapping_call_name(&n))
+                    {
+                        let size = vm_size(child.pid);
+                        if sys::notif_id_valid(l.as_fd(), n.id)
+                            && size.is_some_and(|s| s.saturating_add(grow) > limit)
+                        {
+                            o.memory_refused = Some(grow);
+                        }
+                        violations::allow(l.as_fd(), &n); // the kernel applies RLIMIT_AS
+                        continue;
+                    }
                     if violations::answer(
                         l.as_fd(),
                         &n,
@@ -404,26 +606,24 @@ pub fn supervise(
                     let is_out = src == Src::Stdout;
                     let slot = if is_out { &mut stdout } else { &mut stderr };
                     let Some(fd) = slot.as_ref() else { continue };
-                    let mut exceeded = false;
-                    let open = read_available(fd, &mut buf, |data| {
-                        // Keep what fits in the bound; the rest is dropped (and the guest killed).
-                        let room = cfg.output_limit.saturating_sub(output) as usize;
-                        output += data.len() as u64;
-                        exceeded |= data.len() > room;
-                        let data = &data[..data.len().min(room)];
-                        if is_out && let Some(w) = out_sink.as_mut() {
-                            let _ = w.write_all(data);
+                    let (data, open) = read_some(fd, &mut buf);
+                    // Keep what fits in the bound; the rest is dropped (and the guest killed).
+                    let room = cfg.output_limit.saturating_sub(output) as usize;
+                    output = output.saturating_add(data.len() as u64);
+                    let exceeded = data.len() > room;
+                    let data = &data[..data.len().min(room)];
+                    if is_out && let Some(w) = out_sink.as_mut() {
+                        let _ = w.write_all(data); // the result: byte for byte
+                    } else if let Some(w) = err_sink.as_mut() {
+                        let echo = if is_out { &mut out_echo } else { &mut err_echo };
+                        let _ = w.write_all(&echo.feed(data));
+                    }
+                    if !is_out {
+                        tail.extend_from_slice(data);
+                        if tail.len() > 2 * STDERR_TAIL {
+                            tail.drain(..tail.len() - STDERR_TAIL);
                         }
-                        if !is_out {
-                            if let Some(w) = err_sink.as_mut() {
-                                let _ = w.write_all(data);
-                            }
-                            tail.extend_from_slice(data);
-                            if tail.len() > 2 * STDERR_TAIL {
-                                tail.drain(..tail.len() - STDERR_TAIL);
-                            }
-                        }
-                    });
+                    }
                     if exceeded && !o.output_exceeded && exited_at.is_none() {
                         o.output_exceeded = true;
                         kill();
@@ -446,63 +646,79 @@ pub fn supervise(
                     let Some(fd) = f.from_guest.as_ref() else {
                         continue;
                     };
-                    let mut got = Vec::new();
-                    let open = read_available(fd, &mut buf, |d| got.extend_from_slice(d));
-                    let mut r = f.conv.feed(&got);
+                    let (data, open) = read_some(fd, &mut buf);
+                    let mut r = f.conv.feed(data);
                     if !open {
                         f.from_guest = None;
                         r = r.and_then(|ev| f.conv.eof().map(|_| ev));
                     }
-                    match r {
-                        Ok(events) => {
-                            for ev in events {
-                                match ev {
-                                    Event::Hello => {}
-                                    Event::Log { level, text } => {
-                                        // Logs count against the output bound like stderr.
-                                        output += text.len() as u64;
-                                        if output > cfg.output_limit && !o.output_exceeded {
-                                            o.output_exceeded = true;
-                                            kill();
+                    // Every frame costs against the output bound, empty ones included.
+                    output = output.saturating_add(f.conv.take_charge());
+                    let r = r.and_then(|events| {
+                        for ev in events {
+                            match ev {
+                                Event::Hello => {}
+                                Event::Log { level, text } => {
+                                    if let Some(w) = err_sink.as_mut() {
+                                        let mut e = LineEcho::new(format!(
+                                            "{GUEST_PREFIX}log ({}): ",
+                                            level_name(level)
+                                        ));
+                                        let mut line = e.feed(text.as_bytes());
+                                        line.extend(e.finish());
+                                        if line.is_empty() {
+                                            line = e.feed(b"\n");
                                         }
-                                        if let Some(w) = err_sink.as_mut() {
-                                            let _ = writeln!(
-                                                w,
-                                                "wfjail: guest log ({}): {text}",
-                                                level_name(level)
-                                            );
-                                        }
-                                    }
-                                    Event::Query => {
-                                        let list = violations.take_since_query();
-                                        let json = serde_json::to_vec(&list)
-                                            .unwrap_or_else(|_| b"[]".to_vec());
-                                        f.outbox.extend(encode(Kind::Violations, &json));
-                                    }
-                                    Event::Result(bytes) => {
-                                        o.result = Some(bytes);
-                                        f.close_when_flushed = true;
-                                    }
-                                    Event::Error(e) => {
-                                        o.guest_error = Some(e);
-                                        f.close_when_flushed = true;
+                                        // What the echo adds (prefix, escapes) counts too,
+                                        // so an empty LOG costs its printed line.
+                                        let added = line.len().saturating_sub(text.len());
+                                        output = output.saturating_add(added as u64);
+                                        let _ = w.write_all(&line);
                                     }
                                 }
+                                Event::Query => {
+                                    let list = violations.take_since_query();
+                                    f.outbox.push(&gp::violations_frame(&list, f.cap))?;
+                                }
+                                Event::Result(bytes) => {
+                                    o.result = Some(bytes);
+                                    f.close_when_flushed = true;
+                                }
+                                Event::Error(e) => {
+                                    o.guest_error = Some(e);
+                                    f.close_when_flushed = true;
+                                }
                             }
-                            f.flush();
                         }
+                        Ok(())
+                    });
+                    if output > cfg.output_limit && !o.output_exceeded && exited_at.is_none() {
+                        o.output_exceeded = true;
+                        kill();
+                    }
+                    match r {
+                        Ok(()) => f.flush(),
                         Err(e) => {
-                            if o.protocol_error.is_none() {
+                            // After we stopped the guest ourselves (deadline, output bound,
+                            // violation), a frame cut short is our doing, not the guest's.
+                            let we_stopped =
+                                o.timed_out || o.output_exceeded || o.killed_for_violation;
+                            if o.protocol_error.is_none() && !we_stopped {
                                 o.protocol_error = Some(e.0);
                             }
                             f.from_guest = None;
                             f.to_guest = None;
+                            f.outbox.clear();
                             kill();
                         }
                     }
                 }
             }
         }
+    }
+    if let Some(w) = err_sink.as_mut() {
+        let _ = w.write_all(&out_echo.finish());
+        let _ = w.write_all(&err_echo.finish());
     }
     if let Some(w) = out_sink.as_mut() {
         let _ = w.flush();
@@ -531,5 +747,53 @@ fn level_name(level: u8) -> &'static str {
         11..=20 => "info",
         21..=30 => "warning",
         _ => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_lines_are_prefixed_escaped_and_bounded() {
+        let mut e = LineEcho::new("[g] ");
+        let out = e.feed(b"wfjail: ok\n\x1b[2Kx\ty\r\x7f\xc2\x9b\npartial");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "[g] wfjail: ok\n[g] \\x1b[2Kx\ty\\x0d\\x7f\\x9b\n"
+        );
+        assert_eq!(e.finish(), b"[g] partial\n");
+        let out = e.feed(&vec![b'a'; 3 * MAX_ECHO_LINE]);
+        assert_eq!(out.len(), 3 * (4 + MAX_ECHO_LINE + 1));
+        assert!(e.buf.is_empty());
+    }
+
+    fn notif(nr: libc::c_long, args: [u64; 6]) -> sys::Notif {
+        sys::Notif {
+            id: 1,
+            pid: 1,
+            nr: nr as i32,
+            arch: crate::policy::bpf::AUDIT_ARCH_X86_64,
+            instruction_pointer: 0,
+            args,
+        }
+    }
+
+    #[test]
+    fn memory_requests_are_read_from_registers() {
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, 0x22, 0, 0])),
+            Some(1 << 29)
+        );
+        let fixed = libc::MAP_FIXED as u64 | 0x22;
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, fixed, 0, 0])),
+            None
+        );
+        assert_eq!(
+            memory_request(&notif(libc::SYS_mremap, [0, 1 << 20, 3 << 20, 1, 0, 0])),
+            Some(2 << 20)
+        );
+        assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
     }
 }
