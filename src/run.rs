@@ -401,6 +401,18 @@ pub fn layers(
             "none".into()
         }
     };
+    let pol = &plan.policy;
+    let forks_allowed = pol.process.subprocess == crate::policy::Toggle::Allow
+        || pol.process.threads == crate::policy::Toggle::Allow;
+    if pol.limits.processes.is_some() && forks_allowed && nix::unistd::geteuid().is_root() {
+        // The guest's uid maps to host root, which the kernel exempts from RLIMIT_NPROC: with
+        // fork or threads allowed, nothing bounds its processes. Say so instead of pretending.
+        degraded.push(
+            "rlimit-nproc: limits.processes does not bind a guest that runs as host root (the kernel exempts uid 0); \
+             run wfjail as an unprivileged user, or keep process.subprocess and process.threads denied"
+                .into(),
+        );
+    }
     let seccomp = if notify {
         "user-notify"
     } else if degraded_step(Step::Seccomp) {

@@ -10,12 +10,9 @@
 //! happened. The outcome of every row is also written to
 //! `$CARGO_TARGET_TMPDIR/escapes/<group>.json` for docs/security.md to quote.
 //!
-//! Rows marked `after_fix` expect the behaviour of a fix not merged yet; rows marked
-//! `finding` expect the secure behaviour where today's build is not secure. Both fail like any
-//! other row; with `WFJAIL_ESCAPES_KNOWN=pass` in the environment their mismatches are
-//! printed but do not fail the test (every unmarked row still must pass). Rows marked `open`
-//! are limits left open on purpose (docs/security.md says why): their mismatch is printed and
-//! never fails, and such a row fails once it passes, so that the mark and the docs follow.
+//! Every row must pass, except rows marked `open`: limits left open on purpose
+//! (docs/security.md says why), which keep the secure expectation. Their mismatch is printed
+//! and does not fail; such a row fails once it passes, so that the mark and the docs follow.
 //!
 //! Run: `nice cargo test --test escapes`.
 
@@ -78,10 +75,6 @@ struct Row {
     status: Option<String>,
     /// Why the row expects what it does (required with `report = "none"`).
     note: Option<String>,
-    /// The fix this row waits for (expects the post-fix behaviour).
-    after_fix: Option<String>,
-    /// Today's build is not secure here: what happens instead.
-    finding: Option<String>,
     /// A known limit that stays open (docs/security.md says why). The row keeps the secure
     /// expectation; its mismatch is printed and does not fail, but a row that starts to pass
     /// fails until the mark (and the docs) are updated.
@@ -422,23 +415,17 @@ fn run_group(group: &str) {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let tolerate = std::env::var("WFJAIL_ESCAPES_KNOWN").as_deref() == Ok("pass");
     let mut failures = Vec::new();
     let mut known = Vec::new();
-    let mut fixed = Vec::new();
     let mut out = Vec::new();
     for (row, got, bad) in &results {
-        let marked = row.after_fix.is_some() || row.finding.is_some();
         out.push(json!({
             "id": row.id, "group": row.group, "category": row.category, "policy": row.policy,
             "mode": row.mode, "expect": row.expect, "report": row.report,
-            "after_fix": row.after_fix, "finding": row.finding, "open": row.open,
+            "open": row.open,
             "pass": bad.is_empty(), "got": got, "mismatches": bad,
         }));
         if bad.is_empty() {
-            if marked {
-                fixed.push(row.id.clone());
-            }
             if let Some(why) = &row.open {
                 failures.push(format!(
                     "{} is marked open ({why}) but passes now: drop the mark and update docs/security.md",
@@ -447,12 +434,10 @@ fn run_group(group: &str) {
             }
             continue;
         }
-        let mark = match (&row.after_fix, &row.finding, &row.open) {
-            (Some(f), _, _) => format!(" [after_fix = {f}]"),
-            (_, Some(f), _) => format!(" [finding: {f}]"),
-            (_, _, Some(f)) => format!(" [open: {f}]"),
-            _ => String::new(),
-        };
+        let mark = row
+            .open
+            .as_ref()
+            .map_or_else(String::new, |f| format!(" [open: {f}]"));
         let text = format!(
             "{}{mark}\n    policy {} {} {}\n    expected: {} / report {}\n    {}\n    got: {}",
             row.id,
@@ -467,7 +452,7 @@ fn run_group(group: &str) {
             bad.join("\n    "),
             got
         );
-        if (marked && tolerate) || row.open.is_some() {
+        if row.open.is_some() {
             known.push(text);
         } else {
             failures.push(text);
@@ -481,20 +466,9 @@ fn run_group(group: &str) {
     )
     .unwrap();
     let passed = results.iter().filter(|r| r.2.is_empty()).count();
-    eprintln!(
-        "escapes/{group}: {passed}/{} rows pass{}",
-        results.len(),
-        if fixed.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; marked rows that pass now (drop the mark): {}",
-                fixed.join(", ")
-            )
-        }
-    );
+    eprintln!("escapes/{group}: {passed}/{} rows pass", results.len());
     for k in &known {
-        eprintln!("known mismatch (marked row): {k}");
+        eprintln!("open (known limit, see docs/security.md): {k}");
     }
     assert!(
         failures.is_empty(),
@@ -561,7 +535,7 @@ fn catalogue_is_complete_and_well_formed() {
             assert_eq!(cat, r.category, "{}: the reported category", r.id);
             assert!(!sys.is_empty(), "{}", r.id);
         }
-        for mark in [&r.after_fix, &r.finding, &r.open].into_iter().flatten() {
+        if let Some(mark) = &r.open {
             assert!(!mark.is_empty(), "{}: an empty mark", r.id);
         }
         if let Some(c) = &r.c {

@@ -42,6 +42,8 @@ const BPF_RET_K: u16 = 0x06;
 
 /// `MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE` live in the low nibble of mmap's flags.
 const MAP_TYPE: u64 = 0x0f;
+/// Set in both `MAP_SHARED` (1) and `MAP_SHARED_VALIDATE` (3), clear in `MAP_PRIVATE` (2).
+const MAP_SHARED_BIT: u64 = 0x01;
 
 /// A placeholder for the guest's own pid in the program (above any pid_max); the child writes
 /// its pid over it before installing the filter, at the slots [`self_pid_slots`] finds.
@@ -315,6 +317,35 @@ pub fn decisions(
     }
     for d in &policy.syscalls.deny {
         map.remove(&nr(&d.value.0));
+    }
+    if let (Some(limit), false, Mode::Notify) = (policy.limits.memory, zygote, mode) {
+        // Evidence for the memory limit: a private mapping (or a growth) of at least a
+        // sixteenth of RLIMIT_AS goes to the supervisor, which compares it with the room left
+        // and lets it run (the kernel applies the limit). Small and shared mappings stay in
+        // the kernel. Prefork plans keep their own mmap rule (no shared anonymous memory).
+        let big = (limit.0 / 16).max(1 << 20);
+        let shared = MAP_SHARED_BIT;
+        if !policy.syscalls.denies("mmap") {
+            map.insert(
+                nr("mmap"),
+                Leaf::AllowIfElseWatch(vec![
+                    rule(vec![cond(1, Len::Qword, Op::Lt, big)], "mmap")?,
+                    rule(
+                        vec![cond(3, Len::Dword, Op::MaskedEq(shared), shared)],
+                        "mmap",
+                    )?,
+                ]),
+            );
+        }
+        if !policy.syscalls.denies("mremap") {
+            map.insert(
+                nr("mremap"),
+                Leaf::AllowIfElseWatch(vec![rule(
+                    vec![cond(2, Len::Qword, Op::Lt, big)],
+                    "mremap",
+                )?]),
+            );
+        }
     }
     if watch_reads {
         // Prefork with `reads_after_preload = "deny"`: every open goes to the supervisor, which
@@ -950,5 +981,30 @@ mod tests {
                 "{flags:#x}"
             );
         }
+    }
+
+    #[test]
+    fn large_private_mappings_are_evidence_for_the_memory_limit() {
+        let p = policy::load("default").unwrap(); // memory = 1GiB: a sixteenth is 64 MiB
+        let anon = libc::MAP_ANONYMOUS as u64;
+        let (shared, private) = (libc::MAP_SHARED as u64, libc::MAP_PRIVATE as u64);
+        let mmap = |len: u64, flags: u64| [0, len, 3, flags, u64::MAX, 0];
+        let notify = compile(&p, Mode::Notify, None, false, false).unwrap();
+        let fallback = compile(&p, Mode::Fallback, None, false, false).unwrap();
+        let zygote = compile(&p, Mode::Notify, None, true, false).unwrap();
+        let big = 512 << 20;
+        assert_eq!(
+            run(&notify, "mmap", mmap(big, private | anon)),
+            RET_USER_NOTIF
+        );
+        assert_eq!(run(&notify, "mmap", mmap(4096, private | anon)), RET_ALLOW);
+        assert_eq!(run(&notify, "mmap", mmap(big, shared | anon)), RET_ALLOW);
+        assert_eq!(
+            run(&notify, "mremap", [0, 4096, big, 1, 0, 0]),
+            RET_USER_NOTIF
+        );
+        assert_eq!(run(&notify, "mremap", [0, 4096, 8192, 1, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&fallback, "mmap", mmap(big, private | anon)), RET_ALLOW);
+        assert_eq!(run(&zygote, "mmap", mmap(big, private | anon)), RET_ALLOW);
     }
 }

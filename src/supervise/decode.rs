@@ -490,6 +490,13 @@ pub fn classify(
         if lock && !policy.syscalls.denies(name) {
             return check_lock(n, name, grants);
         }
+        // A large private mapping or growth, sent as evidence for the memory limit (the
+        // caller may note it); the kernel applies RLIMIT_AS. Only a prefork plan's filter
+        // sends shared mappings, and those are violations.
+        let private_map = name == "mmap" && n.args[3] & libc::MAP_SHARED as u64 == 0;
+        if (private_map || name == "mremap") && !policy.syscalls.denies(name) {
+            return None;
+        }
     }
     Some(decode(n, policy))
 }
