@@ -141,9 +141,10 @@ impl Zygote {
         )
         .map_err(|e| format!("control socket: {e}"))?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        // The zygote's (and its children's) stdout and stderr: a pipe copied to ours.
-        let log =
-            super::log_pipe(format!("zygote{index}")).map_err(|e| format!("log pipe: {e}"))?;
+        // The zygote's own stdout and stderr (its children get their session's): a pipe
+        // copied to ours, each line behind "[zygote i] ".
+        let log = super::log_pipe(format!("zygote{index}"), format!("[zygote {index}] "))
+            .map_err(|e| format!("log pipe: {e}"))?;
         let targets = [
             (null.as_raw_fd(), 0),
             (log.as_raw_fd(), 1),
@@ -220,6 +221,19 @@ impl Zygote {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
         }
+        // Sessions share a uid and a Landlock domain: only a non-dumpable zygote (and so
+        // children) keeps one session out of another's /proc/PID/fd, mem and environ.
+        if ready.get("dumpable") != Some(&Value::Bool(false)) {
+            zygote.kill();
+            let why = ready
+                .get("dumpable_error")
+                .and_then(Value::as_str)
+                .unwrap_or("its READY does not say it is non-dumpable");
+            return Err(format!(
+                "the zygote could not make itself non-dumpable ({why}); sessions would see \
+                 each other through /proc, so wfjail refuses to serve"
+            ));
+        }
         Ok(zygote)
     }
 
@@ -247,12 +261,14 @@ impl Zygote {
     }
 
     /// Asks the zygote to fork a child for `shared`'s session, running `handler` on
-    /// `session_end`. Returns the child's pid in the zygote's namespace.
+    /// `session_end`, with `output` (the session's own pipe) as its stdout and stderr.
+    /// Returns the child's pid in the zygote's namespace.
     pub fn fork(
         &self,
         shared: Arc<SessionShared>,
         handler: &str,
         session_end: OwnedFd,
+        output: OwnedFd,
     ) -> ForkReply {
         if !self.alive() {
             return Err("the zygote is restarting".into());
@@ -263,7 +279,7 @@ impl Zygote {
             .unwrap()
             .insert(shared.id, (shared.clone(), tx));
         let msg = frame(FORK, &json!({"session": shared.id, "handler": handler}));
-        let fds = [session_end.as_raw_fd()];
+        let fds = [session_end.as_raw_fd(), output.as_raw_fd()];
         let sent = {
             let ctl = self.ctl.lock().unwrap();
             let iov = [std::io::IoSlice::new(&msg)];
@@ -275,7 +291,7 @@ impl Zygote {
                 None,
             )
         };
-        drop(session_end);
+        drop((session_end, output));
         if let Err(e) = sent {
             self.pending.lock().unwrap().remove(&shared.id);
             return Err(format!("asking the zygote to fork: {e}"));
