@@ -710,6 +710,9 @@ impl Session {
         }
         let events = match result {
             Ok(ev) => ev,
+            // A guest already being killed (a limit, a timeout) may stop inside a frame:
+            // that is not a protocol error of its own.
+            Err(_) if self.failure.is_some() => return,
             Err(e) => {
                 self.protocol_error = Some(e.0.clone());
                 return self.fail(e.to_string());
