@@ -545,3 +545,40 @@ print(json.dumps(out))
         "the report holds the one real violation: {r}"
     );
 }
+
+#[test]
+fn a_zygote_that_stays_dumpable_is_refused() {
+    // A stand-in zygote (first on PYTHONPATH) that cannot make itself non-dumpable: it says
+    // so in READY, and wfjail refuses to serve instead of running sessions that can read
+    // each other.
+    let (s, module) = fixture("dumpable", "print('the worker ran')\n", "");
+    std::fs::create_dir(s.path("fake")).unwrap();
+    std::fs::create_dir(s.path("fake/wfjail")).unwrap();
+    s.write("fake/wfjail/__init__.py", "");
+    s.write(
+        "fake/wfjail/zygote.py",
+        r#"import json, os, socket, struct
+doc = json.dumps({"pid": os.getpid(), "preloaded": [], "python": "3",
+                  "dumpable": True, "dumpable_error": "prctl(PR_SET_DUMPABLE): not here"}).encode()
+ctl = socket.socket(fileno=int(os.environ["WFJAIL_ZYGOTE_FD"]))
+ctl.sendall(struct.pack("<IB", len(doc) + 1, 0x32) + doc)
+ctl.recv(1)
+"#,
+    );
+    let policy = std::fs::read_to_string(s.path("policy.toml")).unwrap();
+    let fake = s.path("fake").display().to_string();
+    s.write(
+        "policy.toml",
+        &policy.replace("PYTHONPATH = \"", &format!("PYTHONPATH = \"{fake}:")),
+    );
+    let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
+    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
+    out.check(
+        out.stderr.contains("non-dumpable") && out.stderr.contains("not here"),
+        "and says why",
+    );
+    out.check(
+        !out.stdout.contains("the worker ran"),
+        "the worker never started",
+    );
+}
