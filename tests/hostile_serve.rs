@@ -166,26 +166,39 @@ fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
 /// namespace), killed if it runs longer than `limit`. `wrap`: a command wfjail runs under
 /// (e.g. `setpriv` to drop privileges).
 fn serve(s: &Scratch, module: &str, args: &[&str], wrap: &[&str], limit: Duration) -> Outcome {
+    serve_in(true, s, module, args, wrap, limit)
+}
+
+/// [`serve`], in zygote mode or (`zygote` false) exec mode.
+fn serve_in(
+    zygote: bool,
+    s: &Scratch,
+    module: &str,
+    args: &[&str],
+    wrap: &[&str],
+    limit: Duration,
+) -> Outcome {
     let mut all: Vec<String> = vec![
         "serve".into(),
         "-p".into(),
         s.path("policy.toml").display().to_string(),
     ];
     all.extend(args.iter().map(|a| a.to_string()));
-    all.extend(
-        [
-            "--zygote",
-            "--python",
-            PY,
-            "--preload",
-            module,
-            "--zygotes",
-            "1",
-            "--",
-            PY,
-        ]
-        .map(String::from),
-    );
+    if zygote {
+        all.extend(
+            [
+                "--zygote",
+                "--python",
+                PY,
+                "--preload",
+                module,
+                "--zygotes",
+                "1",
+            ]
+            .map(String::from),
+        );
+    }
+    all.extend(["--", PY].map(String::from));
     all.push(s.path("worker.py").display().to_string());
     let mut cmd = match wrap.split_first() {
         Some((first, rest)) => {
@@ -231,12 +244,22 @@ fn serve(s: &Scratch, module: &str, args: &[&str], wrap: &[&str], limit: Duratio
     outcome
 }
 
-/// Reads `r` to its end on a thread.
+/// Reads `r` to its end on a thread, keeping the first 8 MiB (a flooding guest on a
+/// vulnerable build must not exhaust the test's memory).
 fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        String::from_utf8_lossy(&v).into_owned()
+        let mut kept = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = (8usize << 20).saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        String::from_utf8_lossy(&kept).into_owned()
     })
 }
 
@@ -580,5 +603,69 @@ ctl.recv(1)
     out.check(
         !out.stdout.contains("the worker ran"),
         "the worker never started",
+    );
+}
+
+#[test]
+fn exec_mode_guests_are_stopped_between_calls_and_their_output_is_theirs() {
+    // Exec mode: the guest is PID 1 of its own namespace; SIGSTOP from wfjail (an ancestor
+    // namespace) still stops it.
+    let worker = r#"
+c = Client()
+out = {}
+argv = [sys.executable, os.path.join(DIR, "guest.py")]
+def size(p):
+    return os.path.getsize(p) if os.path.exists(p) else 0
+tick = os.path.join(DIR, "rw", "tick")
+with c.session(argv=argv + ["ticker"]) as s:
+    out["arm"] = s.call(b"arm:" + tick.encode()).decode()
+    first = size(tick)
+    time.sleep(1.0)
+    out["idle ticks"] = size(tick) - first
+    out["count"] = int(s.call(b"count:" + tick.encode()))
+out["ticker status"] = s.report["status"]
+with c.session(argv=argv + ["forge"]) as f:
+    out["forge"] = f.call(b"").decode()
+    out["forge_id"] = f.id
+try:
+    with c.session(argv=argv + ["print_forever"], timeout="20s") as p:
+        p.call(b"")
+except SessionFailed as e:
+    out["flood"] = [e.report["status"], e.report.get("limit")]
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture(
+        "exec",
+        worker,
+        "[time]\nsleep = \"allow\"\n[limits]\noutput = \"1MiB\"\n",
+    );
+    s.write(
+        "guest.py",
+        &format!(
+            "import sys, {module} as m\nfrom wfjail import guest\nguest.run(getattr(m, sys.argv[1]))\n"
+        ),
+    );
+    std::fs::create_dir(s.path("rw")).unwrap();
+    let rw = s.path("rw").display().to_string();
+    let out = serve_in(
+        false,
+        &s,
+        &module,
+        &["-q", "--rw", &rw],
+        &[],
+        Duration::from_secs(60),
+    );
+    let r = worker_json(&out);
+    assert_eq!(r["arm"], "armed");
+    assert_eq!(r["idle ticks"], 0, "no progress between calls: {r}");
+    assert!(r["count"].as_i64().unwrap() >= 0, "{r}");
+    assert_eq!(r["ticker status"], "ok", "{r}");
+    assert_eq!(r["flood"], serde_json::json!(["limit", "output"]), "{r}");
+    let id = r["forge_id"].as_u64().unwrap();
+    out.check(
+        out.stderr.lines().any(|l| {
+            l == format!("[session {id}] wfjail: violation: network socket(AF_INET) denied")
+        }) && !out.stderr.contains('\x1b'),
+        "an exec-mode guest's lines are its session's, escaped",
     );
 }
