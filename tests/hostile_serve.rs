@@ -24,20 +24,23 @@ saved = []
 def whoami(req):
     return str(os.getpid()).encode()
 def siblings(ns_pid):
-    """{"b": global pid of our namespace's pid ns_pid, "zygote": ... of pid 1}: /proc is the
-    host's, so a guest finds them by their NSpid and command line, as an attacker would."""
-    found = {}
+    """{"b": global pid of our namespace's pid ns_pid, "zygote": ...}: /proc is the host's,
+    so a guest finds them by command line, NSpid and parent, as an attacker would."""
+    found, ppids = {}, {}
     for p in os.listdir("/proc"):
         try:
             if not p.isdigit() or __name__.encode() not in open("/proc/%s/cmdline" % p, "rb").read():
                 continue
-            nspid = next(l for l in open("/proc/%s/status" % p) if l.startswith("NSpid:")).split()
-        except (OSError, StopIteration):
+            status = open("/proc/%s/status" % p).read().splitlines()
+        except OSError:
             continue
-        if nspid[-1] == "1":
-            found["zygote"] = p
-        elif nspid[-1] == str(ns_pid):
+        field = lambda name: next(l for l in status if l.startswith(name + ":")).split()[1:]
+        ppids[p] = field("PPid")[0]
+        if field("NSpid")[-1] == str(ns_pid):
             found["b"] = p
+    for p, parent in ppids.items():
+        if parent not in ppids:
+            found["zygote"] = p
     return found
 def probe(req):
     """Try to open (and readlink) each path of the request (B and Z stand for the sibling's
@@ -668,4 +671,60 @@ print(json.dumps(out))
         }) && !out.stderr.contains('\x1b'),
         "an exec-mode guest's lines are its session's, escaped",
     );
+}
+
+/// `container_sim` (examples/container_sim.rs), built by the container tests' helper or here.
+fn container_sim() -> String {
+    let sim = wfjail_bin()
+        .parent()
+        .unwrap()
+        .join("examples/container_sim");
+    if !sim.exists() {
+        let ok = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["build", "--example", "container_sim", "--manifest-path"])
+            .arg(format!("{REPO}/Cargo.toml"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok && sim.exists(), "building container_sim");
+    }
+    sim.display().to_string()
+}
+
+#[test]
+fn without_a_user_namespace_an_unprivileged_server_refuses_rather_than_judge_blind() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // needs to switch to nobody
+    }
+    // Docker's default profile (no namespaces) and an unprivileged user: wfjail has no
+    // CAP_SYS_PTRACE over the non-dumpable zygote, so it could not read the sessions' calls.
+    let sim = container_sim();
+    let (s, module) = fixture("proc-sim", "print('the worker ran')\n", "");
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        &sim,
+        "--deny-namespaces",
+        "--",
+    ];
+    let out = serve(&s, &module, &[], &nobody, Duration::from_secs(60));
+    out.check(out.code == 125, "wfjail refuses to serve (exit 125)");
+    out.check(
+        out.stderr
+            .contains("cannot inspect the non-dumpable zygote"),
+        "and says why",
+    );
+    out.check(!out.stdout.contains("the worker ran"), "no worker started");
+    // The same container as root (CAP_SYS_PTRACE): served, isolated and judged.
+    let (s, module) = fixture("proc-sim-root", PROC_WORKER, "");
+    let out = serve(
+        &s,
+        &module,
+        &["-q"],
+        &[&sim, "--deny-namespaces", "--"],
+        Duration::from_secs(60),
+    );
+    check_proc_isolation(&out, &s.0.display().to_string());
 }

@@ -3,7 +3,8 @@
 //! guest confined: forked from a preloaded zygote (`--zygote`), or exec'd fresh (exec mode).
 //!
 //! Threads: the main thread accepts connections, watches the worker and the signals, and
-//! (re)starts zygotes; one thread per session; two per zygote (control, notifications).
+//! (re)starts zygotes; one thread per session (which also reads its guest's output); three
+//! per zygote (control, notifications, the zygote's own output).
 
 pub mod session;
 pub mod zygote;

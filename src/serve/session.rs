@@ -1,9 +1,16 @@
 //! One session of `wfjail serve`: a worker connection, one confined guest, many calls.
 //!
 //! The session thread runs a poll loop over the worker's connection, the guest's socket
-//! (the guest protocol, docs/protocol.md), and how the guest can end: a zygote's EXITED
-//! report (woken through a pipe) or, in exec mode, the pidfd — plus, in exec mode, the
-//! set-up channel and the guest's own seccomp listener.
+//! (the guest protocol, docs/protocol.md), the guest's stdout and stderr (a pipe of the
+//! session's own, echoed behind `[session N] ` and bounded by `limits.output`), and how the
+//! guest can end: a zygote's EXITED report (woken through a pipe) or, in exec mode, the
+//! pidfd — plus, in exec mode, the set-up channel and the guest's own seccomp listener.
+//!
+//! Against a hostile guest: each turn reads at most [`READ_TURN`] bytes per descriptor and
+//! checks the deadline, LOG frames are charged to `limits.output`, the guest is not read
+//! while answers to it or to the worker wait beyond [`PENDING_CAP`], and between calls the
+//! guest is stopped (SIGSTOP after its answer, SIGCONT with the next call or at CLOSE), so
+//! it runs no code the worker did not ask for.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -741,7 +748,12 @@ impl Session {
                         return;
                     }
                     if self.server.echo {
-                        eprintln!("wfjail: session {}: guest log ({level}): {text}", self.id);
+                        // Escaped: a guest's text cannot start a line of its own.
+                        eprintln!(
+                            "wfjail: session {}: guest log ({level}): {}",
+                            self.id,
+                            super::escape_controls(&text)
+                        );
                     }
                 }
                 Event::Query => {

@@ -6,6 +6,11 @@
 //! the router decides by pid: the zygote's own `clone` (fork) is let through — only the zygote
 //! may fork — and a child's notification is judged under the full policy and recorded in its
 //! session.
+//!
+//! Sessions share the zygote's uid and Landlock domain, so the zygote makes itself (and so
+//! every child) non-dumpable after preloading: a session cannot open another's (or the
+//! zygote's) `/proc/PID/fd`, `mem` or `environ`. A zygote that cannot, or that wfjail then
+//! cannot inspect (no user namespace and no CAP_SYS_PTRACE), is refused.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -155,6 +160,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
+        let base_user_ns = spawned.user_ns;
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
             Ok(x) => x,
             Err(e) => {
@@ -232,6 +238,23 @@ impl Zygote {
             return Err(format!(
                 "the zygote could not make itself non-dumpable ({why}); sessions would see \
                  each other through /proc, so wfjail refuses to serve"
+            ));
+        }
+        // The supervisor must still see into it (resolve a session's paths through
+        // /proc/PID/cwd and fd, read its call arguments): a non-dumpable process needs
+        // CAP_SYS_PTRACE over its user namespace, which wfjail has when it created that
+        // namespace, or as root. Without either, sessions would be judged blind: refuse.
+        if let Err(why) = inspectable(pid) {
+            zygote.kill();
+            return Err(format!(
+                "wfjail cannot inspect the non-dumpable zygote ({why}): that needs a user \
+                 namespace (unavailable here: {}) or CAP_SYS_PTRACE; without it the session \
+                 children's calls could not be judged, so wfjail refuses to serve",
+                if base_user_ns {
+                    "created"
+                } else {
+                    "not created"
+                }
             ));
         }
         Ok(zygote)
@@ -504,6 +527,27 @@ impl Zygote {
             }
         }
     }
+}
+
+/// Whether wfjail can read what it needs of process `pid` (its cwd link, its maps, a byte of
+/// its memory), the way it does for a session child's calls.
+fn inspectable(pid: libc::pid_t) -> Result<(), String> {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(|e| format!("/proc/{pid}/cwd: {e}"))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
+    let addr = maps
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|p| p.starts_with('r'))
+        })
+        .and_then(|l| l.split('-').next())
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .ok_or_else(|| format!("/proc/{pid}/maps lists no readable mapping"))?;
+    sys::read_process_memory(pid, addr, &mut [0u8; 1])
+        .map(|_| ())
+        .map_err(|e| format!("process_vm_readv: {e}"))
 }
 
 /// The pid of global `pid` in its own (innermost) PID namespace.
