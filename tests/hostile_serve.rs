@@ -62,7 +62,13 @@ def probe(req):
                 out["readlink " + path] = errno.errorcode.get(e.errno, str(e.errno))
     return json.dumps(out).encode()
 def write_relative(req):
-    open("written-by-guest", "w")
+    """Writes the supervisor judges by resolving them through /proc/PID/cwd and /proc/PID/fd."""
+    try:
+        open("written-by-guest", "w")
+    except OSError:
+        pass
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    os.open("written-through-dirfd", os.O_WRONLY | os.O_CREAT, dir_fd=here)
 def nonblock(req):
     import fcntl
     for fd in (1, 2):
@@ -297,10 +303,15 @@ try:
         w.call(b"")
 except Violation as v:
     out["write"] = [v.category, v.syscall, v.args]
+out["writes"] = [v["args"] for v in w.report["violations"]]
 print(json.dumps(out))
 "#;
 
-fn check_proc_isolation(out: &Outcome, dir: &str) {
+/// `dirfd`: whether a write through a directory descriptor is judged too. An unprivileged
+/// wfjail cannot: the non-dumpable guest's /proc/PID/fd directory belongs to the global
+/// root (the root of the guest's user namespace is not mapped), so resolving the dirfd
+/// fails (supervise/paths.rs could take the descriptor with pidfd_getfd instead).
+fn check_proc_isolation(out: &Outcome, dir: &str, dirfd: bool) {
     let r = worker_json(out);
     let probe = &r["probe"];
     let b = probe["found"]["b"].as_str().expect("A finds B in /proc");
@@ -330,11 +341,18 @@ fn check_proc_isolation(out: &Outcome, dir: &str) {
     // The supervisor still reads the guest's memory and /proc/PID/cwd to judge a write.
     let write = &r["write"];
     assert_eq!(write[0], "filesystem", "{r}");
+    if dirfd {
+        assert!(
+            write[2]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("{dir}/written-through-dirfd")),
+            "the path was resolved through the guest's /proc/PID/fd: {r}"
+        );
+    }
+    let writes = r["writes"].to_string();
     assert!(
-        write[2]
-            .as_str()
-            .unwrap_or("")
-            .contains(&format!("{dir}/written-by-guest")),
+        writes.contains(&format!("{dir}/written-by-guest")),
         "the relative path was resolved through the guest's cwd: {r}"
     );
 }
@@ -343,14 +361,18 @@ fn check_proc_isolation(out: &Outcome, dir: &str) {
 fn sessions_cannot_reach_each_other_or_the_zygote_through_proc() {
     let (s, module) = fixture("proc", PROC_WORKER, "");
     let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(60));
-    check_proc_isolation(&out, &s.0.display().to_string());
+    check_proc_isolation(
+        &out,
+        &s.0.display().to_string(),
+        nix::unistd::geteuid().is_root(),
+    );
 }
 
 #[test]
 fn an_unprivileged_supervisor_still_reads_non_dumpable_guests() {
     if nix::unistd::geteuid().is_root() {
         let (s, module) = fixture("proc-nobody", PROC_WORKER, "");
-        // nobody must be able to read the fixture (a root-owned 0755 scratch dir).
+        // nobody can read the fixture (a root-owned 0755 scratch dir) and reach /tmp.
         let out = serve(
             &s,
             &module,
@@ -364,13 +386,13 @@ fn an_unprivileged_supervisor_still_reads_non_dumpable_guests() {
             ],
             Duration::from_secs(60),
         );
-        check_proc_isolation(&out, &s.0.display().to_string());
+        check_proc_isolation(&out, &s.0.display().to_string(), false);
         assert_eq!(worker_json(&out)["uid"], 65534, "wfjail ran as nobody");
     } else {
         // Already unprivileged: the test above is this one.
         let (s, module) = fixture("proc-user", PROC_WORKER, "");
         let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(60));
-        check_proc_isolation(&out, &s.0.display().to_string());
+        check_proc_isolation(&out, &s.0.display().to_string(), false);
     }
 }
 
@@ -726,5 +748,5 @@ fn without_a_user_namespace_an_unprivileged_server_refuses_rather_than_judge_bli
         &[&sim, "--deny-namespaces", "--"],
         Duration::from_secs(60),
     );
-    check_proc_isolation(&out, &s.0.display().to_string());
+    check_proc_isolation(&out, &s.0.display().to_string(), true);
 }
