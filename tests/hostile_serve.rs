@@ -526,7 +526,7 @@ for name in ["query_flood", "log_flood"]:
             f.call(b"")
             out[name] = "returned"
     except SessionFailed as e:
-        out[name] = [e.report["status"], e.report.get("limit")]
+        out[name] = [e.report["status"], e.report.get("limit"), e.report.get("error")]
 stop.set(); t.join()
 with c.session(handler=MOD + ":mutate") as m:
     out["after"] = m.call(b"fresh").decode()
@@ -540,12 +540,13 @@ print(json.dumps(out))
     let r = worker_json(&out);
     // The QUERY flood: its denied writes make it a violation; it is ended by its deadline.
     assert_eq!(r["query_flood"][0], "violation", "{r}");
-    // Empty LOG frames are charged against limits.output.
     assert_eq!(
-        r["log_flood"],
-        serde_json::json!(["limit", "output"]),
-        "{r}"
+        r["query_flood"][2], "the call took longer than 3s",
+        "the deadline fired: {r}"
     );
+    // Empty LOG frames are charged against limits.output.
+    assert_eq!(r["log_flood"][0], "limit", "{r}");
+    assert_eq!(r["log_flood"][1], "output", "{r}");
     assert!(
         r["sibling"].as_i64().unwrap() >= 10,
         "a sibling session kept answering: {r}"
