@@ -223,7 +223,8 @@ def main(argv=None):
     spare = _spare(ctl, wake) if forking_ahead else None
     while True:
         try:
-            readable, _, _ = select.select([ctl, wake[0]], [], [])
+            # A timeout too: children are reaped even if the wake-up pipe stayed silent.
+            readable, _, _ = select.select([ctl, wake[0]], [], [], 1.0)
         except InterruptedError:
             continue
         if wake[0] in readable:
