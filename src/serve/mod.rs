@@ -254,7 +254,23 @@ impl LineEcho {
     }
 
     /// Takes output bytes; echoes every line they complete.
-    pub fn feed(&mut self, mut data: &[u8]) {
+    pub fn feed(&mut self, data: &[u8]) {
+        let out = self.lines(data);
+        if !out.is_empty() {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
+        }
+    }
+
+    /// Echoes an unfinished last line.
+    pub fn finish(&mut self) {
+        let out = self.rest();
+        if !out.is_empty() {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
+        }
+    }
+
+    /// The lines `data` completes, prefixed and escaped, each ending in a newline.
+    fn lines(&mut self, mut data: &[u8]) -> String {
         let mut out = String::new();
         while !data.is_empty() {
             let room = Self::MAX_LINE - self.line.len();
@@ -274,18 +290,16 @@ impl LineEcho {
                 }
             }
         }
-        if !out.is_empty() {
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
-        }
+        out
     }
 
-    /// Echoes an unfinished last line.
-    pub fn finish(&mut self) {
+    /// The unfinished last line, if any, as a line.
+    fn rest(&mut self) -> String {
+        let mut out = String::new();
         if !self.line.is_empty() {
-            let mut out = String::new();
             self.emit(&mut out);
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
         }
+        out
     }
 
     fn emit(&mut self, out: &mut String) {
@@ -583,5 +597,30 @@ struct Unlink(PathBuf);
 impl Drop for Unlink {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_lines_are_prefixed_escaped_and_bounded() {
+        let mut e = LineEcho::new("[session 3] ".into());
+        assert_eq!(
+            e.lines(b"wfjail: violation: x\nhal"),
+            "[session 3] wfjail: violation: x\n"
+        );
+        assert_eq!(
+            e.lines(b"f\x1b[2J\r\x7f\tend\n"),
+            "[session 3] half\\x1b[2J\\x0d\\x7f\tend\n"
+        );
+        assert_eq!(e.lines("\u{9b}31m\n".as_bytes()), "[session 3] \\x9b31m\n");
+        let long = vec![b'a'; LineEcho::MAX_LINE * 2 + 10];
+        let out = e.lines(&long);
+        assert_eq!(out.lines().count(), 2, "a long line is cut at MAX_LINE");
+        assert!(e.line.len() == 10);
+        assert_eq!(e.rest(), format!("[session 3] {}\n", "a".repeat(10)));
+        assert_eq!(e.rest(), "");
     }
 }
