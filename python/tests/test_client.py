@@ -543,6 +543,27 @@ class SyncClientTests(ServerTestCase):
         self.assertNotIsInstance(cm.exception, Violation)
         self.assertEqual((cm.exception.type, cm.exception.violations), ("wfjail.Violation", []))
 
+    def test_a_violation_the_call_did_not_record_is_a_guest_error(self):
+        # A guest raising wfjail.Violation itself: its message names no violation of the
+        # call (an earlier call's, or none at all) -> GuestError, never a Violation.
+        forged = dict(VIOLATION_ERROR, message="network: socket(AF_INET) denied",
+                      violations=[CONNECT, CLONE])
+        server = self.serve(session_script({b"x": [(C.ERROR, forged)]}))
+        with Client(server.path).session(handler="wf:run") as s:
+            with self.assertRaises(GuestError) as cm:
+                s.call(b"x")
+        self.assertNotIsInstance(cm.exception, Violation)
+        self.assertEqual(cm.exception.type, "wfjail.Violation")
+
+    def test_a_violation_names_the_recorded_one_it_matches(self):
+        doc = dict(VIOLATION_ERROR, message="network: connect(AF_INET 127.0.0.1:9) denied",
+                   violations=[CLONE, CONNECT])
+        server = self.serve(session_script({b"x": [(C.ERROR, doc)]}))
+        with Client(server.path).session(handler="wf:run") as s:
+            with self.assertRaises(Violation) as cm:
+                s.call(b"x")
+        self.assertEqual((cm.exception.category, cm.exception.syscall), ("network", "connect"))
+
     def test_failed_on_open(self):
         def script(peer):
             peer.expect(C.OPEN)

@@ -36,7 +36,8 @@ _LENGTH = struct.Struct("<I")
 
 
 class GuestError(Exception):
-    """A call raised in the guest: its type, message, traceback and the session's violations."""
+    """A call raised in the guest: its type, message, traceback and the violations wfjail
+    recorded during that call."""
 
     __module__ = "wfjail"
 
@@ -93,15 +94,18 @@ def _expect(kind, payload, want):
 
 
 def _raise_call_error(doc):
+    """Raise the guest's error: ``wfjail.Violation`` only when the guest's message names a
+    violation wfjail recorded during this call (the ERROR's ``violations`` are that call's);
+    anything else, including a guest that raised a Violation of its own making, is a
+    ``GuestError``."""
     found = doc.get("violations") or []
-    if doc.get("type") == "wfjail.Violation" and found:
-        # The guest's message names the violation it raised ("network: socket(...) denied");
-        # the list holds the whole session's.
+    if doc.get("type") == "wfjail.Violation" and isinstance(found, list):
         message = doc.get("message", "")
-        candidates = [Violation.from_dict(v) for v in found]
-        v = next((c for c in candidates if message.startswith(c._head())), candidates[-1])
-        v.traceback = doc.get("traceback", "")
-        raise v
+        candidates = [Violation.from_dict(v) for v in found if isinstance(v, dict)]
+        v = next((c for c in candidates if message.startswith(c._head())), None)
+        if v is not None:
+            v.traceback = doc.get("traceback", "")
+            raise v
     raise GuestError(doc)
 
 

@@ -12,12 +12,20 @@ fork: the supervisor lets the zygote's ``clone`` through and denies everyone els
 
 Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per packet):
 
-    supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 1 fd
-    zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2"}
+    supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds
+                                        (the session socket, the session's output pipe)
+    zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
+                                              "dumpable": false}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
 Pids are the zygote's own (it is PID 1 of its namespace); the supervisor maps them.
+
+Sessions share one uid and Landlock domain, so after preloading the zygote makes itself
+non-dumpable (inherited by every fork, reset only by exec): another session's (or the
+zygote's) /proc/PID/fd, mem and environ then need CAP_SYS_PTRACE, which no guest has. If it
+cannot, READY says ``"dumpable": true`` (and why) and the supervisor refuses to serve.
+Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
 import gc
@@ -77,11 +85,21 @@ def _leave_zygote(ctl, wake):
         resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
 
 
-def _child(session_fd, handler_spec):
-    """In a session child: become a guest on the session socket and never return."""
+def _child(session_fd, out_fd, handler_spec):
+    """In a session child: become a guest on the session socket, with the session's own
+    output pipe as stdout and stderr, and never return."""
     from . import guest
     from . import protocol as P
 
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    for target in (1, 2):
+        os.dup2(out_fd, target)
+    if out_fd not in (1, 2, 3, 4):
+        os.close(out_fd)
     for target in (3, 4):
         if session_fd != target:
             os.dup2(session_fd, target)
@@ -106,27 +124,44 @@ def _spare(ctl, wake):
         _leave_zygote(ctl, wake)
         ours.close()
         try:
-            msg, fds, _, _ = socket.recv_fds(theirs, 65536, 1)
+            msg, fds, _, _ = socket.recv_fds(theirs, 65536, 2)
         except OSError:
             os._exit(0)
         theirs.close()
-        if not msg or len(fds) != 1:
+        if not msg or len(fds) != 2:
             os._exit(0)  # the zygote is gone, or sent nonsense
-        _child(fds[0], json.loads(msg.decode("utf-8")).get("handler", ""))
+        _child(fds[0], fds[1], json.loads(msg.decode("utf-8")).get("handler", ""))
     theirs.close()
     return pid, ours
 
 
-def _hand_over(spare, session_fd, handler):
-    """Give a session to a spare child; False if the spare is gone."""
+def _hand_over(spare, session_fds, handler):
+    """Give a session (its socket and output pipe) to a spare child; False if the spare is
+    gone."""
     pid, sock = spare
     try:
-        socket.send_fds(sock, [json.dumps({"handler": handler}).encode("utf-8")], [session_fd])
+        socket.send_fds(sock, [json.dumps({"handler": handler}).encode("utf-8")], session_fds)
         return True
     except OSError:
         return False
     finally:
         sock.close()
+
+
+def _make_undumpable():
+    """prctl(PR_SET_DUMPABLE, 0) on the zygote (and so on every child it forks); None when
+    done, else why not."""
+    PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "prctl(PR_SET_DUMPABLE): %s" % os.strerror(ctypes.get_errno())
+        if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "prctl(PR_GET_DUMPABLE) still says dumpable"
+    except Exception as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
+    return None
 
 
 def _fork():
@@ -165,13 +200,17 @@ def main(argv=None):
             break
     from . import guest, protocol  # noqa: F401  (the children need them; load them now)
 
+    dumpable = _make_undumpable()
     gc.collect()
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
-    ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0]}
+    ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
+             "dumpable": dumpable is not None}
+    if dumpable is not None:
+        ready["dumpable_error"] = dumpable
     if error:
         ready["error"] = error
     ctl.sendall(_frame(READY, ready))
@@ -184,7 +223,8 @@ def main(argv=None):
     spare = _spare(ctl, wake) if forking_ahead else None
     while True:
         try:
-            readable, _, _ = select.select([ctl, wake[0]], [], [])
+            # A timeout too: children are reaped even if the wake-up pipe stayed silent.
+            readable, _, _ = select.select([ctl, wake[0]], [], [], 1.0)
         except InterruptedError:
             continue
         if wake[0] in readable:
@@ -194,29 +234,31 @@ def main(argv=None):
             except BlockingIOError:
                 pass
         if ctl in readable:
-            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 1)
+            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
             if not msg:
                 return 0  # the supervisor is gone
             kind, doc = _parse(msg)
-            if kind != FORK or len(fds) != 1:
+            if kind != FORK or len(fds) != 2:
                 for f in fds:
                     os.close(f)
                 continue
-            session_fd, handler = fds[0], str(doc.get("handler", ""))
-            if spare is not None and _hand_over(spare, session_fd, handler):
+            handler = str(doc.get("handler", ""))
+            if spare is not None and _hand_over(spare, fds, handler):
                 pid = spare[0]
             else:
                 try:
                     pid = _fork()
                 except OSError as exc:
-                    os.close(session_fd)
+                    for f in fds:
+                        os.close(f)
                     ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
                     continue
                 if pid == 0:
                     _leave_zygote(ctl, wake)
-                    _child(session_fd, handler)
+                    _child(fds[0], fds[1], handler)
             spare = None
-            os.close(session_fd)
+            for f in fds:
+                os.close(f)
             ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "pid": pid}))
         if spare is None and forking_ahead:
             try:

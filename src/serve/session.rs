@@ -1,9 +1,16 @@
 //! One session of `wfjail serve`: a worker connection, one confined guest, many calls.
 //!
 //! The session thread runs a poll loop over the worker's connection, the guest's socket
-//! (the guest protocol, docs/protocol.md), and how the guest can end: a zygote's EXITED
-//! report (woken through a pipe) or, in exec mode, the pidfd — plus, in exec mode, the
-//! set-up channel and the guest's own seccomp listener.
+//! (the guest protocol, docs/protocol.md), the guest's stdout and stderr (a pipe of the
+//! session's own, echoed behind `[session N] ` and bounded by `limits.output`), and how the
+//! guest can end: a zygote's EXITED report (woken through a pipe) or, in exec mode, the
+//! pidfd — plus, in exec mode, the set-up channel and the guest's own seccomp listener.
+//!
+//! Against a hostile guest: each turn reads at most [`READ_TURN`] bytes per descriptor and
+//! checks the deadline, LOG frames are charged to `limits.output`, the guest is not read
+//! while answers to it or to the worker wait beyond [`PENDING_CAP`], and between calls the
+//! guest is stopped (SIGSTOP after its answer, SIGCONT with the next call or at CLOSE), so
+//! it runs no code the worker did not ask for.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -13,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
     AddressFamily, ControlMessageOwned, MsgFlags, Shutdown, SockFlag, SockType, recvmsg,
@@ -42,6 +50,19 @@ const OPEN_WAIT: Duration = Duration::from_secs(10);
 const START_WAIT: Duration = Duration::from_secs(30);
 /// How long a guest has to exit after its session was closed, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// The most read from one descriptor per turn of the loop, so that a flooding guest (or
+/// worker) cannot keep the loop from checking its deadline or serving the others.
+const READ_TURN: usize = 64 * 1024;
+/// Frames waiting to be written to the guest or to the worker, in bytes, above which the
+/// session stops reading from the guest until they drain: a guest that asks (QUERY) and
+/// never reads its answers, or a worker that does not read its results, cannot make the
+/// supervisor buffer without end (the call's deadline ends the wait).
+const PENDING_CAP: usize = 1 << 20;
+/// What a LOG frame costs against `limits.output` beyond its payload (its header), so that
+/// empty frames are not free.
+const FRAME_COST: u64 = 5;
+/// How long a guest has to stop (SIGSTOP) after answering, before the session fails.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// A frame of the worker wire: kind and payload.
 type Frame = (u8, Vec<u8>);
@@ -94,16 +115,21 @@ impl Client {
         }
     }
 
-    /// Reads what is available; frames decoded, or the wire error.
+    /// Reads what is available (at most [`READ_TURN`] bytes); frames decoded, or the wire
+    /// error.
     fn read(&mut self) -> Result<Vec<(u8, Vec<u8>)>, String> {
-        let mut buf = [0u8; 64 * 1024];
-        loop {
+        let mut buf = [0u8; 16 * 1024];
+        let mut taken = 0;
+        while taken < READ_TURN {
             match self.conn.read(&mut buf) {
                 Ok(0) => {
                     self.gone = true;
                     break;
                 }
-                Ok(n) => self.dec.feed(&buf[..n]),
+                Ok(n) => {
+                    taken += n;
+                    self.dec.feed(&buf[..n])
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -172,6 +198,18 @@ struct Session {
     shared: Arc<SessionShared>,
     client: Client,
     guest: OwnedFd,
+    /// The read end of the guest's stdout and stderr (a pipe of this session's own).
+    output: Option<OwnedFd>,
+    echo: super::LineEcho,
+    /// Bytes of output and LOG frames so far, against `limits.output`.
+    output_bytes: u64,
+    output_exceeded: bool,
+    /// The guest is stopped (SIGSTOP) between calls: it runs only while a call is in
+    /// progress (or while it starts, or exits after CLOSE).
+    stopped: bool,
+    /// Each violation's count when the current call began: the violations of a call are the
+    /// new ones and those counted again since.
+    counts_at_call: Vec<u32>,
     guest_out: Vec<u8>,
     guest_open: bool,
     conv: Conversation,
@@ -190,6 +228,13 @@ struct Session {
     calls: u64,
     /// The worker went away while a call (or the start) was in progress.
     abandoned: bool,
+}
+
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `T`...), `None` when the process is gone.
+fn proc_state(pid: libc::pid_t) -> Option<u8> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
 }
 
 /// Serves one worker connection.
@@ -283,6 +328,12 @@ impl Session {
             Ok(s) => s,
             Err(e) => return Err(Box::new((client, format!("pipe: {e}"), vec![]))),
         };
+        // The guest's stdout and stderr: a pipe of this session's own, so that one guest cannot
+        // block (O_NONBLOCK), flood or read another's.
+        let (out_r, out_w) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
+            Ok(p) => p,
+            Err(e) => return Err(Box::new((client, format!("output pipe: {e}"), vec![]))),
+        };
         let (ours, theirs) = match socketpair(
             AddressFamily::Unix,
             SockType::Stream,
@@ -312,7 +363,7 @@ impl Session {
                         command,
                     )));
                 };
-                match zygote.fork(shared.clone(), &handler, theirs) {
+                match zygote.fork(shared.clone(), &handler, theirs, out_w) {
                     Ok(ns_pid) => (
                         Child::Zygote {
                             zygote,
@@ -332,7 +383,7 @@ impl Session {
                     handler: None,
                     ..
                 },
-            ) => match start_exec(&server, &argv, theirs) {
+            ) => match start_exec(&server, &argv, theirs, out_w) {
                 Ok(c) => {
                     server.children.lock().unwrap().insert(id, c.pidfd.clone());
                     (Child::Exec(Box::new(c)), argv)
@@ -352,6 +403,7 @@ impl Session {
         let conv = Conversation::new(MAX_FRAME);
         let guest_out = encode(Kind::Hello, &gp::hello(gp::VERSION));
         set_nonblocking(&ours);
+        set_nonblocking(&out_r);
         let started = Instant::now();
         Ok(Session {
             id,
@@ -359,6 +411,12 @@ impl Session {
             shared,
             client,
             guest: ours,
+            output: Some(out_r),
+            echo: super::LineEcho::new(format!("[session {id}] ")),
+            output_bytes: 0,
+            output_exceeded: false,
+            stopped: false,
+            counts_at_call: Vec::new(),
             guest_out,
             guest_open: true,
             conv,
@@ -403,6 +461,127 @@ impl Session {
         }
     }
 
+    /// The guest's pid and pidfd (in zygote mode known once its first message arrived).
+    fn guest_process(&self) -> Option<(libc::pid_t, std::os::fd::BorrowedFd<'_>)> {
+        match &self.child {
+            Child::Exec(e) => Some((e.pid, e.pidfd.as_fd())),
+            Child::Zygote {
+                pid: Some(p),
+                pidfd: Some(fd),
+                ..
+            } => Some((*p, fd.as_fd())),
+            Child::Zygote { .. } => None,
+        }
+    }
+
+    /// Stops the guest after it answered, so that it runs no code between calls (a guest
+    /// could answer and go on working, from code after its reply or a signal handler), and
+    /// waits until the kernel shows it stopped. SIGSTOP cannot be caught or ignored, and as
+    /// it comes from an ancestor PID namespace it stops a guest that is PID 1 too.
+    fn stop_guest(&mut self) {
+        if self.stopped || self.ended() {
+            return;
+        }
+        let Some((pid, pidfd)) = self.guest_process() else {
+            return self.fail("the guest answered before its pid was known".into());
+        };
+        if sys::pidfd_send_signal(pidfd, libc::SIGSTOP).is_err() {
+            return; // it is gone: its exit is on the way
+        }
+        self.stopped = true;
+        let until = Instant::now() + STOP_WAIT;
+        loop {
+            match proc_state(pid) {
+                Some(b'T' | b't' | b'Z' | b'X') | None => return,
+                Some(_) if Instant::now() >= until => {
+                    return self.fail(format!(
+                        "the guest did not stop within {}s after answering",
+                        STOP_WAIT.as_secs()
+                    ));
+                }
+                Some(_) => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+
+    /// Lets a stopped guest run again (a call begins, or it is to exit).
+    fn resume_guest(&mut self) {
+        if !std::mem::take(&mut self.stopped) {
+            return;
+        }
+        if let Some((_, pidfd)) = self.guest_process() {
+            let _ = sys::pidfd_send_signal(pidfd, libc::SIGCONT);
+        }
+    }
+
+    /// The guest answered (HELLO, RESULT, ERROR): stop it unless a call is waiting.
+    fn guest_idle(&mut self) {
+        if self.pending.is_empty() && !self.close_requested {
+            self.stop_guest();
+        }
+    }
+
+    /// Reads the guest's stdout and stderr (at most [`READ_TURN`] bytes; `drain`: until the
+    /// end), echoes it line by line behind the session's prefix, and charges it to
+    /// `limits.output`.
+    fn on_output(&mut self, drain: bool) {
+        let Some(fd) = self.output.take() else {
+            return;
+        };
+        let mut buf = [0u8; 16 * 1024];
+        let mut taken = 0usize;
+        let mut closed = false;
+        while drain || taken < READ_TURN {
+            match nix::unistd::read(&fd, &mut buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    taken += n;
+                    if !self.output_exceeded {
+                        self.echo.feed(&buf[..n]);
+                    }
+                    if self.charge_output(n as u64) {
+                        break;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if closed {
+            self.echo.finish();
+        } else {
+            self.output = Some(fd);
+        }
+    }
+
+    /// Charges `n` bytes against `limits.output`; over it, the guest is killed. Returns
+    /// whether the limit is exceeded.
+    fn charge_output(&mut self, n: u64) -> bool {
+        self.output_bytes = self.output_bytes.saturating_add(n);
+        if !self.output_exceeded && self.output_bytes > self.server.policy.limits.output.0 {
+            self.output_exceeded = true;
+            self.echo.finish();
+            self.fail(format!(
+                "the guest's output and logs exceeded limits.output ({} bytes)",
+                self.server.policy.limits.output.0
+            ));
+        }
+        self.output_exceeded
+    }
+
+    /// Whether the guest is read from now: not while answers to it or to the worker wait
+    /// beyond [`PENDING_CAP`].
+    fn reading_guest(&self) -> bool {
+        self.guest_out.len() < PENDING_CAP && self.client.out.len() < PENDING_CAP
+    }
+
     /// Whether the guest has ended (its exit is known).
     fn ended(&self) -> bool {
         match &self.child {
@@ -435,12 +614,23 @@ impl Session {
         if let Some(request) = self.pending.pop_front() {
             self.guest_out.extend(encode(Kind::Request, &request));
             self.conv.begin_call();
+            self.counts_at_call = self
+                .shared
+                .violations
+                .lock()
+                .unwrap()
+                .list
+                .iter()
+                .map(|v| v.count)
+                .collect();
+            self.resume_guest();
             self.phase = Phase::Calling;
             self.calls += 1;
             self.deadline = self.timeout.map(|t| Instant::now() + t);
             self.flush_guest();
         } else if self.close_requested {
             // End-of-file on its input tells the guest there is no further call.
+            self.resume_guest();
             let _ = shutdown(self.guest.as_raw_fd(), Shutdown::Write);
             self.phase = Phase::Closing;
             self.deadline = Some(Instant::now() + EXIT_GRACE);
@@ -488,11 +678,13 @@ impl Session {
         self.advance();
     }
 
-    fn on_guest(&mut self) {
-        let mut buf = [0u8; 64 * 1024];
+    /// Reads the guest's frames: at most [`READ_TURN`] bytes, or (`drain`, after it ended)
+    /// what is left.
+    fn on_guest(&mut self, drain: bool) {
+        let mut buf = [0u8; 16 * 1024];
         let mut got = Vec::new();
         let mut eof = false;
-        loop {
+        while drain || got.len() < READ_TURN {
             let want_creds = matches!(self.child, Child::Zygote { pid: None, .. });
             let r = if want_creds {
                 recv_with_creds(&self.guest, &mut buf).map(|(n, pid)| {
@@ -514,6 +706,9 @@ impl Session {
                 Err(Errno::EINTR) => {}
                 Err(_) => break,
             }
+            if drain && got.len() > MAX_FRAME + READ_TURN {
+                break; // bounded even so
+            }
         }
         let mut result = self.conv.feed(&got);
         if eof {
@@ -522,6 +717,9 @@ impl Session {
         }
         let events = match result {
             Ok(ev) => ev,
+            // A guest already being killed (a limit, a timeout) may stop inside a frame:
+            // that is not a protocol error of its own.
+            Err(_) if self.failure.is_some() => return,
             Err(e) => {
                 self.protocol_error = Some(e.0.clone());
                 return self.fail(e.to_string());
@@ -542,11 +740,20 @@ impl Session {
                         mode: mode.into(),
                     };
                     let doc = serde_json::to_vec(&opened).unwrap_or_default();
+                    self.guest_idle();
                     self.client.send(worker::OPENED, &doc);
                 }
                 Event::Log { level, text } => {
+                    if self.charge_output(FRAME_COST + 1 + text.len() as u64) {
+                        return;
+                    }
                     if self.server.echo {
-                        eprintln!("wfjail: session {}: guest log ({level}): {text}", self.id);
+                        // Escaped: a guest's text cannot start a line of its own.
+                        eprintln!(
+                            "wfjail: session {}: guest log ({level}): {}",
+                            self.id,
+                            super::escape_controls(&text)
+                        );
                     }
                 }
                 Event::Query => {
@@ -558,6 +765,7 @@ impl Session {
                 Event::Result(bytes) => {
                     self.phase = Phase::Idle;
                     self.deadline = None;
+                    self.guest_idle();
                     self.client.send(worker::RESULT, &bytes);
                 }
                 Event::Error(e) => {
@@ -571,9 +779,23 @@ impl Session {
                     }
                     self.phase = Phase::Idle;
                     self.deadline = None;
+                    self.guest_idle();
+                    // The violations of this call only: a guest's ERROR typed
+                    // `wfjail.Violation` cannot borrow one from an earlier call.
+                    let during: Vec<_> = {
+                        let v = self.shared.violations.lock().unwrap();
+                        v.list
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, v)| {
+                                self.counts_at_call.get(*i).is_none_or(|&c| v.count > c)
+                            })
+                            .map(|(_, v)| v.clone())
+                            .collect()
+                    };
                     let doc = json!({
                         "type": e.kind, "message": e.message, "traceback": e.traceback,
-                        "violations": self.shared.violations.lock().unwrap().list,
+                        "violations": during,
                     });
                     self.guest_error = Some(e);
                     self.client.send(worker::ERROR, doc.to_string().as_bytes());
@@ -651,9 +873,9 @@ impl Session {
     fn event_loop(&mut self) {
         self.flush_guest();
         while !self.ended() {
-            // Poll set: 0 worker, 1 guest, 2 wake/pidfd, 3 chan, 4 listener.
-            let mut fds: Vec<PollFd> = Vec::with_capacity(5);
-            let mut which: Vec<u8> = Vec::with_capacity(5);
+            // Poll set: 0 worker, 1 guest, 2 wake/pidfd, 3 chan, 4 listener, 5 guest output.
+            let mut fds: Vec<PollFd> = Vec::with_capacity(6);
+            let mut which: Vec<u8> = Vec::with_capacity(6);
             let client_flags = if self.client.out.is_empty() {
                 PollFlags::POLLIN
             } else {
@@ -664,13 +886,19 @@ impl Session {
                 which.push(0);
             }
             if self.guest_open {
-                let flags = if self.guest_out.is_empty() {
-                    PollFlags::POLLIN
-                } else {
-                    PollFlags::POLLIN | PollFlags::POLLOUT
-                };
+                let mut flags = PollFlags::empty();
+                if self.reading_guest() {
+                    flags |= PollFlags::POLLIN;
+                }
+                if !self.guest_out.is_empty() {
+                    flags |= PollFlags::POLLOUT;
+                }
                 fds.push(PollFd::new(self.guest.as_fd(), flags));
                 which.push(1);
+            }
+            if let Some(o) = &self.output {
+                fds.push(PollFd::new(o.as_fd(), PollFlags::POLLIN));
+                which.push(5);
             }
             match &self.child {
                 Child::Zygote { .. } => {
@@ -704,8 +932,9 @@ impl Session {
                 .filter(|(_, r)| !r.is_empty())
                 .collect();
             drop(fds);
-            if ready.is_empty()
-                && let Some(d) = self.deadline
+            // Checked on every turn, ready descriptors or not: a flooding guest keeps some
+            // descriptor ready all the time.
+            if let Some(d) = self.deadline
                 && Instant::now() >= d
             {
                 self.deadline = None;
@@ -742,8 +971,9 @@ impl Session {
                         }
                         if rev
                             .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                            && self.reading_guest()
                         {
-                            self.on_guest();
+                            self.on_guest(false);
                         }
                     }
                     2 => match &mut self.child {
@@ -759,14 +989,17 @@ impl Session {
                     },
                     3 => self.on_chan(),
                     4 => self.on_listener(rev),
+                    5 => self.on_output(false),
                     _ => {}
                 }
             }
         }
         // What the guest wrote just before it ended.
         if self.guest_open {
-            self.on_guest();
+            self.on_guest(true);
         }
+        self.on_output(true);
+        self.echo.finish();
     }
 
     /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
@@ -830,6 +1063,7 @@ impl Session {
             Child::Zygote { .. } => None,
         };
         let mut error = self.failure.clone();
+        let mut limit = None;
         let status = if let Some((step, errno)) = fatal {
             error = Some(format!("{} failed: {}", step.describe(), errno.desc()));
             Status::LaunchError
@@ -841,6 +1075,9 @@ impl Session {
             || self.guest_error.is_some() && self.phase == Phase::Starting
         {
             Status::GuestError
+        } else if self.output_exceeded {
+            limit = Some("output".to_string());
+            Status::Limit
         } else if zygote_died {
             error = Some("the zygote died (see wfjail's stderr)".into());
             Status::Crashed
@@ -865,7 +1102,7 @@ impl Session {
             policy: self.server.policy.name.clone(),
             layers,
             stderr_tail: String::new(),
-            limit: None,
+            limit,
             error,
             guest_error: self.guest_error.clone(),
             command: self.command.clone(),
@@ -896,7 +1133,12 @@ fn recv_with_creds(fd: &OwnedFd, buf: &mut [u8]) -> Result<(usize, Option<libc::
 }
 
 /// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4.
-fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecChild, String> {
+fn start_exec(
+    server: &Server,
+    argv: &[String],
+    theirs: OwnedFd,
+    log: OwnedFd,
+) -> Result<ExecChild, String> {
     let policy = &server.policy;
     let req = PlanRequest {
         argv: argv.to_vec(),
@@ -906,7 +1148,6 @@ fn start_exec(server: &Server, argv: &[String], theirs: OwnedFd) -> Result<ExecC
     };
     let plan = plan::build(policy, &req).map_err(|e| e.to_string())?;
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-    let log = super::log_pipe("session".into()).map_err(|e| format!("log pipe: {e}"))?;
     let targets = [
         (null.as_raw_fd(), 0),
         (log.as_raw_fd(), 1),

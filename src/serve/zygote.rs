@@ -6,6 +6,11 @@
 //! the router decides by pid: the zygote's own `clone` (fork) is let through — only the zygote
 //! may fork — and a child's notification is judged under the full policy and recorded in its
 //! session.
+//!
+//! Sessions share the zygote's uid and Landlock domain, so the zygote makes itself (and so
+//! every child) non-dumpable after preloading: a session cannot open another's (or the
+//! zygote's) `/proc/PID/fd`, `mem` or `environ`. A zygote that cannot, or that wfjail then
+//! cannot inspect (no user namespace and no CAP_SYS_PTRACE), is refused.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -141,9 +146,10 @@ impl Zygote {
         )
         .map_err(|e| format!("control socket: {e}"))?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        // The zygote's (and its children's) stdout and stderr: a pipe copied to ours.
-        let log =
-            super::log_pipe(format!("zygote{index}")).map_err(|e| format!("log pipe: {e}"))?;
+        // The zygote's own stdout and stderr (its children get their session's): a pipe
+        // copied to ours, each line behind "[zygote i] ".
+        let log = super::log_pipe(format!("zygote{index}"), format!("[zygote {index}] "))
+            .map_err(|e| format!("log pipe: {e}"))?;
         let targets = [
             (null.as_raw_fd(), 0),
             (log.as_raw_fd(), 1),
@@ -154,6 +160,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
+        let base_user_ns = spawned.user_ns;
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
             Ok(x) => x,
             Err(e) => {
@@ -220,6 +227,36 @@ impl Zygote {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
         }
+        // Sessions share a uid and a Landlock domain: only a non-dumpable zygote (and so
+        // children) keeps one session out of another's /proc/PID/fd, mem and environ.
+        if ready.get("dumpable") != Some(&Value::Bool(false)) {
+            zygote.kill();
+            let why = ready
+                .get("dumpable_error")
+                .and_then(Value::as_str)
+                .unwrap_or("its READY does not say it is non-dumpable");
+            return Err(format!(
+                "the zygote could not make itself non-dumpable ({why}); sessions would see \
+                 each other through /proc, so wfjail refuses to serve"
+            ));
+        }
+        // The supervisor must still see into it (resolve a session's paths through
+        // /proc/PID/cwd and fd, read its call arguments): a non-dumpable process needs
+        // CAP_SYS_PTRACE over its user namespace, which wfjail has when it created that
+        // namespace, or as root. Without either, sessions would be judged blind: refuse.
+        if let Err(why) = inspectable(pid) {
+            zygote.kill();
+            return Err(format!(
+                "wfjail cannot inspect the non-dumpable zygote ({why}): that needs a user \
+                 namespace (unavailable here: {}) or CAP_SYS_PTRACE; without it the session \
+                 children's calls could not be judged, so wfjail refuses to serve",
+                if base_user_ns {
+                    "created"
+                } else {
+                    "not created"
+                }
+            ));
+        }
         Ok(zygote)
     }
 
@@ -247,12 +284,14 @@ impl Zygote {
     }
 
     /// Asks the zygote to fork a child for `shared`'s session, running `handler` on
-    /// `session_end`. Returns the child's pid in the zygote's namespace.
+    /// `session_end`, with `output` (the session's own pipe) as its stdout and stderr.
+    /// Returns the child's pid in the zygote's namespace.
     pub fn fork(
         &self,
         shared: Arc<SessionShared>,
         handler: &str,
         session_end: OwnedFd,
+        output: OwnedFd,
     ) -> ForkReply {
         if !self.alive() {
             return Err("the zygote is restarting".into());
@@ -263,7 +302,7 @@ impl Zygote {
             .unwrap()
             .insert(shared.id, (shared.clone(), tx));
         let msg = frame(FORK, &json!({"session": shared.id, "handler": handler}));
-        let fds = [session_end.as_raw_fd()];
+        let fds = [session_end.as_raw_fd(), output.as_raw_fd()];
         let sent = {
             let ctl = self.ctl.lock().unwrap();
             let iov = [std::io::IoSlice::new(&msg)];
@@ -275,7 +314,7 @@ impl Zygote {
                 None,
             )
         };
-        drop(session_end);
+        drop((session_end, output));
         if let Err(e) = sent {
             self.pending.lock().unwrap().remove(&shared.id);
             return Err(format!("asking the zygote to fork: {e}"));
@@ -488,6 +527,27 @@ impl Zygote {
             }
         }
     }
+}
+
+/// Whether wfjail can read what it needs of process `pid` (its cwd link, its maps, a byte of
+/// its memory), the way it does for a session child's calls.
+fn inspectable(pid: libc::pid_t) -> Result<(), String> {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(|e| format!("/proc/{pid}/cwd: {e}"))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
+    let addr = maps
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|p| p.starts_with('r'))
+        })
+        .and_then(|l| l.split('-').next())
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .ok_or_else(|| format!("/proc/{pid}/maps lists no readable mapping"))?;
+    sys::read_process_memory(pid, addr, &mut [0u8; 1])
+        .map(|_| ())
+        .map_err(|e| format!("process_vm_readv: {e}"))
 }
 
 /// The pid of global `pid` in its own (innermost) PID namespace.

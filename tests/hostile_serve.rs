@@ -1,0 +1,753 @@
+//! `wfjail serve --zygote` against hostile guests (issue 7, findings A in serve, B, E1, E5):
+//! sessions cannot reach each other through /proc or a shared output pipe, a guest runs only
+//! during its calls, floods end in a report while the server and its other sessions go on
+//! with bounded memory, and the report and a session's errors cannot be forged.
+//!
+//! Every run is bounded by a watchdog: a test that would hang on a vulnerable build fails.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Outcome, PY, Scratch, wfjail_bin};
+use serde_json::Value;
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The hostile handlers the zygote preloads.
+const HANDLERS: &str = r#"
+import errno, json, os, signal, socket, struct, sys, time
+from wfjail import protocol as P
+saved = []
+def whoami(req):
+    return str(os.getpid()).encode()
+def siblings(ns_pid):
+    """{"b": global pid of our namespace's pid ns_pid, "zygote": ...}: /proc is the host's,
+    so a guest finds them by command line, NSpid and parent, as an attacker would."""
+    found, ppids = {}, {}
+    for p in os.listdir("/proc"):
+        try:
+            if not p.isdigit() or __name__.encode() not in open("/proc/%s/cmdline" % p, "rb").read():
+                continue
+            status = open("/proc/%s/status" % p).read().splitlines()
+        except OSError:
+            continue
+        field = lambda name: next(l for l in status if l.startswith(name + ":")).split()[1:]
+        ppids[p] = field("PPid")[0]
+        if field("NSpid")[-1] == str(ns_pid):
+            found["b"] = p
+    for p, parent in ppids.items():
+        if parent not in ppids:
+            found["zygote"] = p
+    return found
+def probe(req):
+    """Try to open (and readlink) each path of the request (B and Z stand for the sibling's
+    and the zygote's global pids); errno names or 'opened'."""
+    pids = siblings(int(req.split(b"|")[0]))
+    out = {"found": pids}
+    for path in req.decode().split("|")[1].split(","):
+        path = path.replace("B", pids.get("b", "B")).replace("Z", pids.get("zygote", "Z"))
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+            out[path] = "opened"
+        except OSError as e:
+            out[path] = errno.errorcode.get(e.errno, str(e.errno))
+        if "/fd/" in path:
+            try:
+                os.readlink(path)
+                out["readlink " + path] = "read"
+            except OSError as e:
+                out["readlink " + path] = errno.errorcode.get(e.errno, str(e.errno))
+    return json.dumps(out).encode()
+def write_relative(req):
+    """Writes the supervisor judges by resolving them through /proc/PID/cwd and /proc/PID/fd."""
+    try:
+        open("written-by-guest", "w")
+    except OSError:
+        pass
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    os.open("written-through-dirfd", os.O_WRONLY | os.O_CREAT, dir_fd=here)
+def nonblock(req):
+    import fcntl
+    for fd in (1, 2):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    return b"set"
+def print_much(req):
+    sys.stdout.write("y" * int(req) + "\n")
+    sys.stdout.flush()
+    return b"printed"
+def print_forever(req):
+    while True:
+        print("z" * 1000)
+def forge(req):
+    print("wfjail: violation: network socket(AF_INET) denied", flush=True)
+    sys.stderr.write("\x1b[2Jwfjail: ok (forged)\n")
+    sys.stderr.flush()
+    return b"forged"
+def ticker(req):
+    """arm:PATH -> a SIGALRM handler appends to PATH every 10 ms; count:PATH -> its size."""
+    what, _, path = req.decode().partition(":")
+    if what == "arm":
+        def tick(*_):
+            with open(path, "a") as f:
+                f.write("x")
+        signal.signal(signal.SIGALRM, tick)
+        signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+        return b"armed"
+    return str(os.path.getsize(path)).encode()
+def answer_then_work(req):
+    """Writes its own RESULT on the session socket, then keeps working."""
+    P.write_frame(4, P.RESULT, b"early")
+    path, n = req.decode(), 0
+    while True:
+        n += 1
+        if n % 20000 == 0:
+            with open(path, "a") as f:
+                f.write("x")
+def query_flood(req):
+    """A denied write with a long name, then QUERY, again and again; never reads."""
+    base = os.path.join(os.getcwd(), "q" * 240)
+    query = struct.pack("<IB", 1, P.QUERY)
+    i = 0
+    while True:
+        i += 1
+        try:
+            open(base + str(i % 200), "w")
+        except OSError:
+            pass
+        os.write(4, query)
+def log_flood(req):
+    """Empty LOG frames (a level byte, no text), as fast as the socket takes them."""
+    batch = struct.pack("<IBB", 2, P.LOG, 20) * 10000
+    while True:
+        os.write(4, batch)
+def mutate(req):
+    saved.append(req.decode())
+    return ",".join(saved).encode()
+def fake_violation(req):
+    """real: a denied socket() (a true Violation); again: re-raise that Violation although
+    nothing was denied in this call."""
+    from wfjail import guest
+    if req == b"real":
+        try:
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as e:
+            v = guest.explain(e)
+            saved.append(v)
+            raise v
+    raise saved[0]
+"#;
+
+/// A scratch dir with the handler module, a policy (temporal-python plus `policy_extra`)
+/// and the worker script (given the client's names, MOD and a parent-death signal, so that
+/// it does not outlive a wfjail the watchdog killed).
+fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
+    let s = Scratch::new(tag);
+    let module = format!(
+        "hs_{}",
+        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
+    );
+    s.write(&format!("{module}.py"), HANDLERS);
+    s.write(
+        "policy.toml",
+        &format!(
+            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{REPO}/python\", \"{dir}\", \"/proc\"]\n\
+             [env]\nset = {{ PYTHONPATH = \"{REPO}/python:{dir}\" }}\n",
+            dir = s.0.display()
+        ),
+    );
+    let worker = format!(
+        "import sys, os, json, time, threading, ctypes\n\
+         ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n\
+         sys.path.insert(0, {py:?})\n\
+         from wfjail.client import Client, GuestError, SessionFailed\n\
+         from wfjail import Violation\nMOD = {module:?}\nDIR = {dir:?}\n{worker}",
+        py = format!("{REPO}/python"),
+        dir = s.0.display().to_string(),
+    );
+    s.write("worker.py", &worker);
+    (s, module)
+}
+
+/// `wfjail serve --zygote` with the fixture (one zygote: every session in one PID
+/// namespace), killed if it runs longer than `limit`. `wrap`: a command wfjail runs under
+/// (e.g. `setpriv` to drop privileges).
+fn serve(s: &Scratch, module: &str, args: &[&str], wrap: &[&str], limit: Duration) -> Outcome {
+    serve_in(true, s, module, args, wrap, limit)
+}
+
+/// [`serve`], in zygote mode or (`zygote` false) exec mode.
+fn serve_in(
+    zygote: bool,
+    s: &Scratch,
+    module: &str,
+    args: &[&str],
+    wrap: &[&str],
+    limit: Duration,
+) -> Outcome {
+    let mut all: Vec<String> = vec![
+        "serve".into(),
+        "-p".into(),
+        s.path("policy.toml").display().to_string(),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    if zygote {
+        all.extend(
+            [
+                "--zygote",
+                "--python",
+                PY,
+                "--preload",
+                module,
+                "--zygotes",
+                "1",
+            ]
+            .map(String::from),
+        );
+    }
+    all.extend(["--", PY].map(String::from));
+    all.push(s.path("worker.py").display().to_string());
+    let mut cmd = match wrap.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(wfjail_bin());
+            c
+        }
+        None => Command::new(wfjail_bin()),
+    };
+    let mut child = cmd
+        .args(&all)
+        .current_dir(&s.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wfjail serve");
+    let out_t = read_all(child.stdout.take().unwrap());
+    let err_t = read_all(child.stderr.take().unwrap());
+    let started = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > limit {
+            timed_out = true;
+            let _ = child.kill(); // by its pid; the zygote dies with it, the worker too
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let outcome = Outcome {
+        code: status.code().unwrap_or(-1),
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+        report: Value::Null,
+    };
+    outcome.check(
+        !timed_out,
+        &format!("wfjail serve still ran after {limit:?} (killed by the test's watchdog)"),
+    );
+    outcome
+}
+
+/// Reads `r` to its end on a thread, keeping the first 8 MiB (a flooding guest on a
+/// vulnerable build must not exhaust the test's memory).
+fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = (8usize << 20).saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        String::from_utf8_lossy(&kept).into_owned()
+    })
+}
+
+/// Asserts that the server and its worker exited 0, and parses what the worker printed.
+fn worker_json(out: &Outcome) -> Value {
+    out.check(out.code == 0, "wfjail serve exits 0");
+    match serde_json::from_str(out.stdout.trim()) {
+        Ok(v) => v,
+        Err(e) => {
+            out.check(false, &format!("the worker prints JSON: {e}"));
+            unreachable!()
+        }
+    }
+}
+
+/// Worker code: A reads B's and the zygote's descriptors, memory and environment through
+/// /proc; B and a third session's violation (resolved through /proc/PID/cwd) still work.
+const PROC_WORKER: &str = r#"
+c = Client()
+out = {}
+with c.session(handler=MOD + ":whoami") as b:
+    pid_b = b.call(b"").decode()
+    with c.session(handler=MOD + ":probe") as a:
+        targets = ["/proc/B/fd/1", "/proc/B/mem", "/proc/B/environ",
+                   "/proc/Z/fd/1", "/proc/Z/mem", "/proc/Z/environ", "/proc/self/fd/1"]
+        out["probe"] = json.loads(a.call((pid_b + "|" + ",".join(targets)).encode()))
+    out["b still answers"] = b.call(b"").decode() == pid_b
+out["pid_b"] = pid_b
+out["uid"] = os.getuid()
+try:
+    with c.session(handler=MOD + ":write_relative") as w:
+        w.call(b"")
+except Violation as v:
+    out["write"] = [v.category, v.syscall, v.args]
+out["writes"] = [v["args"] for v in w.report["violations"]]
+print(json.dumps(out))
+"#;
+
+/// `dirfd`: whether a write through a directory descriptor is judged too. An unprivileged
+/// wfjail cannot: the non-dumpable guest's /proc/PID/fd directory belongs to the global
+/// root (the root of the guest's user namespace is not mapped), so resolving the dirfd
+/// fails (supervise/paths.rs could take the descriptor with pidfd_getfd instead).
+fn check_proc_isolation(out: &Outcome, dir: &str, dirfd: bool) {
+    let r = worker_json(out);
+    let probe = &r["probe"];
+    let b = probe["found"]["b"].as_str().expect("A finds B in /proc");
+    let z = probe["found"]["zygote"]
+        .as_str()
+        .expect("A finds the zygote in /proc");
+    for path in [
+        format!("/proc/{b}/fd/1"),
+        format!("readlink /proc/{b}/fd/1"),
+        format!("/proc/{b}/mem"),
+        format!("/proc/{b}/environ"),
+        format!("/proc/{z}/fd/1"),
+        format!("readlink /proc/{z}/fd/1"),
+        format!("/proc/{z}/mem"),
+        format!("/proc/{z}/environ"),
+    ] {
+        assert_eq!(
+            probe[&path], "EACCES",
+            "{path}: a sibling's and the zygote's /proc entries are refused: {r}"
+        );
+    }
+    assert_eq!(
+        probe["/proc/self/fd/1"], "opened",
+        "a guest still reaches its own descriptors: {r}"
+    );
+    assert_eq!(r["b still answers"], true, "{r}");
+    // The supervisor still reads the guest's memory and /proc/PID/cwd to judge a write.
+    let write = &r["write"];
+    assert_eq!(write[0], "filesystem", "{r}");
+    if dirfd {
+        assert!(
+            write[2]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("{dir}/written-through-dirfd")),
+            "the path was resolved through the guest's /proc/PID/fd: {r}"
+        );
+    }
+    let writes = r["writes"].to_string();
+    assert!(
+        writes.contains(&format!("{dir}/written-by-guest")),
+        "the relative path was resolved through the guest's cwd: {r}"
+    );
+}
+
+#[test]
+fn sessions_cannot_reach_each_other_or_the_zygote_through_proc() {
+    let (s, module) = fixture("proc", PROC_WORKER, "");
+    let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(60));
+    check_proc_isolation(
+        &out,
+        &s.0.display().to_string(),
+        nix::unistd::geteuid().is_root(),
+    );
+}
+
+#[test]
+fn an_unprivileged_supervisor_still_reads_non_dumpable_guests() {
+    if nix::unistd::geteuid().is_root() {
+        let (s, module) = fixture("proc-nobody", PROC_WORKER, "");
+        // nobody can read the fixture (a root-owned 0755 scratch dir) and reach /tmp.
+        let out = serve(
+            &s,
+            &module,
+            &["-q"],
+            &[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ],
+            Duration::from_secs(60),
+        );
+        check_proc_isolation(&out, &s.0.display().to_string(), false);
+        assert_eq!(worker_json(&out)["uid"], 65534, "wfjail ran as nobody");
+    } else {
+        // Already unprivileged: the test above is this one.
+        let (s, module) = fixture("proc-user", PROC_WORKER, "");
+        let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(60));
+        check_proc_isolation(&out, &s.0.display().to_string(), false);
+    }
+}
+
+#[test]
+fn a_guest_cannot_block_flood_or_forge_through_its_output() {
+    let worker = r#"
+c = Client()
+out = {}
+with c.session(handler=MOD + ":nonblock") as a:
+    out["a"] = a.call(b"").decode()
+    with c.session(handler=MOD + ":print_much") as b:
+        try:
+            out["b"] = b.call(b"262144").decode()
+        except GuestError as e:
+            out["b"] = e.type
+with c.session(handler=MOD + ":forge") as f:
+    out["forge"] = f.call(b"").decode()
+    out["forge_id"] = f.id
+try:
+    with c.session(handler=MOD + ":print_forever", timeout="20s") as p:
+        p.call(b"")
+except SessionFailed as e:
+    out["flood"] = [e.report["status"], e.report.get("limit"), e.report.get("error")]
+with c.session(handler=MOD + ":mutate") as m:
+    out["after"] = m.call(b"still here").decode()
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("output", worker, "[limits]\noutput = \"1MiB\"\n");
+    let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(90));
+    let r = worker_json(&out);
+    assert_eq!(r["a"], "set");
+    assert_eq!(
+        r["b"], "printed",
+        "another session's O_NONBLOCK does not reach this one's output: {r}"
+    );
+    assert_eq!(
+        r["flood"][0], "limit",
+        "an endless printer hits limits.output: {r}"
+    );
+    assert_eq!(r["flood"][1], "output", "{r}");
+    assert_eq!(r["after"], "still here", "the server goes on: {r}");
+    let id = r["forge_id"].as_u64().unwrap();
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    out.check(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("wfjail: violation: network socket(AF_INET)")),
+        "a guest cannot print a line of wfjail's own",
+    );
+    out.check(
+        lines.contains(
+            &format!("[session {id}] wfjail: violation: network socket(AF_INET) denied").as_str(),
+        ),
+        "the guest's line is echoed behind its session's prefix",
+    );
+    out.check(
+        !out.stderr.contains('\x1b')
+            && lines.contains(&format!("[session {id}] \\x1b[2Jwfjail: ok (forged)").as_str()),
+        "control characters are escaped",
+    );
+}
+
+#[test]
+fn a_guest_makes_no_progress_between_calls() {
+    let worker = r#"
+c = Client()
+out = {}
+def size(p):
+    return os.path.getsize(p) if os.path.exists(p) else 0
+tick = os.path.join(DIR, "rw", "tick")
+with c.session(handler=MOD + ":ticker") as s:
+    out["arm"] = s.call(b"arm:" + tick.encode()).decode()
+    first = size(tick)
+    time.sleep(1.0)
+    out["idle ticks"] = size(tick) - first
+    out["count"] = int(s.call(b"count:" + tick.encode()))
+out["ticker status"] = s.report["status"]
+work = os.path.join(DIR, "rw", "work")
+s = c.session(handler=MOD + ":answer_then_work").open()
+out["early"] = s.call(work.encode()).decode()
+first = size(work)
+time.sleep(1.0)
+out["idle work"] = size(work) - first
+s.close()
+print(json.dumps(out))
+"#;
+    // Timers are allowed here: the guest arms one to run a handler between calls.
+    let (s, module) = fixture("idle", worker, "[time]\nsleep = \"allow\"\n");
+    std::fs::create_dir(s.path("rw")).unwrap();
+    let rw = s.path("rw").display().to_string();
+    let out = serve(
+        &s,
+        &module,
+        &["-q", "--rw", &rw],
+        &[],
+        Duration::from_secs(60),
+    );
+    let r = worker_json(&out);
+    assert_eq!(r["arm"], "armed");
+    assert_eq!(
+        r["idle ticks"], 0,
+        "a signal handler does not run between calls: {r}"
+    );
+    assert!(
+        r["count"].as_i64().unwrap() >= 0,
+        "the session still answers: {r}"
+    );
+    assert_eq!(r["ticker status"], "ok", "{r}");
+    assert_eq!(r["early"], "early");
+    assert_eq!(
+        r["idle work"], 0,
+        "code after a self-made reply does not run between calls: {r}"
+    );
+}
+
+#[test]
+fn floods_end_in_a_report_while_the_server_and_its_sessions_go_on() {
+    let worker = r#"
+c = Client()
+out = {"sibling": []}
+stop = threading.Event()
+def sibling():
+    with c.session(handler=MOD + ":mutate") as s:
+        while not stop.is_set():
+            out["sibling"].append(s.call(b"s")[-1:].decode())
+            time.sleep(0.05)
+t = threading.Thread(target=sibling); t.start()
+for name in ["query_flood", "log_flood"]:
+    try:
+        with c.session(handler=MOD + ":" + name, timeout="3s") as f:
+            f.call(b"")
+            out[name] = "returned"
+    except SessionFailed as e:
+        out[name] = [e.report["status"], e.report.get("limit"), e.report.get("error")]
+stop.set(); t.join()
+with c.session(handler=MOD + ":mutate") as m:
+    out["after"] = m.call(b"fresh").decode()
+status = open("/proc/%d/status" % os.getppid()).read()
+out["hwm_kb"] = int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1])
+out["sibling"] = len(out["sibling"])
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("flood", worker, "[limits]\noutput = \"1MiB\"\n");
+    let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(90));
+    let r = worker_json(&out);
+    // The QUERY flood: its denied writes make it a violation; it is ended by its deadline.
+    assert_eq!(r["query_flood"][0], "violation", "{r}");
+    assert_eq!(
+        r["query_flood"][2], "the call took longer than 3s",
+        "the deadline fired: {r}"
+    );
+    // Empty LOG frames are charged against limits.output.
+    assert_eq!(r["log_flood"][0], "limit", "{r}");
+    assert_eq!(r["log_flood"][1], "output", "{r}");
+    assert!(
+        r["sibling"].as_i64().unwrap() >= 10,
+        "a sibling session kept answering: {r}"
+    );
+    assert_eq!(r["after"], "fresh", "{r}");
+    let hwm = r["hwm_kb"].as_i64().unwrap();
+    assert!(
+        hwm < 96 * 1024,
+        "wfjail serve's peak RSS stays bounded: {hwm} kB"
+    );
+}
+
+#[test]
+fn an_error_typed_violation_is_not_a_violation_of_that_call() {
+    let worker = r#"
+c = Client()
+out = {}
+with c.session(handler=MOD + ":fake_violation") as s:
+    try:
+        s.call(b"real")
+    except Violation as v:
+        out["real"] = [v.category, v.syscall]
+    try:
+        s.call(b"again")
+        out["again"] = "returned"
+    except Violation as v:
+        out["again"] = ["Violation", v.category, v.syscall]
+    except GuestError as e:
+        out["again"] = ["GuestError", e.type, e.violations]
+out["report"] = [(v["syscall"], v["count"]) for v in s.report["violations"]]
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("e5", worker, "");
+    let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(60));
+    let r = worker_json(&out);
+    assert_eq!(r["real"], serde_json::json!(["network", "socket"]), "{r}");
+    assert_eq!(
+        r["again"],
+        serde_json::json!(["GuestError", "wfjail.Violation", []]),
+        "the ERROR carries no violation of its call, so it is the guest's own error: {r}"
+    );
+    assert_eq!(
+        r["report"],
+        serde_json::json!([["socket", 1]]),
+        "the report holds the one real violation: {r}"
+    );
+}
+
+#[test]
+fn a_zygote_that_stays_dumpable_is_refused() {
+    // A stand-in zygote (first on PYTHONPATH) that cannot make itself non-dumpable: it says
+    // so in READY, and wfjail refuses to serve instead of running sessions that can read
+    // each other.
+    let (s, module) = fixture("dumpable", "print('the worker ran')\n", "");
+    std::fs::create_dir(s.path("fake")).unwrap();
+    std::fs::create_dir(s.path("fake/wfjail")).unwrap();
+    s.write("fake/wfjail/__init__.py", "");
+    s.write(
+        "fake/wfjail/zygote.py",
+        r#"import json, os, socket, struct
+doc = json.dumps({"pid": os.getpid(), "preloaded": [], "python": "3",
+                  "dumpable": True, "dumpable_error": "prctl(PR_SET_DUMPABLE): not here"}).encode()
+ctl = socket.socket(fileno=int(os.environ["WFJAIL_ZYGOTE_FD"]))
+ctl.sendall(struct.pack("<IB", len(doc) + 1, 0x32) + doc)
+ctl.recv(1)
+"#,
+    );
+    let policy = std::fs::read_to_string(s.path("policy.toml")).unwrap();
+    let fake = s.path("fake").display().to_string();
+    s.write(
+        "policy.toml",
+        &policy.replace("PYTHONPATH = \"", &format!("PYTHONPATH = \"{fake}:")),
+    );
+    let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
+    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
+    out.check(
+        out.stderr.contains("non-dumpable") && out.stderr.contains("not here"),
+        "and says why",
+    );
+    out.check(
+        !out.stdout.contains("the worker ran"),
+        "the worker never started",
+    );
+}
+
+#[test]
+fn exec_mode_guests_are_stopped_between_calls_and_their_output_is_theirs() {
+    // Exec mode: the guest is PID 1 of its own namespace; SIGSTOP from wfjail (an ancestor
+    // namespace) still stops it.
+    let worker = r#"
+c = Client()
+out = {}
+argv = [sys.executable, os.path.join(DIR, "guest.py")]
+def size(p):
+    return os.path.getsize(p) if os.path.exists(p) else 0
+tick = os.path.join(DIR, "rw", "tick")
+with c.session(argv=argv + ["ticker"]) as s:
+    out["arm"] = s.call(b"arm:" + tick.encode()).decode()
+    first = size(tick)
+    time.sleep(1.0)
+    out["idle ticks"] = size(tick) - first
+    out["count"] = int(s.call(b"count:" + tick.encode()))
+out["ticker status"] = s.report["status"]
+with c.session(argv=argv + ["forge"]) as f:
+    out["forge"] = f.call(b"").decode()
+    out["forge_id"] = f.id
+try:
+    with c.session(argv=argv + ["print_forever"], timeout="20s") as p:
+        p.call(b"")
+except SessionFailed as e:
+    out["flood"] = [e.report["status"], e.report.get("limit")]
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture(
+        "exec",
+        worker,
+        "[time]\nsleep = \"allow\"\n[limits]\noutput = \"1MiB\"\n",
+    );
+    s.write(
+        "guest.py",
+        &format!(
+            "import sys, {module} as m\nfrom wfjail import guest\nguest.run(getattr(m, sys.argv[1]))\n"
+        ),
+    );
+    std::fs::create_dir(s.path("rw")).unwrap();
+    let rw = s.path("rw").display().to_string();
+    let out = serve_in(
+        false,
+        &s,
+        &module,
+        &["-q", "--rw", &rw],
+        &[],
+        Duration::from_secs(60),
+    );
+    let r = worker_json(&out);
+    assert_eq!(r["arm"], "armed");
+    assert_eq!(r["idle ticks"], 0, "no progress between calls: {r}");
+    assert!(r["count"].as_i64().unwrap() >= 0, "{r}");
+    assert_eq!(r["ticker status"], "ok", "{r}");
+    assert_eq!(r["flood"], serde_json::json!(["limit", "output"]), "{r}");
+    let id = r["forge_id"].as_u64().unwrap();
+    out.check(
+        out.stderr.lines().any(|l| {
+            l == format!("[session {id}] wfjail: violation: network socket(AF_INET) denied")
+        }) && !out.stderr.contains('\x1b'),
+        "an exec-mode guest's lines are its session's, escaped",
+    );
+}
+
+/// `container_sim` (examples/container_sim.rs), built by the container tests' helper or here.
+fn container_sim() -> String {
+    let sim = wfjail_bin()
+        .parent()
+        .unwrap()
+        .join("examples/container_sim");
+    if !sim.exists() {
+        let ok = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["build", "--example", "container_sim", "--manifest-path"])
+            .arg(format!("{REPO}/Cargo.toml"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok && sim.exists(), "building container_sim");
+    }
+    sim.display().to_string()
+}
+
+#[test]
+fn without_a_user_namespace_an_unprivileged_server_refuses_rather_than_judge_blind() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // needs to switch to nobody
+    }
+    // Docker's default profile (no namespaces) and an unprivileged user: wfjail has no
+    // CAP_SYS_PTRACE over the non-dumpable zygote, so it could not read the sessions' calls.
+    let sim = container_sim();
+    let (s, module) = fixture("proc-sim", "print('the worker ran')\n", "");
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        &sim,
+        "--deny-namespaces",
+        "--",
+    ];
+    let out = serve(&s, &module, &[], &nobody, Duration::from_secs(60));
+    out.check(out.code == 125, "wfjail refuses to serve (exit 125)");
+    out.check(
+        out.stderr
+            .contains("cannot inspect the non-dumpable zygote"),
+        "and says why",
+    );
+    out.check(!out.stdout.contains("the worker ran"), "no worker started");
+    // The same container as root (CAP_SYS_PTRACE): served, isolated and judged.
+    let (s, module) = fixture("proc-sim-root", PROC_WORKER, "");
+    let out = serve(
+        &s,
+        &module,
+        &["-q"],
+        &[&sim, "--deny-namespaces", "--"],
+        Duration::from_secs(60),
+    );
+    check_proc_isolation(&out, &s.0.display().to_string(), true);
+}
