@@ -14,6 +14,8 @@ pub enum Status {
     Timeout,
     Limit,
     Crashed,
+    /// wfjail itself was asked to stop (SIGTERM, SIGINT, SIGHUP): the guest was killed.
+    Interrupted,
     LaunchError,
 }
 
@@ -28,6 +30,8 @@ impl Status {
             Status::Timeout => 4,
             Status::Limit => 5,
             Status::Crashed => 6,
+            // 128 + the signal, as shells report it; the report carries the exact one.
+            Status::Interrupted => 128 + libc::SIGTERM,
             Status::LaunchError => 125,
         }
     }
@@ -40,6 +44,7 @@ impl Status {
             Status::Timeout => "timeout",
             Status::Limit => "limit",
             Status::Crashed => "crashed",
+            Status::Interrupted => "interrupted",
             Status::LaunchError => "launch_error",
         }
     }

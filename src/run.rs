@@ -84,6 +84,8 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         targets.push((p.to_guest.0.as_raw_fd(), PROTOCOL_FDS.0));
         targets.push((p.from_guest.1.as_raw_fd(), PROTOCOL_FDS.1));
     }
+    // Blocked before the guest exists, so that a SIGTERM from now on ends in a report.
+    let stop_signals = supervise::block_stop_signals();
     let spawned = match process::spawn(&plan, &targets) {
         Ok(s) => s,
         Err(e) => return fail(e.to_string(), 125),
@@ -111,6 +113,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         output_limit: policy.limits.output.0,
         memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
         write_grants: supervise::paths::WriteGrants::new(&plan.write),
+        stop_signals,
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();
@@ -500,6 +503,13 @@ pub fn build_report(
         exit_status = Some(125);
         error = Some(format!("the child broke the set-up protocol: {e}"));
         Status::LaunchError
+    } else if let Some(sig) = o.interrupted {
+        exit_status = Some(128 + sig);
+        error = Some(format!(
+            "wfjail was stopped by {} while the guest ran; the guest was killed",
+            crate::report::signal_name(sig)
+        ));
+        Status::Interrupted
     } else if !o.exec_confirmed && o.reaped.is_none() {
         exit_status = Some(125);
         error = Some("the child ended before exec without saying why".into());

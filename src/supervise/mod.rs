@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::policy::Policy;
 use crate::process::Spawned;
@@ -141,6 +143,22 @@ pub struct Config {
     pub memory_limit: Option<u64>,
     /// What the policy lets the guest write (watched writes are checked against it).
     pub write_grants: paths::WriteGrants,
+    /// SIGTERM, SIGINT and SIGHUP to wfjail, blocked and read here: the guest is killed and
+    /// the report says the run was interrupted (instead of wfjail dying without one).
+    pub stop_signals: Option<SignalFd>,
+}
+
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
+/// returns a descriptor that reads them; `None` if that fails (they then end wfjail as before,
+/// and the guest dies with it by its parent-death signal). The guest's mask is reset before
+/// its exec.
+pub fn block_stop_signals() -> Option<SignalFd> {
+    let mut mask = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        mask.add(s);
+    }
+    mask.thread_block().ok()?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).ok()
 }
 
 /// The guest's pipes, parent ends.
@@ -166,6 +184,8 @@ pub struct ProtocolPipes {
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub reaped: Option<Reaped>,
+    /// wfjail was asked to stop by this signal while the guest ran (the guest was killed).
+    pub interrupted: Option<i32>,
     pub duration: Duration,
     pub timed_out: bool,
     pub output_exceeded: bool,
@@ -333,6 +353,7 @@ enum Src {
     Pidfd,
     FromGuest,
     ToGuest,
+    StopSignal,
 }
 
 /// Supervises `child` until it exits (and its output is drained).
@@ -472,6 +493,10 @@ pub fn supervise(
                 PollFlags::POLLIN,
                 Src::Pidfd,
             );
+            if let Some(sfd) = &cfg.stop_signals {
+                fds.push(PollFd::new(sfd.as_fd(), PollFlags::POLLIN));
+                srcs.push(Src::StopSignal);
+            }
         }
         if let Some(f) = &framed {
             add(
@@ -635,6 +660,14 @@ pub fn supervise(
                 Src::Pidfd => {
                     crate::timing::mark("guest exited (pidfd)");
                     exited_at = Some(Instant::now());
+                }
+                Src::StopSignal => {
+                    if let Some(Ok(Some(info))) = cfg.stop_signals.as_ref().map(|s| s.read_signal())
+                        && o.interrupted.is_none()
+                    {
+                        o.interrupted = Some(info.ssi_signo as i32);
+                        kill();
+                    }
                 }
                 Src::ToGuest => {
                     if let Some(f) = framed.as_mut() {
