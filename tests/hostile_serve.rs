@@ -658,10 +658,11 @@ ctl.recv(1)
     );
 }
 
-/// Python that enters `n` Landlock layers which restrict nothing (each handles device-node
-/// creation and reparenting and grants them beneath "/"), then execs its arguments.
+/// Python that fills the Landlock layers this process may still stack (16 in all) but one,
+/// with layers which restrict nothing (each handles device-node creation and reparenting and
+/// grants them beneath "/"), then execs its arguments.
 const LAYERS: &str = r#"
-import ctypes, os, sys
+import ctypes, errno, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 abi = libc.syscall(444, None, 0, 1)
@@ -671,20 +672,33 @@ class Rule(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("access", ctypes.c_uint64), ("fd", ctypes.c_int32)]
 assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-for _ in range(int(sys.argv[1])):
+def layer():
     fd = libc.syscall(444, ctypes.byref(attr), 8, 0)
     root = os.open("/", os.O_PATH)
     assert fd >= 0 and libc.syscall(445, fd, 1, ctypes.byref(Rule(handled, root)), 0) == 0
-    assert libc.syscall(446, fd, 0) == 0, os.strerror(ctypes.get_errno())
+    ok = libc.syscall(446, fd, 0) == 0
+    err = ctypes.get_errno()
     os.close(fd); os.close(root)
-os.execv(sys.argv[2], sys.argv[2:])
+    assert ok or err == errno.E2BIG, os.strerror(err)
+    return ok
+pid = os.fork()
+if pid == 0:  # how many more layers fit?
+    n = 0
+    while layer():
+        n += 1
+    os._exit(n)
+room = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+assert room >= 2, "only %d Landlock layers left" % room
+for _ in range(room - 1):
+    assert layer()
+os.execv(sys.argv[1], sys.argv[1:])
 "#;
 
 #[test]
 fn a_session_child_that_cannot_enter_its_own_domain_does_not_run_its_session() {
-    // Landlock stacks at most 16 layers. wfjail starts under 15 (which restrict nothing), the
-    // zygote's own domain is the 16th: the zygote prepares its sessions' ruleset, but every
-    // child's landlock_restrict_self fails (E2BIG). The child answers ERROR instead of HELLO:
+    // Landlock stacks at most 16 layers. wfjail starts with room for one more (the layers
+    // above it restrict nothing), which the zygote's own domain takes: the zygote prepares its
+    // sessions' ruleset, but every child's landlock_restrict_self fails (E2BIG). The child answers ERROR instead of HELLO:
     // the session fails with that reason and no handler code runs.
     let worker = r#"
 out = {}
@@ -703,7 +717,7 @@ print(json.dumps(out))
         &s,
         &module,
         &["-q"],
-        &[PY, &layers, "15"],
+        &[PY, &layers],
         Duration::from_secs(60),
     );
     let r = worker_json(&out);
