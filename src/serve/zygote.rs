@@ -645,3 +645,28 @@ pub fn await_exec(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_domain_is_an_abi_or_the_reason_it_is_not() {
+        let ready = |v: Value| json!({"pid": 1, "session_domain": v});
+        assert_eq!(session_domain(&ready(json!(7))), Ok(7));
+        assert_eq!(session_domain(&ready(json!(1))), Ok(1));
+        assert_eq!(
+            session_domain(&ready(json!(
+                "landlock_create_ruleset: Function not implemented"
+            ))),
+            Err("landlock_create_ruleset: Function not implemented".into())
+        );
+        for bad in [json!(0), json!(-1), json!(true), json!(null), json!(6.5)] {
+            assert!(session_domain(&ready(bad.clone())).is_err(), "{bad}");
+        }
+        assert_eq!(
+            session_domain(&json!({"pid": 1, "dumpable": false})),
+            Err("its READY does not say it can".into())
+        );
+    }
+}
