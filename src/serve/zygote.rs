@@ -7,10 +7,16 @@
 //! may fork — and a child's notification is judged under the full policy and recorded in its
 //! session.
 //!
-//! Sessions share the zygote's uid and Landlock domain, so the zygote makes itself (and so
-//! every child) non-dumpable after preloading: a session cannot open another's (or the
-//! zygote's) `/proc/PID/fd`, `mem` or `environ`. A zygote that cannot, or that wfjail then
-//! cannot inspect (no user namespace and no CAP_SYS_PTRACE), is refused.
+//! Sessions share the zygote's uid, PID namespace and the host's `/proc`, so each session
+//! child enters a Landlock domain of its own right after the fork, nested in the zygote's
+//! (python/wfjail/zygote.py): Landlock lets a process pass `ptrace_may_access` — which guards
+//! `/proc/PID/fd`, `mem`, `environ`, `process_vm_*`, `pidfd_getfd`, `kcmp` — only towards its
+//! own domain or a nested one, so a session cannot reach a sibling or the zygote, and with
+//! Landlock ABI >= 6 cannot signal them or reach their abstract unix sockets either. wfjail
+//! itself is in no domain (or in an ancestor of theirs): it still inspects every guest, with
+//! or without a user namespace and as an unprivileged user. A zygote whose READY says it
+//! cannot give its sessions such a domain is refused, and so is one whose memory wfjail cannot
+//! read (its sessions' calls could not be judged).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -160,7 +166,6 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
-        let base_user_ns = spawned.user_ns;
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
             Ok(x) => x,
             Err(e) => {
@@ -227,34 +232,29 @@ impl Zygote {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
         }
-        // Sessions share a uid and a Landlock domain: only a non-dumpable zygote (and so
-        // children) keeps one session out of another's /proc/PID/fd, mem and environ.
-        if ready.get("dumpable") != Some(&Value::Bool(false)) {
+        // Sessions share a uid and see the host's /proc: only a Landlock domain of each
+        // session's own keeps one out of another's (or the zygote's) /proc/PID/fd, mem and
+        // environ, and its signals and abstract sockets in.
+        if let Err(why) = session_domain(&ready) {
             zygote.kill();
-            let why = ready
-                .get("dumpable_error")
-                .and_then(Value::as_str)
-                .unwrap_or("its READY does not say it is non-dumpable");
             return Err(format!(
-                "the zygote could not make itself non-dumpable ({why}); sessions would see \
-                 each other through /proc, so wfjail refuses to serve"
+                "the zygote cannot give each session a Landlock domain of its own ({why}); \
+                 sessions would reach each other through /proc/PID/fd, so wfjail refuses to \
+                 serve. Nesting needs Landlock in the kernel (5.13 or later, with `landlock` in \
+                 the `lsm=` boot parameter or CONFIG_LSM) and landlock_create_ruleset, \
+                 landlock_add_rule and landlock_restrict_self allowed by any seccomp filter \
+                 wfjail runs under (a container profile); use exec mode (no --zygote) otherwise"
             ));
         }
-        // The supervisor must still see into it (resolve a session's paths through
-        // /proc/PID/cwd and fd, read its call arguments): a non-dumpable process needs
-        // CAP_SYS_PTRACE over its user namespace, which wfjail has when it created that
-        // namespace, or as root. Without either, sessions would be judged blind: refuse.
+        // wfjail must still see into it (resolve a session's paths through /proc/PID/cwd and
+        // fd, read its call arguments). The zygote is dumpable and in a domain nested in
+        // wfjail's, so this holds as the same user or root; something else (an LSM, Yama's
+        // ptrace_scope 3) could still forbid it: then sessions would be judged blind.
         if let Err(why) = inspectable(pid) {
             zygote.kill();
             return Err(format!(
-                "wfjail cannot inspect the non-dumpable zygote ({why}): that needs a user \
-                 namespace (unavailable here: {}) or CAP_SYS_PTRACE; without it the session \
-                 children's calls could not be judged, so wfjail refuses to serve",
-                if base_user_ns {
-                    "created"
-                } else {
-                    "not created"
-                }
+                "wfjail cannot read the zygote's memory ({why}); the session children's calls \
+                 could not be judged, so wfjail refuses to serve"
             ));
         }
         Ok(zygote)
@@ -529,6 +529,19 @@ impl Zygote {
     }
 }
 
+/// The Landlock ABI the zygote nests its session children's domains with, from its READY
+/// (`"session_domain"`: the ABI, or a string saying why it cannot).
+fn session_domain(ready: &Value) -> Result<u64, String> {
+    match ready.get("session_domain") {
+        Some(Value::String(why)) => Err(why.clone()),
+        Some(v) => match v.as_u64() {
+            Some(abi) if abi >= 1 => Ok(abi),
+            _ => Err(format!("its READY says \"session_domain\": {v}")),
+        },
+        None => Err("its READY does not say it can".into()),
+    }
+}
+
 /// Whether wfjail can read what it needs of process `pid` (its cwd link, its maps, a byte of
 /// its memory), the way it does for a session child's calls.
 fn inspectable(pid: libc::pid_t) -> Result<(), String> {
@@ -630,5 +643,30 @@ pub fn await_exec(
                 Err(e) => return Err(format!("set-up channel: {e}")),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_domain_is_an_abi_or_the_reason_it_is_not() {
+        let ready = |v: Value| json!({"pid": 1, "session_domain": v});
+        assert_eq!(session_domain(&ready(json!(7))), Ok(7));
+        assert_eq!(session_domain(&ready(json!(1))), Ok(1));
+        assert_eq!(
+            session_domain(&ready(json!(
+                "landlock_create_ruleset: Function not implemented"
+            ))),
+            Err("landlock_create_ruleset: Function not implemented".into())
+        );
+        for bad in [json!(0), json!(-1), json!(true), json!(null), json!(6.5)] {
+            assert!(session_domain(&ready(bad.clone())).is_err(), "{bad}");
+        }
+        assert_eq!(
+            session_domain(&json!({"pid": 1, "dumpable": false})),
+            Err("its READY does not say it can".into())
+        );
     }
 }
