@@ -125,7 +125,7 @@ pub fn category(name: &str) -> Category {
     }
 }
 
-/// Syscalls no policy may allow: they could weaken or escape the sandbox (PRODUCT.md §6).
+/// Syscalls no policy may allow: they could weaken or escape the sandbox (docs/security.md, "Threat model").
 pub fn always_denied(name: &str) -> bool {
     matches!(
         name,
