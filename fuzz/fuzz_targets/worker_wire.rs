@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let chunk = (*chunk as usize).max(1);
     let mut d = worker::decoder(1 << 16);
-    for piece in stream.chunks(chunk) {
+    'stream: for piece in stream.chunks(chunk) {
         d.feed(piece);
         loop {
             match d.next_raw() {
@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
                 Ok(None) => break,
-                Err(_) => return,
+                Err(_) => break 'stream,
             }
         }
     }
