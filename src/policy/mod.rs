@@ -239,6 +239,8 @@ impl Policy {
 enum Origin {
     Builtin(&'static str),
     File(PathBuf),
+    /// A text handed to [`from_source`] under this name: no file behind it.
+    Text(String),
 }
 
 impl Origin {
@@ -246,6 +248,7 @@ impl Origin {
         match self {
             Origin::Builtin(n) => format!("builtin:{n}"),
             Origin::File(p) => p.display().to_string(),
+            Origin::Text(n) => n.clone(),
         }
     }
 }
@@ -296,7 +299,29 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
         Some((n, _)) if !looks_like_path(spec) => n.to_string(),
         _ => spec.to_string(),
     };
-    let mut policy = Policy::empty(&name);
+    assemble(&name, &chain)
+}
+
+/// Parses a policy from `source`, called `name` in messages, without touching the file
+/// system: its `extends` may name a built-in only (a path is an error). The same parsing and
+/// validation as [`load`]; the fuzz targets (fuzz/) use it.
+pub fn from_source(name: &str, source: &str) -> Result<Policy, PolicyError> {
+    let mut chain = Vec::new();
+    parse_chain(
+        Origin::Text(name.to_string()),
+        source.to_string(),
+        None,
+        &mut chain,
+    )?;
+    assemble(name, &chain)
+}
+
+/// The policy that `chain` (from [`load_chain`]) describes, validated.
+fn assemble(
+    name: &str,
+    chain: &[(Origin, String, model::PolicyFile)],
+) -> Result<Policy, PolicyError> {
+    let mut policy = Policy::empty(name);
     // Oldest ancestor first, so that each file overrides what it extends.
     for (origin, source, file) in chain.iter().rev() {
         apply(&mut policy, &origin.display(), source, file)?;
@@ -329,7 +354,19 @@ fn load_chain(
                 source: e,
             },
         })?,
+        Origin::Text(_) => String::new(),
     };
+    parse_chain(origin, source, referenced_at, chain)
+}
+
+/// [`load_chain`] once the text of `origin` is read.
+fn parse_chain(
+    origin: Origin,
+    source: String,
+    referenced_at: Option<Location>,
+    chain: &mut Vec<(Origin, String, model::PolicyFile)>,
+) -> Result<(), PolicyError> {
+    let display = origin.display();
     // Cycle check on a stable identity (canonical path or built-in name).
     let identity = identity(&origin);
     if let Some(pos) = chain.iter().position(|(o, _, _)| identity_eq(o, &identity)) {
@@ -370,6 +407,14 @@ fn load_chain(
             let base = match &origin {
                 Origin::File(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
                 Origin::Builtin(_) => PathBuf::from("."),
+                Origin::Text(_) => {
+                    return Err(PolicyError::Invalid {
+                        at,
+                        message: format!(
+                            "a policy given as text extends a built-in only, not {target:?}"
+                        ),
+                    });
+                }
             };
             Origin::File(base.join(&target))
         };
@@ -389,6 +434,7 @@ fn identity_eq(a: &Origin, b: &Origin) -> bool {
     match (identity(a), b) {
         (Origin::Builtin(x), Origin::Builtin(y)) => x == *y,
         (Origin::File(x), Origin::File(y)) => x == *y,
+        (Origin::Text(x), Origin::Text(y)) => x == *y,
         _ => false,
     }
 }
@@ -615,5 +661,20 @@ pub fn validate_file(path: &Path) -> Result<Policy, PolicyError> {
         load(&spec)
     } else {
         load(&format!("./{spec}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_source_parses_like_load_without_files() {
+        let p = from_source("t.toml", "extends = \"strict\"\non_violation = \"kill\"\n").unwrap();
+        assert_eq!(p.name, "t.toml");
+        assert_eq!(p.on_violation, OnViolation::Kill);
+        let e = from_source("t.toml", "extends = \"./other.toml\"\n").unwrap_err();
+        assert!(e.to_string().contains("built-in only"), "{e}");
+        assert!(from_source("t.toml", "[limits]\nmemory = \"lots\"\n").is_err());
     }
 }

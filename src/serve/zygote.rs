@@ -102,7 +102,9 @@ fn frame(kind: u8, doc: &Value) -> Vec<u8> {
     crate::protocol::frame::encode_raw(kind, doc.to_string().as_bytes())
 }
 
-fn parse(packet: &[u8]) -> Option<(u8, Value)> {
+/// Parses one control-channel packet: a frame whose JSON payload is the whole packet.
+/// Public for the fuzz targets (fuzz/).
+pub fn parse(packet: &[u8]) -> Option<(u8, Value)> {
     let len = u32::from_le_bytes(packet.get(..4)?.try_into().ok()?) as usize;
     if len + 4 != packet.len() || len == 0 {
         return None;

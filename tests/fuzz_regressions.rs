@@ -1,0 +1,30 @@
+//! What the fuzz targets (fuzz/) found, one test per finding, with the input kept in
+//! fuzz/regressions/TARGET/ (scripts/fuzz replays those too).
+
+use wfjail::policy::{self, Dur};
+
+/// fuzz/regressions/worker_wire/dur-sub-millisecond (found by `worker_wire` in 10 s) and
+/// fuzz/regressions/policy_text/timeout-sub-millisecond: `Dur::parse` accepts a duration under
+/// 1 ms although its own message says 1 ms is the least, and prints it as `0m`, which it
+/// rejects. So a worker may open a session with a 0.5 ms call timeout, and `wfjail policy show`
+/// of a policy with `timeout = "0.5ms"` prints a policy that does not load.
+#[test]
+fn a_duration_under_a_millisecond_is_refused_like_its_message_says() {
+    for text in ["0.5ms", ".80ms", "0.0001s"] {
+        if let Ok(d) = Dur::parse(text) {
+            let shown = d.to_string();
+            assert!(
+                Dur::parse(&shown).is_ok(),
+                "{text:?} is accepted as {:?} but prints as {shown:?}, which is refused",
+                d.0
+            );
+        }
+    }
+    let input = include_str!("../fuzz/regressions/policy_text/timeout-sub-millisecond");
+    if let Ok(p) = policy::from_source("regression.toml", input) {
+        let shown = p.to_toml();
+        if let Err(e) = policy::from_source("shown.toml", &shown) {
+            panic!("`policy show` prints a policy that does not load: {e}");
+        }
+    }
+}
