@@ -361,9 +361,6 @@ fn sigterm_to_wfjail_run_ends_the_guest() {
 }
 
 #[test]
-#[ignore = "issue 7: `wfjail run` does not handle SIGTERM: it dies by the signal with no report \
-            and no message (src/run.rs, another helper's file; run with --include-ignored \
-            once it is fixed)"]
 fn sigterm_to_wfjail_run_is_reported() {
     let s = Scratch::new("sigterm-report");
     let (child, _m) = spinning_run(&s, false);
@@ -373,11 +370,13 @@ fn sigterm_to_wfjail_run_is_reported() {
         .unwrap();
     let out = Outcome::collect(child.wait_with_output().unwrap(), &s.path("report.json"));
     out.check(
-        !out.status().is_empty()
+        out.status() == "interrupted"
+            && out.code == 128 + libc::SIGTERM
+            && out.report["signal"] == "SIGKILL"
             && out.report["error"]
                 .as_str()
                 .is_some_and(|e| e.contains("SIGTERM")),
-        "a report that says wfjail was stopped by SIGTERM",
+        "status interrupted, exit 143, the guest killed, and a report that says wfjail was stopped by SIGTERM",
     );
 }
 
@@ -623,8 +622,6 @@ print(json.dumps(out))
 }
 
 #[test]
-#[ignore = "issue 7 B: `serve` applies no limits.output yet (src/serve, another helper's fix): \
-            a flooding session runs until its call timeout; run with --include-ignored after it"]
 fn a_flooding_session_is_stopped_at_the_output_limit() {
     let worker = r#"
 try:

@@ -260,6 +260,8 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
         }
     };
     session.take_frames(early);
+    // A worker that sent OPEN and left at once is not polled again: its end must be seen here.
+    session.on_client_gone();
     session.event_loop();
     session.finish();
 }
@@ -666,16 +668,22 @@ impl Session {
             Err(e) => return self.fail(e),
         };
         self.take_frames(frames);
-        if self.client.gone {
-            self.close_requested = true; // the worker went away: end the guest too
-            if matches!(self.phase, Phase::Starting | Phase::Calling) && !self.abandoned {
-                // Nobody waits for this call: give it the grace period, not the call timeout.
-                self.abandoned = true;
-                let grace = Instant::now() + EXIT_GRACE;
-                self.deadline = Some(self.deadline.map_or(grace, |d| d.min(grace)));
-            }
-        }
+        self.on_client_gone();
         self.advance();
+    }
+
+    /// When the worker went away: end the guest too, and give a call nobody waits for the
+    /// grace period, not the call timeout.
+    fn on_client_gone(&mut self) {
+        if !self.client.gone {
+            return;
+        }
+        self.close_requested = true;
+        if matches!(self.phase, Phase::Starting | Phase::Calling) && !self.abandoned {
+            self.abandoned = true;
+            let grace = Instant::now() + EXIT_GRACE;
+            self.deadline = Some(self.deadline.map_or(grace, |d| d.min(grace)));
+        }
     }
 
     /// Reads the guest's frames: at most [`READ_TURN`] bytes, or (`drain`, after it ended)
