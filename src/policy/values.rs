@@ -30,7 +30,7 @@ impl Dur {
             "h" => value * 3600.0,
             _ => return Err(bad_duration(s)),
         };
-        if !secs.is_finite() || secs < 0.001 || secs > 7.0 * 86400.0 {
+        if !secs.is_finite() || !(0.001..=7.0 * 86400.0).contains(&secs) {
             return Err(format!(
                 "duration {s:?} is out of range: use something between 1ms and 7 days"
             ));
