@@ -148,6 +148,37 @@ def fake_violation(req):
     raise saved[0]
 "#;
 
+/// Copies of what an unprivileged wfjail (nobody) must reach, inside the scratch dir (a
+/// root-owned 0755 directory under /tmp): the build tree and the checkout may not be
+/// traversable by nobody (a CI clone under a 0700 directory is not).
+fn reachable_copy(s: &Scratch, src: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dst = s.path(src.file_name().unwrap().to_str().unwrap());
+    if src.is_dir() {
+        std::fs::create_dir_all(&dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            }
+        }
+    } else {
+        std::fs::copy(src, &dst).unwrap();
+    }
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dst
+}
+
+/// The `wfjail` Python package, copied where nobody can read it: the directory to put on
+/// PYTHONPATH.
+fn python_lib(s: &Scratch) -> String {
+    let lib = s.path("pylib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let pkg = reachable_copy(s, std::path::Path::new(&format!("{REPO}/python/wfjail")));
+    std::fs::rename(&pkg, lib.join("wfjail")).unwrap();
+    lib.display().to_string()
+}
+
 /// A scratch dir with the handler module, a policy (temporal-python plus `policy_extra`)
 /// and the worker script (given the client's names, MOD and a parent-death signal, so that
 /// it does not outlive a wfjail the watchdog killed).
@@ -158,11 +189,12 @@ fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
         s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
     );
     s.write(&format!("{module}.py"), HANDLERS);
+    let lib = python_lib(&s);
     s.write(
         "policy.toml",
         &format!(
-            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{REPO}/python\", \"{dir}\", \"/proc\"]\n\
-             [env]\nset = {{ PYTHONPATH = \"{REPO}/python:{dir}\" }}\n",
+            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{dir}\", \"/proc\"]\n\
+             [env]\nset = {{ PYTHONPATH = \"{lib}:{dir}\" }}\n",
             dir = s.0.display()
         ),
     );
@@ -172,7 +204,7 @@ fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
          sys.path.insert(0, {py:?})\n\
          from wfjail.client import Client, GuestError, SessionFailed\n\
          from wfjail import Violation\nMOD = {module:?}\nDIR = {dir:?}\n{worker}",
-        py = format!("{REPO}/python"),
+        py = lib,
         dir = s.0.display().to_string(),
     );
     s.write("worker.py", &worker);
@@ -219,8 +251,9 @@ fn serve_in(
     all.push(s.path("worker.py").display().to_string());
     let mut cmd = match wrap.split_first() {
         Some((first, rest)) => {
+            // Wrapped (e.g. as nobody): a copy of the binary that the wrapped user can run.
             let mut c = Command::new(first);
-            c.args(rest).arg(wfjail_bin());
+            c.args(rest).arg(reachable_copy(s, &wfjail_bin()));
             c
         }
         None => Command::new(wfjail_bin()),
@@ -810,7 +843,7 @@ print(json.dumps(out))
     };
     let out = cmd
         .arg(s.path("nest.py"))
-        .arg(format!("{REPO}/python"))
+        .arg(python_lib(&s))
         .arg(&rw)
         .output()
         .expect("run nest.py");
@@ -915,7 +948,7 @@ print(json.dumps(out))
 }
 
 /// `container_sim` (examples/container_sim.rs), built by the container tests' helper or here.
-fn container_sim() -> String {
+fn container_sim(s: &Scratch) -> String {
     let sim = wfjail_bin()
         .parent()
         .unwrap()
@@ -928,7 +961,7 @@ fn container_sim() -> String {
             .is_ok_and(|s| s.success());
         assert!(ok && sim.exists(), "building container_sim");
     }
-    sim.display().to_string()
+    reachable_copy(s, &sim).display().to_string()
 }
 
 #[test]
@@ -940,8 +973,8 @@ fn without_a_user_namespace_serve_zygote_isolates_sessions_and_judges_their_writ
     if !nix::unistd::geteuid().is_root() {
         return; // needs to switch to nobody
     }
-    let sim = container_sim();
     let (s, module) = fixture("proc-sim", PROC_WORKER, "");
+    let sim = container_sim(&s);
     let out = serve(
         &s,
         &module,
@@ -970,12 +1003,12 @@ fn without_landlock_serve_zygote_refuses_even_under_a_best_effort_policy() {
     if !nix::unistd::geteuid().is_root() {
         return; // container_sim's filter is installed as root in the other tests too
     }
-    let sim = container_sim();
     let (s, module) = fixture(
         "no-landlock",
         "print('the worker ran')\n",
         "require = [\"seccomp\"]\n",
     );
+    let sim = container_sim(&s);
     let out = serve(
         &s,
         &module,
