@@ -24,6 +24,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::plan::ExtraGrant;
 use crate::policy::Policy;
+use crate::supervise::LineEcho;
 use crate::supervise::violations::Violations;
 use crate::sys;
 use zygote::{ChildExit, Zygote, ZygoteConfig};
@@ -220,111 +221,21 @@ pub fn log_pipe(name: String, prefix: String) -> std::io::Result<OwnedFd> {
         .spawn(move || {
             let mut file = std::fs::File::from(r);
             let mut lines = LineEcho::new(prefix);
+            let mut stderr = std::io::stderr();
             let mut buf = [0u8; 16 * 1024];
             loop {
                 match std::io::Read::read(&mut file, &mut buf) {
                     Ok(0) => break,
-                    Ok(n) => lines.feed(&buf[..n]),
+                    Ok(n) => {
+                        let _ = std::io::Write::write_all(&mut stderr, &lines.feed(&buf[..n]));
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => break,
                 }
             }
-            lines.finish();
+            let _ = std::io::Write::write_all(&mut stderr, &lines.finish());
         })?;
     Ok(w)
-}
-
-/// Echoes a guest's output on wfjail's stderr one line at a time, each behind a prefix
-/// (`[session 3] `), with control characters escaped, so that a guest can neither forge
-/// wfjail's own lines (`wfjail: violation ...`) nor drive the terminal. A line longer than
-/// [`LineEcho::MAX_LINE`] is cut into several.
-pub struct LineEcho {
-    prefix: String,
-    line: Vec<u8>,
-}
-
-impl LineEcho {
-    pub const MAX_LINE: usize = 4096;
-
-    pub fn new(prefix: String) -> Self {
-        LineEcho {
-            prefix,
-            line: Vec::new(),
-        }
-    }
-
-    /// Takes output bytes; echoes every line they complete.
-    pub fn feed(&mut self, data: &[u8]) {
-        let out = self.lines(data);
-        if !out.is_empty() {
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
-        }
-    }
-
-    /// Echoes an unfinished last line.
-    pub fn finish(&mut self) {
-        let out = self.rest();
-        if !out.is_empty() {
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), out.as_bytes());
-        }
-    }
-
-    /// The lines `data` completes, prefixed and escaped, each ending in a newline.
-    fn lines(&mut self, mut data: &[u8]) -> String {
-        let mut out = String::new();
-        while !data.is_empty() {
-            let room = Self::MAX_LINE - self.line.len();
-            let take = data.len().min(room);
-            match data[..take].iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    self.line.extend_from_slice(&data[..i]);
-                    data = &data[i + 1..];
-                    self.emit(&mut out);
-                }
-                None => {
-                    self.line.extend_from_slice(&data[..take]);
-                    data = &data[take..];
-                    if self.line.len() >= Self::MAX_LINE {
-                        self.emit(&mut out);
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// The unfinished last line, if any, as a line.
-    fn rest(&mut self) -> String {
-        let mut out = String::new();
-        if !self.line.is_empty() {
-            self.emit(&mut out);
-        }
-        out
-    }
-
-    fn emit(&mut self, out: &mut String) {
-        out.push_str(&self.prefix);
-        out.push_str(&escape_controls(&String::from_utf8_lossy(&self.line)));
-        out.push('\n');
-        self.line.clear();
-    }
-}
-
-/// `text` with every control character but tab (C0, DEL, C1) written as `\xNN` / `\u{NN}`.
-pub fn escape_controls(text: &str) -> String {
-    let mut s = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() && c != '\t' {
-            if (c as u32) < 0x100 {
-                s.push_str(&format!("\\x{:02x}", c as u32));
-            } else {
-                s.push_str(&format!("\\u{{{:x}}}", c as u32));
-            }
-        } else {
-            s.push(c);
-        }
-    }
-    s
 }
 
 /// The default socket path: under `$XDG_RUNTIME_DIR` or the temp dir, named after our pid.
@@ -597,30 +508,5 @@ struct Unlink(PathBuf);
 impl Drop for Unlink {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn guest_lines_are_prefixed_escaped_and_bounded() {
-        let mut e = LineEcho::new("[session 3] ".into());
-        assert_eq!(
-            e.lines(b"wfjail: violation: x\nhal"),
-            "[session 3] wfjail: violation: x\n"
-        );
-        assert_eq!(
-            e.lines(b"f\x1b[2J\r\x7f\tend\n"),
-            "[session 3] half\\x1b[2J\\x0d\\x7f\tend\n"
-        );
-        assert_eq!(e.lines("\u{9b}31m\n".as_bytes()), "[session 3] \\x9b31m\n");
-        let long = vec![b'a'; LineEcho::MAX_LINE * 2 + 10];
-        let out = e.lines(&long);
-        assert_eq!(out.lines().count(), 2, "a long line is cut at MAX_LINE");
-        assert!(e.line.len() == 10);
-        assert_eq!(e.rest(), format!("[session 3] {}\n", "a".repeat(10)));
-        assert_eq!(e.rest(), "");
     }
 }

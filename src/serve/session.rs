@@ -38,7 +38,7 @@ use crate::report::{GuestError, Report, Status};
 use crate::run::LayersBase;
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::violations::{self, Handled};
-use crate::supervise::{poll_timeout, set_nonblocking};
+use crate::supervise::{LineEcho, escape_guest_text, level_name, poll_timeout, set_nonblocking};
 use crate::sys::{self, NotifBuf, Reaped};
 
 use super::zygote::{ChildExit, Zygote};
@@ -200,7 +200,7 @@ struct Session {
     guest: OwnedFd,
     /// The read end of the guest's stdout and stderr (a pipe of this session's own).
     output: Option<OwnedFd>,
-    echo: super::LineEcho,
+    echo: LineEcho,
     /// Bytes of output and LOG frames so far, against `limits.output`.
     output_bytes: u64,
     output_exceeded: bool,
@@ -414,7 +414,7 @@ impl Session {
             client,
             guest: ours,
             output: Some(out_r),
-            echo: super::LineEcho::new(format!("[session {id}] ")),
+            echo: LineEcho::new(format!("[session {id}] ")),
             output_bytes: 0,
             output_exceeded: false,
             stopped: false,
@@ -542,7 +542,7 @@ impl Session {
                 Ok(n) => {
                     taken += n;
                     if !self.output_exceeded {
-                        self.echo.feed(&buf[..n]);
+                        echo_stderr(&self.echo.feed(&buf[..n]));
                     }
                     if self.charge_output(n as u64) {
                         break;
@@ -557,7 +557,7 @@ impl Session {
             }
         }
         if closed {
-            self.echo.finish();
+            echo_stderr(&self.echo.finish());
         } else {
             self.output = Some(fd);
         }
@@ -569,7 +569,7 @@ impl Session {
         self.output_bytes = self.output_bytes.saturating_add(n);
         if !self.output_exceeded && self.output_bytes > self.server.policy.limits.output.0 {
             self.output_exceeded = true;
-            self.echo.finish();
+            echo_stderr(&self.echo.finish());
             self.fail(format!(
                 "the guest's output and logs exceeded limits.output ({} bytes)",
                 self.server.policy.limits.output.0
@@ -758,9 +758,10 @@ impl Session {
                     if self.server.echo {
                         // Escaped: a guest's text cannot start a line of its own.
                         eprintln!(
-                            "wfjail: session {}: guest log ({level}): {}",
+                            "[session {}] log ({}): {}",
                             self.id,
-                            super::escape_controls(&text)
+                            level_name(level),
+                            escape_guest_text(text.as_bytes())
                         );
                     }
                 }
@@ -1007,7 +1008,7 @@ impl Session {
             self.on_guest(true);
         }
         self.on_output(true);
-        self.echo.finish();
+        echo_stderr(&self.echo.finish());
     }
 
     /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
@@ -1182,4 +1183,11 @@ fn start_exec(
         reaped: None,
         plan,
     })
+}
+
+/// Writes echoed guest lines to wfjail's stderr.
+fn echo_stderr(lines: &[u8]) {
+    if !lines.is_empty() {
+        let _ = std::io::stderr().write_all(lines);
+    }
 }

@@ -774,7 +774,8 @@ pub fn is_initial_exec(n: &sys::Notif, pid: libc::pid_t) -> bool {
         && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
 }
 
-fn level_name(level: u8) -> &'static str {
+/// The name of a LOG frame's level (Python's logging levels).
+pub fn level_name(level: u8) -> &'static str {
     match level {
         0..=10 => "debug",
         11..=20 => "info",
