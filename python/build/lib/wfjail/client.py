@@ -1,0 +1,306 @@
+"""Client of ``wfjail serve``: open confined sessions from the (unconfined) worker.
+
+    from wfjail.client import Client
+
+    with Client().session(handler="my_workflows:activate") as s:   # zygote mode
+        reply = s.call(b"first activation")
+        reply = s.call(b"second activation")                         # same process, same state
+    print(s.report["status"])                                        # "ok"
+
+    async with AsyncClient().session(argv=["/usr/bin/python3", "guest.py"]) as s:  # exec mode
+        reply = await s.call(b"...")
+
+The socket comes from ``WFJAIL_SOCKET`` (set by ``wfjail serve``) unless given. A call that
+fails in the guest raises ``GuestError`` (``wfjail.Violation`` when the guest hit a denied
+call); a session that ends abnormally (killed for a violation, crashed, timed out) raises
+``SessionFailed`` with the session's report. Standard library only; the wire is in
+docs/protocol.md ("The worker wire").
+"""
+
+import asyncio
+import json
+import os
+import socket
+import struct
+
+from . import protocol as P
+from .errors import ProtocolError, Violation
+
+OPEN, CALL, CLOSE = 0x11, 0x12, 0x13
+OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
+_NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
+          CLOSED: "CLOSED"}
+_SERVER_KINDS = frozenset(_NAMES)
+CAP = P.MAX_CAP
+_LENGTH = struct.Struct("<I")
+
+
+class GuestError(Exception):
+    """A call raised in the guest: its type, message, traceback and the violations wfjail
+    recorded during that call."""
+
+    __module__ = "wfjail"
+
+    def __init__(self, doc):
+        super().__init__("%s: %s" % (doc.get("type", "?"), doc.get("message", "")))
+        self.type = doc.get("type", "")
+        self.message = doc.get("message", "")
+        self.traceback = doc.get("traceback", "")
+        self.violations = doc.get("violations", [])
+
+
+class SessionFailed(Exception):
+    """The session ended without CLOSE: ``report`` is its report (status, violations...)."""
+
+    __module__ = "wfjail"
+
+    def __init__(self, report):
+        status = report.get("status", "?")
+        why = report.get("error") or ", ".join(
+            "%s %s" % (v.get("category"), v.get("syscall")) for v in report.get("violations", []))
+        super().__init__("session %s%s" % (status, ": " + why if why else ""))
+        self.report = report
+        self.status = status
+
+
+def _frame(kind, payload=b""):
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    return P._pack(kind, payload, CAP)
+
+
+def _check_length(length):
+    P._check_length(length, CAP)
+
+
+def _check_kind(kind):
+    if kind not in _SERVER_KINDS:
+        raise ProtocolError("unknown-kind", "unexpected frame kind 0x%02x from wfjail" % kind)
+
+
+def _check_header(length, kind):
+    _check_length(length)
+    _check_kind(kind)
+
+
+def _expect(kind, payload, want):
+    """The payload of a reply of kind ``want``; a call's ERROR raises the guest's error, any
+    other kind is a protocol error. (FAILED is the session's to handle: it ends it.)"""
+    if kind == want:
+        return payload
+    if kind == ERROR and want == RESULT:
+        _raise_call_error(json.loads(payload))
+    raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
+
+
+def _raise_call_error(doc):
+    """Raise the guest's error: ``wfjail.Violation`` only when the guest's message names a
+    violation wfjail recorded during this call (the ERROR's ``violations`` are that call's);
+    anything else, including a guest that raised a Violation of its own making, is a
+    ``GuestError``."""
+    found = doc.get("violations") or []
+    if doc.get("type") == "wfjail.Violation" and isinstance(found, list):
+        message = doc.get("message", "")
+        candidates = [Violation.from_dict(v) for v in found if isinstance(v, dict)]
+        v = next((c for c in candidates if message.startswith(c._head())), None)
+        if v is not None:
+            v.traceback = doc.get("traceback", "")
+            raise v
+    raise GuestError(doc)
+
+
+def _open_doc(handler, argv, timeout):
+    doc = {}
+    if handler is not None:
+        doc["handler"] = handler
+    if argv is not None:
+        doc["argv"] = list(argv)
+    if timeout is not None:
+        doc["timeout"] = timeout
+    return json.dumps(doc)
+
+
+class Client:
+    """Opens sessions on a ``wfjail serve`` socket (blocking sockets)."""
+
+    def __init__(self, path=None):
+        self.path = path or os.environ.get("WFJAIL_SOCKET")
+        if not self.path:
+            raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
+                               "or pass the path")
+
+    def session(self, handler=None, argv=None, timeout=None):
+        """A session (use it as a context manager). ``handler`` in zygote mode,
+        ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``."""
+        return Session(self.path, _open_doc(handler, argv, timeout))
+
+
+class Session:
+    def __init__(self, path, open_doc):
+        self._path, self._open_doc = path, open_doc
+        self._sock = None
+        self.id = None
+        self.mode = None
+        self.report = None
+
+    def open(self):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(self._path)
+            self._sock.sendall(_frame(OPEN, self._open_doc))
+            doc = json.loads(self._answer(OPENED))
+        except BaseException:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            raise
+        self.id, self.mode = doc.get("session"), doc.get("mode")
+        return self
+
+    def call(self, request):
+        """Send one call; return the guest's result bytes."""
+        if self._sock is None:
+            raise RuntimeError("the session is not open")
+        try:
+            self._sock.sendall(_frame(CALL, request))
+        except OSError:
+            # The session may have ended already (its guest died between calls): wfjail sent
+            # FAILED with the report before closing; read it rather than lose it.
+            pass
+        return self._answer(RESULT)
+
+    def close(self):
+        """End the session; return its report (a dict, the shape of `wfjail run --report`)."""
+        if self._sock is None:
+            return self.report
+        try:
+            self._sock.sendall(_frame(CLOSE))
+            kind, payload = self._read()
+            if kind in (CLOSED, FAILED):
+                self._finish(payload)
+        except (OSError, ProtocolError):
+            self._sock.close()
+            self._sock = None
+        return self.report
+
+    def _answer(self, want):
+        kind, payload = self._read()
+        if kind == FAILED:
+            self._finish(payload)
+            raise SessionFailed(self.report)
+        return _expect(kind, payload, want)
+
+    def _finish(self, payload):
+        self.report = json.loads(payload)
+        self._sock.close()
+        self._sock = None
+
+    def _read_exact(self, n):
+        chunks, left = [], n
+        while left:
+            chunk = self._sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise ProtocolError("truncated", "wfjail closed the session connection")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def _read(self):
+        # The length is checked before the kind byte is awaited (docs/protocol.md).
+        (length,) = _LENGTH.unpack(self._read_exact(4))
+        _check_length(length)
+        kind = self._read_exact(1)[0]
+        _check_kind(kind)
+        return kind, self._read_exact(length - 1)
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class AsyncClient(Client):
+    """The asyncio flavour of ``Client``."""
+
+    def session(self, handler=None, argv=None, timeout=None):
+        return AsyncSession(self.path, _open_doc(handler, argv, timeout))
+
+
+class AsyncSession:
+    def __init__(self, path, open_doc):
+        self._path, self._open_doc = path, open_doc
+        self._reader = self._writer = None
+        self.id = self.mode = self.report = None
+
+    async def open(self):
+        self._reader, self._writer = await asyncio.open_unix_connection(self._path)
+        try:
+            self._writer.write(_frame(OPEN, self._open_doc))
+            await self._writer.drain()
+            doc = json.loads(await self._answer(OPENED))
+        except BaseException:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            raise
+        self.id, self.mode = doc.get("session"), doc.get("mode")
+        return self
+
+    async def call(self, request):
+        if self._writer is None:
+            raise RuntimeError("the session is not open")
+        try:
+            self._writer.write(_frame(CALL, request))
+            await self._writer.drain()
+        except OSError:
+            pass  # the session ended already: its FAILED report is waiting to be read
+        return await self._answer(RESULT)
+
+    async def close(self):
+        if self._writer is None:
+            return self.report
+        try:
+            self._writer.write(_frame(CLOSE))
+            await self._writer.drain()
+            kind, payload = await self._read()
+            if kind in (CLOSED, FAILED):
+                await self._finish(payload)
+        except (OSError, ProtocolError, asyncio.IncompleteReadError):
+            self._writer.close()
+            self._writer = None
+        return self.report
+
+    async def _answer(self, want):
+        kind, payload = await self._read()
+        if kind == FAILED:
+            await self._finish(payload)
+            raise SessionFailed(self.report)
+        return _expect(kind, payload, want)
+
+    async def _finish(self, payload):
+        self.report = json.loads(payload)
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+        self._writer = None
+
+    async def _read(self):
+        try:
+            (length,) = _LENGTH.unpack(await self._reader.readexactly(4))
+            _check_length(length)
+            kind = (await self._reader.readexactly(1))[0]
+            _check_kind(kind)
+            return kind, await self._reader.readexactly(length - 1)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("truncated", "wfjail closed the session connection") from None
+
+    async def __aenter__(self):
+        return await self.open()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+        return False

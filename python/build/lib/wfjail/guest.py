@@ -1,0 +1,317 @@
+"""Run a handler as a wfjail guest: handshake, then request -> result or error, until EOF.
+
+    import wfjail.guest
+
+    def handle(request: bytes) -> bytes:
+        wfjail.guest.log("working")
+        return request.upper()
+
+    wfjail.guest.run(handle)
+
+The guest runs under a seccomp filter that denies threads, sockets, subprocesses and
+exec, so this module uses none of them: blocking os.read/os.write on the two pipe fds
+and nothing else. stdout and stderr are the guest's logs; protocol data never goes there.
+"""
+
+import errno
+import json
+import os
+import sys
+import traceback
+
+from . import protocol as P
+from .errors import ProtocolError, Violation
+
+# Error texts are cut to these sizes (the message keeps its head, the traceback its
+# tail) so that an ERROR frame stays well below any frame cap a policy may set.
+_MAX_MESSAGE = 16 * 1024
+_MAX_TRACEBACK = 48 * 1024
+
+
+class _Session:
+    """The two pipe fds, once our HELLO is out (LOG and QUERY are legal from then on)."""
+
+    __slots__ = ("rfd", "wfd")
+
+    def __init__(self, rfd, wfd):
+        self.rfd = rfd
+        self.wfd = wfd
+
+
+_session = None
+
+
+def run(handler, *, fds=None):
+    """Serve requests with ``handler(request: bytes) -> bytes | str`` until the supervisor
+    closes the pipe, then exit 0 (one request under ``wfjail run``, several in a session).
+
+    ``fds`` is ``(read_fd, write_fd)``; by default it comes from ``WFJAIL_FDS``. A
+    handler exception becomes an ERROR frame; a denied operation (see ``explain``)
+    becomes a ``wfjail.Violation`` naming the syscall. The
+    process ends with ``os._exit`` so that no atexit hook or interpreter teardown runs
+    code the sandbox would refuse after the result is out.
+    """
+    if fds is None:
+        fds = _fds_from_env()
+    status = _converse(handler, int(fds[0]), int(fds[1]))
+    _flush_stdio()
+    os._exit(status)
+
+
+def log(text, level=20):
+    """Send a LOG frame (10 debug, 20 info, 30 warning, 40 error).
+
+    Outside ``run`` (before the handshake, or in a plain interpreter) the line goes to
+    stderr instead, which the supervisor captures as logs too.
+    """
+    if not isinstance(level, int) or not 0 <= level <= 255:
+        raise ValueError("log level must be an int in 0..255, not %r" % (level,))
+    text = _clean(str(text))
+    session = _session
+    if session is None:
+        sys.stderr.write("wfjail log %d: %s\n" % (level, text))
+        return
+    data = text.encode("utf-8")
+    if len(data) > P.CAP - 1:  # cut, but keep it valid UTF-8
+        data = data[:P.CAP - 1].decode("utf-8", "ignore").encode("utf-8")
+    P.write_frame(session.wfd, P.LOG, bytes((level,)) + data)
+
+
+def query_violations():
+    """Ask the supervisor what it denied since the last QUERY; return the list of dicts.
+
+    The supervisor records a violation before the denied call returns, so asking right
+    after a failure always sees it.
+    """
+    session = _session
+    if session is None:
+        raise ProtocolError("closed", "QUERY is only possible inside wfjail.guest.run()")
+    P.write_frame(session.wfd, P.QUERY)
+    frame = P.read_frame(session.rfd)
+    if frame is None:
+        raise ProtocolError("closed", "the supervisor closed the pipe instead of answering QUERY")
+    kind, payload = frame
+    if kind != P.VIOLATIONS:
+        raise ProtocolError("unexpected", "expected VIOLATIONS, got %s" % P.NAMES[kind])
+    try:
+        found = json.loads(payload.decode("utf-8"))
+    except ValueError as e:
+        raise ProtocolError("payload", "VIOLATIONS is not UTF-8 JSON: %s" % e) from None
+    if not isinstance(found, list) or not all(isinstance(v, dict) for v in found):
+        raise ProtocolError("payload", "VIOLATIONS is not a JSON array of objects")
+    return found
+
+
+def explain(exc):
+    """Return a ``wfjail.Violation`` for ``exc`` if the supervisor denied its cause.
+
+    Only exceptions that look like a denial (anywhere in the cause/context chain: a
+    PermissionError or EPERM, a thread that could not start, an os.urandom() without a
+    source) cost a QUERY;
+    anything else, or a denial the supervisor did not record, is returned unchanged.
+    The Violation's ``__cause__`` is ``exc``.
+    """
+    if isinstance(exc, Violation) or _session is None or not _looks_denied(exc):
+        return exc
+    try:
+        found = query_violations()
+    except (ProtocolError, OSError):
+        return exc  # explaining must never hide the original error
+    if not found:
+        return exc
+    violation = Violation.from_dict(_match(exc, found))
+    violation.__cause__ = exc
+    return violation
+
+
+class violations_as_exceptions:
+    """``with violations_as_exceptions(): ...`` re-raises denials as ``wfjail.Violation``.
+
+    ``run`` does this around the handler already; use it to catch a Violation inside
+    the handler.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        if exc is None:
+            return False
+        violation = explain(exc)
+        if violation is exc:
+            return False
+        raise violation from exc
+
+
+# -- the conversation ----------------------------------------------------------------
+
+def _fds_from_env():
+    spec = os.environ.get("WFJAIL_FDS", "")
+    try:
+        rfd, wfd = (int(x) for x in spec.split(","))
+        return rfd, wfd
+    except ValueError:
+        sys.stderr.write(
+            "wfjail: WFJAIL_FDS=%r is not 'READ_FD,WRITE_FD': this program speaks the wfjail "
+            "protocol; start it with `wfjail run -- CMD` (or pass fds= to run())\n" % spec)
+        _flush_stdio()
+        os._exit(2)
+
+
+def _converse(handler, rfd, wfd):
+    """The whole protocol: handshake, then one call per REQUEST until end-of-file.
+
+    Returns the exit status. One-shot `wfjail run` sends one REQUEST and closes the pipe
+    once it has the answer; `wfjail serve` sends one REQUEST per call of a session.
+    """
+    global _session
+    try:
+        _read_hello(rfd)
+        P.write_frame(wfd, P.HELLO, P.hello_payload(P.VERSION))
+    except (ProtocolError, OSError) as exc:
+        return _send_last(wfd, P.ERROR, _error_payload(exc))
+    _session = _Session(rfd, wfd)
+    while True:
+        try:
+            frame = P.read_frame(rfd)
+            if frame is None:
+                break  # no further call: the session is over
+            if frame[0] != P.REQUEST:
+                raise ProtocolError("unexpected", "expected REQUEST, got %s" % P.NAMES[frame[0]])
+        except (ProtocolError, OSError) as exc:
+            _session = None
+            return _send_last(wfd, P.ERROR, _error_payload(exc))
+        try:
+            with violations_as_exceptions():
+                result = handler(frame[1])
+            kind, payload = P.RESULT, _result_bytes(result)
+            if len(payload) > P.CAP:  # an ERROR the author can read, not a killed guest
+                raise ProtocolError("oversized", "the result of %d bytes exceeds the %d-byte "
+                                    "frame cap" % (len(payload), P.CAP))
+        except BaseException as exc:  # SystemExit too: each call ends with RESULT or ERROR
+            kind, payload = P.ERROR, _error_payload(exc)
+        if _send_last(wfd, kind, payload) != 0:
+            break
+    _session = None
+    return 0
+
+
+def _read_hello(rfd):
+    frame = P.read_frame(rfd)
+    if frame is None:
+        raise ProtocolError("closed", "the supervisor closed the pipe before HELLO")
+    kind, payload = frame
+    if kind != P.HELLO:
+        raise ProtocolError("handshake", "expected HELLO, got %s" % P.NAMES[kind])
+    version = P.parse_hello(payload)
+    if version < P.VERSION:
+        raise ProtocolError("handshake", "the supervisor speaks protocol version %d; this "
+                            "guest needs version %d" % (version, P.VERSION))
+    return version
+
+
+def _send_last(wfd, kind, payload):
+    try:
+        P.write_frame(wfd, kind, payload)
+        return 0
+    except OSError as e:  # the supervisor is gone: nobody to tell but the log
+        sys.stderr.write("wfjail: could not send %s: %s\n" % (P.NAMES[kind], e))
+        return 1
+
+
+def _result_bytes(result):
+    if isinstance(result, str):
+        return result.encode("utf-8")
+    if isinstance(result, (bytes, bytearray, memoryview)):
+        return bytes(result)
+    raise TypeError("the handler returned %s; return bytes or str" % type(result).__name__)
+
+
+def _error_payload(exc):
+    """The ERROR frame's JSON: type, message and the formatted (chained) traceback."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of %s failed>" % type(exc).__name__
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = "<the traceback could not be formatted>\n"
+    if len(message) > _MAX_MESSAGE:
+        message = message[:_MAX_MESSAGE] + "... [cut]"
+    if len(tb) > _MAX_TRACEBACK:
+        tb = "[cut] ..." + tb[-_MAX_TRACEBACK:]
+    doc = {"type": _type_name(type(exc)), "message": _clean(message), "traceback": _clean(tb)}
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
+
+
+def _type_name(cls):
+    """`ValueError`, `wfjail.Violation`, `json.decoder.JSONDecodeError`..."""
+    module = getattr(cls, "__module__", None)
+    name = getattr(cls, "__qualname__", cls.__name__)
+    if module in (None, "builtins", "__main__"):
+        return name
+    return "%s.%s" % (module, name)
+
+
+def _chain(exc):
+    """``exc`` and its causes (the chain is finite, but stay cheap: at most 16)."""
+    chain = []
+    while exc is not None and len(chain) < 16:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _denial_category(exc):
+    """The violation category an exception that is not an EPERM shows a denial by."""
+    if isinstance(exc, RuntimeError) and "start new thread" in str(exc):
+        return "thread"
+    # os.urandom() under `random.getrandom = "deny"`: getrandom fails with EPERM,
+    # CPython falls back to /dev/urandom, Landlock refuses it, and CPython reports that.
+    if isinstance(exc, NotImplementedError) and "/dev/urandom" in str(exc):
+        return "random"
+    return None
+
+
+def _looks_denied(exc):
+    return any(
+        isinstance(e, PermissionError)
+        or (isinstance(e, OSError) and e.errno == errno.EPERM)
+        or _denial_category(e) is not None
+        for e in _chain(exc))
+
+
+def _match(exc, found):
+    """The recorded violation that explains ``exc``: the one naming the file the exception
+    names (a denied open: a late import, a write outside the policy), else the one of the
+    exception's kind (a thread, randomness), else the most recent."""
+    chain = _chain(exc)
+    for e in chain:
+        name = getattr(e, "filename", None)
+        if isinstance(name, str) and name:
+            for v in found:
+                if name in str(v.get("args", "")):
+                    return v
+    for e in chain:
+        category = _denial_category(e)
+        if category is None:
+            continue
+        for v in reversed(found):
+            if v.get("category") == category:
+                return v
+    return found[-1]
+
+
+def _clean(text):
+    """Make text encodable as UTF-8 (lone surrogates would break the supervisor's JSON)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass

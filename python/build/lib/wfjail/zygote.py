@@ -1,0 +1,380 @@
+"""The prefork zygote that ``wfjail serve --zygote`` runs under the policy.
+
+    python -m wfjail.zygote --preload temporalio,my_workflows
+
+It imports what it is told to, freezes the garbage collector (so that children share the
+preloaded objects copy-on-write instead of touching them), says READY, and then serves one
+child per session on request. It keeps one child forked ahead (a spare, waiting for its
+session on a socket pair), so that opening a session does not wait for a fork; the next
+spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
+on the session socket it was handed, and exits when the session ends. Only the zygote may
+fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
+
+Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per packet):
+
+    supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds
+                                        (the session socket, the session's output pipe)
+    zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
+                                              "session_domain": 7}
+                          FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
+                          EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
+
+Pids are the zygote's own (it is PID 1 of its namespace); the supervisor maps them.
+
+Sessions share one uid and see the host's /proc, so each session child enters a Landlock
+domain of its own first thing after the fork, nested in the zygote's: Landlock lets a process
+reach another's /proc/PID/fd, mem and environ (ptrace_may_access: also process_vm_*,
+pidfd_getfd, kcmp) only if its domain is the other's or an ancestor of it, so siblings (and
+the zygote, whose domain is the children's parent) are out of reach, while the unconfined
+supervisor still inspects them all. With Landlock ABI >= 6 the nested domain also scopes
+signals and abstract unix sockets to the child itself. The nested ruleset takes away no file
+access the zygote's own domain grants: it handles only device-node creation and, at ABI >= 2,
+reparenting (``REFER``, which any ruleset denies unless a rule grants it), and grants them all
+beneath "/". The zygote prepares that ruleset at start-up and READY says
+``"session_domain": ABI`` (the kernel's Landlock ABI), or a string saying why it cannot, in
+which case the supervisor refuses to serve. A child that cannot enter its domain never runs
+its session: it answers ERROR instead of HELLO.
+Each session child writes its stdout and stderr to a pipe of its own session.
+"""
+
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+FORK, READY, FORKED, EXITED = 0x31, 0x32, 0x33, 0x34
+
+
+def _frame(kind, doc):
+    payload = json.dumps(doc).encode("utf-8")
+    return struct.pack("<IB", len(payload) + 1, kind) + payload
+
+
+def _parse(packet):
+    if len(packet) < 5:
+        raise ValueError("short control packet")
+    length, kind = struct.unpack("<IB", packet[:5])
+    if length != len(packet) - 4:
+        raise ValueError("control packet length mismatch")
+    return kind, json.loads(packet[5:].decode("utf-8"))
+
+
+def _resolve(spec):
+    """``module:function`` -> the function (the module should be preloaded)."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError("handler %r is not 'module:function'" % spec)
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError("handler %r is not callable" % spec)
+    return obj
+
+
+def _leave_zygote(ctl, wake):
+    """First thing in a forked child: enter a Landlock domain of its own (out of its
+    siblings' and the zygote's reach, and they out of its), drop what belongs to the zygote
+    (its control socket, so that the supervisor sees the zygote's death; its SIGCHLD wake-up
+    and ignored signals), and take the per-execution CPU limit that the zygote itself does
+    not have. Returns None, or why the child has no domain of its own (then it must not run
+    its session)."""
+    refused = _enter_session_domain()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for fd in (ctl.fileno(), wake[0], wake[1]):
+        os.close(fd)
+    cpu = os.environ.get("WFJAIL_CPU_LIMIT")
+    if cpu:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
+    return refused
+
+
+def _child(session_fd, out_fd, handler_spec, refused=None):
+    """In a session child: become a guest on the session socket, with the session's own
+    output pipe as stdout and stderr, and never return. ``refused``: why the child has no
+    Landlock domain of its own; then it answers ERROR instead of HELLO and exits."""
+    from . import guest
+    from . import protocol as P
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    for target in (1, 2):
+        os.dup2(out_fd, target)
+    if out_fd not in (1, 2, 3, 4):
+        os.close(out_fd)
+    for target in (3, 4):
+        if session_fd != target:
+            os.dup2(session_fd, target)
+    if session_fd not in (3, 4):
+        os.close(session_fd)
+    try:
+        if refused is not None:
+            raise RuntimeError("the session child could not enter a Landlock domain of its "
+                               "own, so it does not run the session: %s" % refused)
+        handler = _resolve(handler_spec)
+    except BaseException as exc:  # the session cannot start: say why instead of HELLO
+        try:
+            P.write_frame(4, P.ERROR, guest._error_payload(exc))
+        finally:
+            os._exit(0)
+    guest.run(handler, fds=(3, 4))
+
+
+def _spare(ctl, wake):
+    """Fork a child ahead of demand: it waits for its session (socket + handler) on a
+    socket pair, so that opening a session does not wait for a fork. Returns (pid, socket)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = _fork()
+    if pid == 0:
+        refused = _leave_zygote(ctl, wake)
+        ours.close()
+        try:
+            msg, fds, _, _ = socket.recv_fds(theirs, 65536, 2)
+        except OSError:
+            os._exit(0)
+        theirs.close()
+        if not msg or len(fds) != 2:
+            os._exit(0)  # the zygote is gone, or sent nonsense
+        _child(fds[0], fds[1], json.loads(msg.decode("utf-8")).get("handler", ""), refused)
+    theirs.close()
+    return pid, ours
+
+
+def _hand_over(spare, session_fds, handler):
+    """Give a session (its socket and output pipe) to a spare child; False if the spare is
+    gone."""
+    pid, sock = spare
+    try:
+        socket.send_fds(sock, [json.dumps({"handler": handler}).encode("utf-8")], session_fds)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+# Landlock (include/uapi/linux/landlock.h); x86_64 syscall numbers.
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_ACCESS_FS_MAKE_CHAR, _ACCESS_FS_MAKE_BLOCK, _ACCESS_FS_REFER = 1 << 6, 1 << 11, 1 << 13
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# Set by _prepare_session_domain (in the zygote, inherited by every child): the ruleset's fd
+# and the libc whose syscall() enters it; or the reason there is none.
+_session_ruleset = None
+_session_libc = None
+_session_refused = "the zygote prepared no Landlock domain for its sessions"
+
+
+def _prepare_session_domain():
+    """At start-up, before any fork: probe the Landlock ABI and build the ruleset each session
+    child enforces on itself (see the module's doc). Returns the ABI, or a string saying why
+    there is no such domain."""
+    global _session_ruleset, _session_libc, _session_refused
+    try:
+        import ctypes
+
+        class RulesetAttr(ctypes.Structure):
+            _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                        ("handled_access_net", ctypes.c_uint64),
+                        ("scoped", ctypes.c_uint64)]
+
+        class PathBeneathAttr(ctypes.Structure):
+            _pack_ = 1
+            _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+
+        def fail(what):
+            global _session_refused
+            _session_refused = "%s: %s" % (what, os.strerror(ctypes.get_errno()))
+            return _session_refused
+
+        abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+        if abi < 0:
+            # ENOSYS: a kernel without Landlock; EOPNOTSUPP: Landlock not enabled at boot.
+            return fail("landlock_create_ruleset(LANDLOCK_CREATE_RULESET_VERSION)")
+        handled = _ACCESS_FS_MAKE_CHAR | _ACCESS_FS_MAKE_BLOCK
+        if abi >= 2:
+            handled |= _ACCESS_FS_REFER
+        scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
+        attr = RulesetAttr(handled, 0, scoped)
+        # The size of the fields this ABI knows (a larger one is refused by older kernels
+        # only if its extra fields are non-zero; the exact size avoids relying on that).
+        size = ctypes.sizeof(attr) if abi >= 6 else 8
+        fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
+        if fd < 0:
+            return fail("landlock_create_ruleset")
+        root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            rule = PathBeneathAttr(handled, root)
+            if libc.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH,
+                            ctypes.byref(rule), 0) != 0:
+                err = fail("landlock_add_rule")
+                os.close(fd)
+                return err
+        finally:
+            os.close(root)
+    except Exception as exc:
+        _session_refused = "%s: %s" % (type(exc).__name__, exc)
+        return _session_refused
+    _session_ruleset, _session_libc, _session_refused = fd, libc, None
+    return abi
+
+
+def _enter_session_domain():
+    """In a freshly forked child: enforce the prepared ruleset on itself (a Landlock domain of
+    its own, nested in the zygote's). None when done, else why not. No import, no open: the
+    zygote's reads may be watched after preloading."""
+    if _session_ruleset is None:
+        return _session_refused
+    try:
+        # no_new_privs is set (wfjail set it before the exec), as landlock_restrict_self needs.
+        if _session_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, _session_ruleset, 0) != 0:
+            import ctypes  # already imported by the zygote: no file is read
+            return "landlock_restrict_self: %s" % os.strerror(ctypes.get_errno())
+    except Exception as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        try:
+            os.close(_session_ruleset)
+        except OSError:
+            pass
+    return None
+
+
+def _fork():
+    """os.fork(), retried: the fork waits for the supervisor (seccomp user notification),
+    and a SIGCHLD arriving meanwhile interrupts it with EINTR."""
+    while True:
+        try:
+            return os.fork()
+        except InterruptedError:
+            continue
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m wfjail.zygote")
+    parser.add_argument("--preload", default="", help="comma-separated modules to import")
+    parser.add_argument("--no-spare", action="store_true",
+                        help="fork when a session opens instead of keeping a child ready")
+    args = parser.parse_args(argv)
+    fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
+    ctl = socket.socket(fileno=fd)
+    # The zygote lives as long as the server: no interrupt from a terminal or a stray signal
+    # ends it (its children get default handling back).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    import resource  # noqa: F401  (children use it for their CPU limit)
+    # Before preloading (its opens may be watched after it): the sessions' Landlock domain.
+    session_domain = _prepare_session_domain()
+
+    preloaded, error = [], None
+    for name in filter(None, (m.strip() for m in args.preload.split(","))):
+        try:
+            importlib.import_module(name)
+            preloaded.append(name)
+        except BaseException as exc:
+            error = "preloading %s: %s: %s" % (name, type(exc).__name__, exc)
+            break
+    from . import guest, protocol  # noqa: F401  (the children need them; load them now)
+
+    gc.collect()
+    gc.freeze()
+    wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
+    ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
+             "session_domain": session_domain}
+    if error:
+        ready["error"] = error
+    ctl.sendall(_frame(READY, ready))
+    if error:
+        return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+    forking_ahead = not args.no_spare
+    spare = _spare(ctl, wake) if forking_ahead else None
+    while True:
+        try:
+            # A timeout too: children are reaped even if the wake-up pipe stayed silent.
+            readable, _, _ = select.select([ctl, wake[0]], [], [], 1.0)
+        except InterruptedError:
+            continue
+        if wake[0] in readable:
+            try:
+                while os.read(wake[0], 512):
+                    pass
+            except BlockingIOError:
+                pass
+        if ctl in readable:
+            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
+            if not msg:
+                return 0  # the supervisor is gone
+            kind, doc = _parse(msg)
+            if kind != FORK or len(fds) != 2:
+                for f in fds:
+                    os.close(f)
+                continue
+            handler = str(doc.get("handler", ""))
+            if spare is not None and _hand_over(spare, fds, handler):
+                pid = spare[0]
+            else:
+                try:
+                    pid = _fork()
+                except OSError as exc:
+                    for f in fds:
+                        os.close(f)
+                    ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
+                    continue
+                if pid == 0:
+                    _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake))
+            spare = None
+            for f in fds:
+                os.close(f)
+            ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "pid": pid}))
+        if spare is None and forking_ahead:
+            try:
+                spare = _spare(ctl, wake)  # after the answer: off the session's path
+            except OSError:
+                spare = None
+        # Reap every child that ended, and tell the supervisor how.
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if spare is not None and pid == spare[0]:
+                spare[1].close()  # the spare died before its session: make another
+                spare = None
+            ctl.sendall(_frame(EXITED, {
+                "pid": pid,
+                "status": status,
+                "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
+                "max_rss_kb": usage.ru_maxrss,
+            }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
