@@ -12,10 +12,8 @@ use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Outcome, PY, Scratch, wfjail, wfjail_bin};
+use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_bin};
 use serde_json::Value;
-
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A marker for this test's guests: unique per process and call.
 fn marker(tag: &str) -> String {
@@ -468,26 +466,13 @@ time.sleep(0.3)
 "#;
 
 fn serve_fixture(tag: &str, worker: &str) -> (Scratch, String, Vec<String>) {
-    let s = Scratch::new(tag);
-    let module = format!(
-        "wf_{}",
-        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
-    );
-    s.write(&format!("{module}.py"), WORKFLOWS);
-    s.write(
-        "policy.toml",
-        &format!(
-            "extends = \"temporal-python\"\n[filesystem]\nread = [\"{REPO}/python\", \"{dir}\"]\n\
-             [env]\nset = {{ PYTHONPATH = \"{REPO}/python:{dir}\" }}\n",
-            dir = s.0.display()
-        ),
-    );
-    s.write(
-        "worker.py",
-        &format!(
-            "import sys, os, json\nsys.path.insert(0, {py:?})\nfrom wfjail.client import Client, SessionFailed\nMOD = {module:?}\n{WORKER_HELPERS}\n{worker}",
-            py = format!("{REPO}/python")
-        ),
+    let (s, module) = serve_scratch(
+        tag,
+        "wf",
+        WORKFLOWS,
+        "",
+        &[],
+        &format!("{WORKER_HELPERS}\n{worker}"),
     );
     let args = [
         "serve",

@@ -12,10 +12,8 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Outcome, PY, Scratch, wfjail_bin};
+use common::{Outcome, PY, REPO, Scratch, python_lib, reachable_copy, serve_scratch, wfjail_bin};
 use serde_json::Value;
-
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The hostile handlers the zygote preloads.
 const HANDLERS: &str = r#"
@@ -148,67 +146,10 @@ def fake_violation(req):
     raise saved[0]
 "#;
 
-/// Copies of what an unprivileged wfjail (nobody) must reach, inside the scratch dir (a
-/// root-owned 0755 directory under /tmp): the build tree and the checkout may not be
-/// traversable by nobody (a CI clone under a 0700 directory is not).
-fn reachable_copy(s: &Scratch, src: &std::path::Path) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let dst = s.path(src.file_name().unwrap().to_str().unwrap());
-    if src.is_dir() {
-        std::fs::create_dir_all(&dst).unwrap();
-        for e in std::fs::read_dir(src).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-            }
-        }
-    } else {
-        std::fs::copy(src, &dst).unwrap();
-    }
-    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dst
-}
-
-/// The `wfjail` Python package, copied where nobody can read it: the directory to put on
-/// PYTHONPATH.
-fn python_lib(s: &Scratch) -> String {
-    let lib = s.path("pylib");
-    std::fs::create_dir_all(&lib).unwrap();
-    let pkg = reachable_copy(s, std::path::Path::new(&format!("{REPO}/python/wfjail")));
-    std::fs::rename(&pkg, lib.join("wfjail")).unwrap();
-    lib.display().to_string()
-}
-
-/// A scratch dir with the handler module, a policy (temporal-python plus `policy_extra`)
-/// and the worker script (given the client's names, MOD and a parent-death signal, so that
-/// it does not outlive a wfjail the watchdog killed).
+/// A scratch dir with the handler module, a policy (temporal-python plus `policy_extra`,
+/// `/proc` readable) and the worker script.
 fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
-    let s = Scratch::new(tag);
-    let module = format!(
-        "hs_{}",
-        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
-    );
-    s.write(&format!("{module}.py"), HANDLERS);
-    let lib = python_lib(&s);
-    s.write(
-        "policy.toml",
-        &format!(
-            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{dir}\", \"/proc\"]\n\
-             [env]\nset = {{ PYTHONPATH = \"{lib}:{dir}\" }}\n",
-            dir = s.0.display()
-        ),
-    );
-    let worker = format!(
-        "import sys, os, json, time, threading, ctypes\n\
-         ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n\
-         sys.path.insert(0, {py:?})\n\
-         from wfjail.client import Client, GuestError, SessionFailed\n\
-         from wfjail import Violation\nMOD = {module:?}\nDIR = {dir:?}\n{worker}",
-        py = lib,
-        dir = s.0.display().to_string(),
-    );
-    s.write("worker.py", &worker);
-    (s, module)
+    serve_scratch(tag, "hs", HANDLERS, policy_extra, &["/proc"], worker)
 }
 
 /// `wfjail serve --zygote` with the fixture (one zygote: every session in one PID

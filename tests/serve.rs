@@ -5,9 +5,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{Outcome, PY, Scratch, wfjail_bin, wfjail_with};
-
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
+use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail_bin, wfjail_with};
 
 /// Workflow modules the zygote preloads, named after the scratch dir so that a test can find
 /// its own processes in /proc.
@@ -55,26 +53,7 @@ def slow(req):
 /// A scratch directory with the workflow module, a policy that lets the Debian interpreter
 /// import the wfjail package, and the worker script.
 fn fixture(tag: &str, worker: &str, policy_extra: &str) -> (Scratch, String) {
-    let s = Scratch::new(tag);
-    let module = format!(
-        "wf_{}",
-        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
-    );
-    s.write(&format!("{module}.py"), WORKFLOWS);
-    s.write(
-        "policy.toml",
-        &format!(
-            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [\"{REPO}/python\", \"{dir}\"]\n\
-             [env]\nset = {{ PYTHONPATH = \"{REPO}/python:{dir}\" }}\n",
-            dir = s.0.display()
-        ),
-    );
-    let worker = format!(
-        "import sys, os, json\nsys.path.insert(0, {py:?})\nfrom wfjail.client import Client, AsyncClient, GuestError, SessionFailed\nfrom wfjail import Violation\nMOD = {module:?}\n{worker}",
-        py = format!("{REPO}/python")
-    );
-    s.write("worker.py", &worker);
-    (s, module)
+    serve_scratch(tag, "wf", WORKFLOWS, policy_extra, &[], worker)
 }
 
 /// The arguments of `wfjail serve` with the fixture's policy and worker; `zygote`: prefork

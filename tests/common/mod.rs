@@ -182,3 +182,87 @@ pub fn raw_syscall(nr: u64, args: &[u64]) -> String {
 pub fn exists(p: &str) -> bool {
     Path::new(p).exists()
 }
+
+/// The repository (the tests read its `python/` package).
+pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A copy of `src` (a file, or a directory's files) inside `s`, mode 0755: what an
+/// unprivileged wfjail (nobody) must reach. The build tree and the checkout may not be
+/// traversable by nobody (a CI clone under a 0700 directory is not); the scratch dir is.
+pub fn reachable_copy(s: &Scratch, src: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dst = s.path(src.file_name().unwrap().to_str().unwrap());
+    if src.is_dir() {
+        std::fs::create_dir_all(&dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            }
+        }
+    } else {
+        std::fs::copy(src, &dst).unwrap();
+    }
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dst
+}
+
+/// The `wfjail` Python package copied into `s/pylib` (readable by anyone): the directory to
+/// put on PYTHONPATH.
+pub fn python_lib(s: &Scratch) -> String {
+    let lib = s.path("pylib");
+    if !lib.join("wfjail").exists() {
+        std::fs::create_dir_all(&lib).unwrap();
+        let pkg = reachable_copy(s, Path::new(&format!("{REPO}/python/wfjail")));
+        std::fs::rename(&pkg, lib.join("wfjail")).unwrap();
+    }
+    lib.display().to_string()
+}
+
+/// A scratch dir for a `wfjail serve` test. It holds the workflow module (named `prefix`
+/// and the directory's name, returned) with `workflows`; the `wfjail` package
+/// ([`python_lib`]); `policy.toml`, extending temporal-python (`policy_extra` first), that
+/// lets Debian's interpreter import both and read `extra_reads`; and `worker.py`: the
+/// client's names, `MOD`, `DIR`, a parent-death signal (a worker never outlives the wfjail
+/// that started it), then `worker`.
+pub fn serve_scratch(
+    tag: &str,
+    prefix: &str,
+    workflows: &str,
+    policy_extra: &str,
+    extra_reads: &[&str],
+    worker: &str,
+) -> (Scratch, String) {
+    let s = Scratch::new(tag);
+    let module = format!(
+        "{prefix}_{}",
+        s.0.file_name().unwrap().to_string_lossy().replace('-', "_")
+    );
+    s.write(&format!("{module}.py"), workflows);
+    let lib = python_lib(&s);
+    let dir = s.0.display().to_string();
+    let reads: String = [lib.as_str(), dir.as_str()]
+        .iter()
+        .chain(extra_reads)
+        .map(|r| format!("{r:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    s.write(
+        "policy.toml",
+        &format!(
+            "extends = \"temporal-python\"\n{policy_extra}\n[filesystem]\nread = [{reads}]\n\
+             [env]\nset = {{ PYTHONPATH = \"{lib}:{dir}\" }}\n"
+        ),
+    );
+    s.write(
+        "worker.py",
+        &format!(
+            "import sys, os, json, time, threading, ctypes\n\
+             ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n\
+             sys.path.insert(0, {lib:?})\n\
+             from wfjail.client import Client, AsyncClient, GuestError, SessionFailed\n\
+             from wfjail import Violation\nMOD = {module:?}\nDIR = {dir:?}\n{worker}"
+        ),
+    );
+    (s, module)
+}
