@@ -594,28 +594,12 @@ print(json.dumps(out))
 
 #[test]
 fn a_zygote_that_cannot_nest_session_domains_is_refused() {
-    // A stand-in zygote (first on PYTHONPATH) whose READY says it cannot give its sessions a
-    // Landlock domain of their own: wfjail refuses to serve instead of running sessions that
-    // can read each other.
+    // A stand-in zygote whose READY says it cannot give its sessions a Landlock domain of
+    // their own: wfjail refuses to serve instead of running sessions that can read each other.
     let (s, module) = fixture("no-nest", "print('the worker ran')\n", "");
-    std::fs::create_dir(s.path("fake")).unwrap();
-    std::fs::create_dir(s.path("fake/wfjail")).unwrap();
-    s.write("fake/wfjail/__init__.py", "");
-    s.write(
-        "fake/wfjail/zygote.py",
-        r#"import json, os, socket, struct
-doc = json.dumps({"pid": os.getpid(), "preloaded": [], "python": "3",
-                  "session_domain": "landlock_create_ruleset: not here"}).encode()
-ctl = socket.socket(fileno=int(os.environ["WFJAIL_ZYGOTE_FD"]))
-ctl.sendall(struct.pack("<IB", len(doc) + 1, 0x32) + doc)
-ctl.recv(1)
-"#,
-    );
-    let policy = std::fs::read_to_string(s.path("policy.toml")).unwrap();
-    let fake = s.path("fake").display().to_string();
-    s.write(
-        "policy.toml",
-        &policy.replace("PYTHONPATH = \"", &format!("PYTHONPATH = \"{fake}:")),
+    stand_in_zygote(
+        &s,
+        r#""session_domain": "landlock_create_ruleset: not here", "control": 2"#,
     );
     let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
     out.check(out.code == 125, "wfjail refuses to start (exit 125)");
@@ -629,6 +613,51 @@ ctl.recv(1)
     out.check(
         !out.stdout.contains("the worker ran"),
         "the worker never started",
+    );
+}
+
+#[test]
+fn a_zygote_package_from_another_wfjail_is_refused_with_what_to_install() {
+    // A package installed from an older wfjail (its READY has no control version) would take
+    // one descriptor per FORK where this wfjail sends two: refused at once, with the fix.
+    let (s, module) = fixture("old-package", "print('the worker ran')\n", "");
+    stand_in_zygote(&s, r#""session_domain": 7"#);
+    let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
+    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
+    out.check(
+        out.stderr
+            .contains("speaks control version 1, this wfjail 2")
+            && out.stderr.contains("pip install"),
+        "and says which package to install",
+    );
+    out.check(
+        !out.stdout.contains("the worker ran"),
+        "the worker never started",
+    );
+}
+
+/// Puts a stand-in `wfjail.zygote` first on the fixture's PYTHONPATH: it sends READY with
+/// `fields` (JSON members after pid, preloaded and python) and waits.
+fn stand_in_zygote(s: &Scratch, fields: &str) {
+    std::fs::create_dir(s.path("fake")).unwrap();
+    std::fs::create_dir(s.path("fake/wfjail")).unwrap();
+    s.write("fake/wfjail/__init__.py", "");
+    s.write(
+        "fake/wfjail/zygote.py",
+        &format!(
+            r#"import json, os, socket, struct
+doc = ('{{"pid": %d, "preloaded": [], "python": "3", {fields}}}' % os.getpid()).encode()
+ctl = socket.socket(fileno=int(os.environ["WFJAIL_ZYGOTE_FD"]))
+ctl.sendall(struct.pack("<IB", len(doc) + 1, 0x32) + doc)
+ctl.recv(1)
+"#
+        ),
+    );
+    let policy = std::fs::read_to_string(s.path("policy.toml")).unwrap();
+    let fake = s.path("fake").display().to_string();
+    s.write(
+        "policy.toml",
+        &policy.replace("PYTHONPATH = \"", &format!("PYTHONPATH = \"{fake}:")),
     );
 }
 

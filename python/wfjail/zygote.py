@@ -15,7 +15,7 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
     supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
-                                              "session_domain": 7}
+                                              "session_domain": 7, "control": 2}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
@@ -48,6 +48,9 @@ import struct
 import sys
 
 FORK, READY, FORKED, EXITED = 0x31, 0x32, 0x33, 0x34
+# The control channel's version, said in READY: wfjail refuses a zygote of another version
+# (a package installed from another wfjail). 2: FORK carries the session's output pipe.
+CONTROL_VERSION = 2
 
 
 def _frame(kind, doc):
@@ -303,7 +306,7 @@ def main(argv=None):
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
-             "session_domain": session_domain}
+             "session_domain": session_domain, "control": CONTROL_VERSION}
     if error:
         ready["error"] = error
     ctl.sendall(_frame(READY, ready))

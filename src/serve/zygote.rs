@@ -51,6 +51,10 @@ const READY: u8 = 0x32;
 const FORKED: u8 = 0x33;
 const EXITED: u8 = 0x34;
 
+/// The control channel's version (python/wfjail/zygote.py `CONTROL_VERSION`); a zygote
+/// whose READY says another (or none: version 1) is refused with what to install.
+const CONTROL_VERSION: u64 = 2;
+
 /// How long a zygote may take to preload.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -230,6 +234,16 @@ impl Zygote {
                 ));
             }
         };
+        let control = ready.get("control").and_then(Value::as_u64).unwrap_or(1);
+        if control != CONTROL_VERSION {
+            zygote.kill();
+            return Err(format!(
+                "the zygote's `wfjail` Python package speaks control version {control}, this \
+                 wfjail {CONTROL_VERSION}: install the package of this wfjail (`pip install \
+                 ./python` from its source) into the environment of {}",
+                cfg.python.display()
+            ));
+        }
         if let Some(err) = ready.get("error").and_then(Value::as_str) {
             zygote.kill();
             return Err(format!("the zygote could not preload: {err}"));
