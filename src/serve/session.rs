@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::plan::{self, Plan, PlanRequest};
 use crate::policy::Dur;
 use crate::process::channel::{self as chan, ChildMsg, Received, Step};
-use crate::protocol::guest::{self as gp, Conversation, Event};
+use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::protocol::worker::{self, OpenRequest, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::{GuestError, Report, Status};
@@ -58,9 +58,6 @@ const READ_TURN: usize = 64 * 1024;
 /// never reads its answers, or a worker that does not read its results, cannot make the
 /// supervisor buffer without end (the call's deadline ends the wait).
 const PENDING_CAP: usize = 1 << 20;
-/// What a LOG frame costs against `limits.output` beyond its payload (its header), so that
-/// empty frames are not free.
-const FRAME_COST: u64 = 5;
 /// How long a guest has to stop (SIGSTOP) after answering, before the session fails.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
@@ -210,7 +207,8 @@ struct Session {
     /// Each violation's count when the current call began: the violations of a call are the
     /// new ones and those counted again since.
     counts_at_call: Vec<u32>,
-    guest_out: Vec<u8>,
+    /// Frames for the guest (HELLO, requests, answers), written as its socket takes them.
+    guest_out: Outbox,
     guest_open: bool,
     conv: Conversation,
     child: Child,
@@ -403,7 +401,10 @@ impl Session {
             }
         };
         let conv = Conversation::new(MAX_FRAME);
-        let guest_out = encode(Kind::Hello, &gp::hello(gp::VERSION));
+        // The read gate (`reading_guest`) keeps it near PENDING_CAP; the bound is a backstop
+        // above what one more request or answer can add.
+        let mut guest_out = Outbox::new(PENDING_CAP + MAX_FRAME + gp::MAX_ANSWER);
+        let _ = guest_out.push(&encode(Kind::Hello, &gp::hello(gp::VERSION)));
         set_nonblocking(&ours);
         set_nonblocking(&out_r);
         let started = Instant::now();
@@ -594,10 +595,8 @@ impl Session {
 
     fn flush_guest(&mut self) {
         while !self.guest_out.is_empty() {
-            match nix::unistd::write(&self.guest, &self.guest_out) {
-                Ok(n) => {
-                    self.guest_out.drain(..n);
-                }
+            match nix::unistd::write(&self.guest, self.guest_out.pending()) {
+                Ok(n) => self.guest_out.advance(n),
                 Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => return,
                 Err(_) => {
@@ -614,7 +613,9 @@ impl Session {
             return;
         }
         if let Some(request) = self.pending.pop_front() {
-            self.guest_out.extend(encode(Kind::Request, &request));
+            if let Err(e) = self.guest_out.push(&encode(Kind::Request, &request)) {
+                return self.fail(e.to_string());
+            }
             self.conv.begin_call();
             self.counts_at_call = self
                 .shared
@@ -723,6 +724,12 @@ impl Session {
             self.guest_open = false;
             result = result.and_then(|ev| self.conv.eof().map(|_| ev));
         }
+        // Every frame costs its bytes against limits.output (protocol::guest::output_charge),
+        // so that empty LOG frames are not free.
+        let charge = self.conv.take_charge();
+        if self.charge_output(charge) {
+            return;
+        }
         let events = match result {
             Ok(ev) => ev,
             // A guest already being killed (a limit, a timeout) may stop inside a frame:
@@ -752,9 +759,6 @@ impl Session {
                     self.client.send(worker::OPENED, &doc);
                 }
                 Event::Log { level, text } => {
-                    if self.charge_output(FRAME_COST + 1 + text.len() as u64) {
-                        return;
-                    }
                     if self.server.echo {
                         // Escaped: a guest's text cannot start a line of its own.
                         eprintln!(
@@ -767,8 +771,10 @@ impl Session {
                 }
                 Event::Query => {
                     let list = self.shared.violations.lock().unwrap().take_since_query();
-                    let doc = serde_json::to_vec(&list).unwrap_or_else(|_| b"[]".to_vec());
-                    self.guest_out.extend(encode(Kind::Violations, &doc));
+                    if let Err(e) = self.guest_out.push(&gp::violations_frame(&list, MAX_FRAME)) {
+                        self.protocol_error = Some(e.to_string());
+                        return self.fail(e.to_string());
+                    }
                     self.flush_guest();
                 }
                 Event::Result(bytes) => {
