@@ -7,7 +7,7 @@
 //! pidfd — plus, in exec mode, the set-up channel and the guest's own seccomp listener.
 //!
 //! Against a hostile guest: each turn reads at most [`READ_TURN`] bytes per descriptor and
-//! checks the deadline, LOG frames are charged to `limits.output`, the guest is not read
+//! checks the deadline, every frame is charged to `limits.output`, the guest is not read
 //! while answers to it or to the worker wait beyond [`PENDING_CAP`], and between calls the
 //! guest is stopped (SIGSTOP after its answer, SIGCONT with the next call or at CLOSE), so
 //! it runs no code the worker did not ask for.
@@ -50,9 +50,9 @@ const OPEN_WAIT: Duration = Duration::from_secs(10);
 const START_WAIT: Duration = Duration::from_secs(30);
 /// How long a guest has to exit after its session was closed, before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
-/// The most read from one descriptor per turn of the loop, so that a flooding guest (or
-/// worker) cannot keep the loop from checking its deadline or serving the others.
-const READ_TURN: usize = 64 * 1024;
+/// The most read from one descriptor per turn of the loop (the run supervisor's bound), so
+/// that a flooding guest (or worker) cannot keep the loop from checking its deadline.
+const READ_TURN: usize = crate::supervise::READ_CHUNK;
 /// Frames waiting to be written to the guest or to the worker, in bytes, above which the
 /// session stops reading from the guest until they drain: a guest that asks (QUERY) and
 /// never reads its answers, or a worker that does not read its results, cannot make the
