@@ -597,22 +597,17 @@ pub fn supervise(
                         violations::allow(l.as_fd(), &n);
                         continue;
                     }
-                    // A large allocation routed here for the memory limit's evidence. The
-                    // contract with the filter (policy/bpf.rs): with limits.memory set, it may
-                    // send mmap/mremap calls the policy allows (e.g. those asking for at least
-                    // limit/16); a call the policy denies is judged as a violation below.
+                    // A large allocation routed here for the memory limit's evidence (the
+                    // filter sends private mappings of at least limit/16; `answer` lets them
+                    // run, the kernel applies RLIMIT_AS): note whether it fits in what is
+                    // left. A call the policy denies is a violation, not evidence.
                     if let Some(limit) = cfg.memory_limit
                         && let Some(grow) = memory_request(&n)
                         && !policy.syscalls.denies(mapping_call_name(&n))
+                        && vm_size(child.pid).is_some_and(|s| s.saturating_add(grow) > limit)
+                        && sys::notif_id_valid(l.as_fd(), n.id)
                     {
-                        let size = vm_size(child.pid);
-                        if sys::notif_id_valid(l.as_fd(), n.id)
-                            && size.is_some_and(|s| s.saturating_add(grow) > limit)
-                        {
-                            o.memory_refused = Some(grow);
-                        }
-                        violations::allow(l.as_fd(), &n); // the kernel applies RLIMIT_AS
-                        continue;
+                        o.memory_refused = Some(grow);
                     }
                     if violations::answer(
                         l.as_fd(),
