@@ -123,10 +123,7 @@ fn a_guest_that_cannot_start_is_a_launch_error() {
         "a missing command: 127",
     );
     out.check(
-        out.report["error"]
-            .as_str()
-            .unwrap()
-            .contains("command not found: /nonexistent/wfjail-interpreter"),
+        out.error_says("command not found: /nonexistent/wfjail-interpreter"),
         "the report names the command",
     );
     // A file that claims to be ELF and is not: the kernel refuses it at exec.
@@ -139,10 +136,7 @@ fn a_guest_that_cannot_start_is_a_launch_error() {
         "a bad ELF: 126",
     );
     out.check(
-        out.report["error"]
-            .as_str()
-            .unwrap()
-            .contains("Exec format error"),
+        out.error_says("Exec format error"),
         "the report says why exec failed",
     );
 }
@@ -158,11 +152,7 @@ fn a_guest_that_dies_right_after_exec_or_before_hello_is_reported() {
     // Before HELLO, cleanly: the report says no answer came.
     let out = run_guest("prehello-exit", &[], "import os\nos._exit(0)\n");
     out.check(
-        out.status() == "guest_error"
-            && out.report["error"]
-                .as_str()
-                .unwrap()
-                .contains("without a RESULT or ERROR frame"),
+        out.status() == "guest_error" && out.error_says("without a RESULT or ERROR frame"),
         "exit 0 without an answer is a guest error that says so",
     );
     // Before HELLO, by a signal.
@@ -178,11 +168,7 @@ fn a_guest_that_dies_right_after_exec_or_before_hello_is_reported() {
         &format!("{FRAMES}os.write(4, struct.pack('<IB', 9, 1) + b'wfj')\nos._exit(0)\n"),
     );
     out.check(
-        out.status() == "guest_error"
-            && out.report["error"]
-                .as_str()
-                .unwrap()
-                .contains("truncated frame"),
+        out.status() == "guest_error" && out.error_says("truncated frame"),
         "a frame cut by the guest's exit is a protocol error",
     );
 }
@@ -225,10 +211,7 @@ fn a_hanging_guest_is_killed_at_the_timeout() {
         "timeout, SIGKILL",
     );
     out.check(
-        out.report["error"]
-            .as_str()
-            .unwrap()
-            .contains("killed after 1s"),
+        out.error_says("killed after 1s"),
         "the report names the limit",
     );
 }
@@ -253,11 +236,7 @@ fn a_guest_that_closes_its_protocol_pipes_and_runs_on_is_ended() {
         "import os\nos.close(3)\nos.close(4)\nos._exit(0)\n",
     );
     out.check(
-        out.status() == "guest_error"
-            && out.report["error"]
-                .as_str()
-                .unwrap()
-                .contains("without a RESULT or ERROR frame"),
+        out.status() == "guest_error" && out.error_says("without a RESULT or ERROR frame"),
         "closed pipes, then exit: a guest error that says no answer came",
     );
 }
@@ -371,9 +350,7 @@ fn sigterm_to_wfjail_run_is_reported() {
         out.status() == "interrupted"
             && out.code == 128 + libc::SIGTERM
             && out.report["signal"] == "SIGKILL"
-            && out.report["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("SIGTERM")),
+            && out.error_says("SIGTERM"),
         "status interrupted, exit 143, the guest killed, and a report that says wfjail was stopped by SIGTERM",
     );
 }

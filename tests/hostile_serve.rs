@@ -602,17 +602,14 @@ fn a_zygote_that_cannot_nest_session_domains_is_refused() {
         r#""session_domain": "landlock_create_ruleset: not here", "control": 2"#,
     );
     let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
-    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
-    out.check(
-        out.stderr
-            .contains("cannot give each session a Landlock domain of its own")
-            && out.stderr.contains("not here")
-            && out.stderr.contains("Nesting needs Landlock in the kernel"),
+    refused_before_the_worker(
+        &out,
+        &[
+            "cannot give each session a Landlock domain of its own",
+            "not here",
+            "Nesting needs Landlock in the kernel",
+        ],
         "and says why, and what would enable it",
-    );
-    out.check(
-        !out.stdout.contains("the worker ran"),
-        "the worker never started",
     );
 }
 
@@ -623,13 +620,18 @@ fn a_zygote_package_from_another_wfjail_is_refused_with_what_to_install() {
     let (s, module) = fixture("old-package", "print('the worker ran')\n", "");
     stand_in_zygote(&s, r#""session_domain": 7"#);
     let out = serve(&s, &module, &[], &[], Duration::from_secs(60));
-    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
-    out.check(
-        out.stderr
-            .contains("speaks control version 1, this wfjail 2")
-            && out.stderr.contains("pip install"),
+    refused_before_the_worker(
+        &out,
+        &["speaks control version 1, this wfjail 2", "pip install"],
         "and says which package to install",
     );
+}
+
+/// `wfjail serve` refused to start (exit 125), said `says` on stderr (`what`), and never
+/// started the worker (whose script prints "the worker ran").
+fn refused_before_the_worker(out: &Outcome, says: &[&str], what: &str) {
+    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
+    out.check(says.iter().all(|t| out.stderr.contains(t)), what);
     out.check(
         !out.stdout.contains("the worker ran"),
         "the worker never started",
@@ -986,15 +988,12 @@ fn without_landlock_serve_zygote_refuses_even_under_a_best_effort_policy() {
         &[&sim, "--deny-landlock", "--"],
         Duration::from_secs(60),
     );
-    out.check(out.code == 125, "wfjail refuses to start (exit 125)");
-    out.check(
-        out.stderr
-            .contains("cannot give each session a Landlock domain of its own")
-            && out.stderr.contains("Function not implemented"),
+    refused_before_the_worker(
+        &out,
+        &[
+            "cannot give each session a Landlock domain of its own",
+            "Function not implemented",
+        ],
         "and says why",
-    );
-    out.check(
-        !out.stdout.contains("the worker ran"),
-        "the worker never started",
     );
 }

@@ -75,6 +75,13 @@ impl Outcome {
         self.report["status"].as_str().unwrap_or("")
     }
 
+    /// Whether the report's `error` says `text`.
+    pub fn error_says(&self, text: &str) -> bool {
+        self.report["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(text))
+    }
+
     /// The first violation of `syscall`, if any.
     pub fn violation(&self, syscall: &str) -> Option<&Value> {
         self.report["violations"]
