@@ -228,6 +228,27 @@ pub fn check(policy: &Policy) -> CheckReport {
         }
     }
 
+    // A private /proc, made the way `run` makes it: in the new PID namespace's first process.
+    match probe_in_child(base | libc::CLONE_NEWPID, sys::private_proc) {
+        Ok(()) => row(
+            Layer::MountNs,
+            true,
+            "a /proc of the guest's own PID namespace: host pids invisible".into(),
+            None,
+        ),
+        Err(e) => row(
+            Layer::MountNs,
+            false,
+            format!("refused: {e}; host pids stay visible through /proc"),
+            Some(
+                "a PID namespace (see pid-ns) and mount rights in it; in a user namespace the \
+                 kernel also wants the container's /proc unmasked (e.g. Docker's \
+                 `--security-opt systempaths=unconfined`)"
+                    .into(),
+            ),
+        ),
+    }
+
     // Capabilities: all can always be dropped; the bounding set needs CAP_SETPCAP.
     let setpcap = caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SETPCAP)
         .unwrap_or(false);

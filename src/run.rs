@@ -335,6 +335,7 @@ fn step_layer(step: Step) -> &'static str {
         Step::NetNs => "net-ns",
         Step::IpcNs => "ipc-ns",
         Step::UtsNs => "uts-ns",
+        Step::MountNs => "mount-ns",
         Step::Hostname => "hostname",
         Step::CapabilityBounding => "capabilities",
         Step::NoNewPrivs => "no-new-privs",
@@ -351,6 +352,9 @@ fn enable_hint(layer: &str) -> &'static str {
     match layer {
         "user-ns" | "pid-ns" | "net-ns" | "ipc-ns" | "uts-ns" => {
             "namespaces are refused here (container seccomp profile or sysctl); see `wfjail check`"
+        }
+        "mount-ns" => {
+            "host pids stay visible in /proc: a private /proc needs the PID namespace, and in a user namespace an unmasked /proc (a container that masks /proc paths refuses it); see `wfjail check`"
         }
         "seccomp-notify" => "needs Linux >= 5.0 and a runtime that allows the seccomp listener",
         "capabilities" => {
@@ -370,6 +374,13 @@ pub fn layers(
     let degraded_step = |s: Step| degraded_steps.iter().any(|(d, _)| *d == s);
     let mut degraded: Vec<String> = Vec::new();
     for (layer, errno) in &base.clone_degraded {
+        if *layer == Layer::MountNs && !plan.policy.namespaces.pid {
+            degraded.push(
+                "mount-ns: a private /proc needs namespaces.pid = true; host pids stay visible"
+                    .into(),
+            );
+            continue;
+        }
         degraded.push(format!(
             "{}: {} ({})",
             layer.as_str(),
@@ -423,7 +434,8 @@ pub fn layers(
     } else {
         "filter"
     };
-    // Made by clone (user, pid) or by unshare in the child (net, ipc, uts), in report order.
+    // Made by clone (user, pid) or by unshare in the child (net, ipc, uts, mount), in report
+    // order.
     let ns = plan.policy.namespaces;
     let made = |want: bool, step: Step| want && !degraded_step(step);
     let namespaces: Vec<&str> = [
@@ -432,6 +444,7 @@ pub fn layers(
         (base.pid_ns, "pid"),
         (made(ns.ipc, Step::IpcNs), "ipc"),
         (made(ns.uts, Step::UtsNs), "uts"),
+        (made(ns.mount && base.pid_ns, Step::MountNs), "mount"),
     ]
     .into_iter()
     .filter_map(|(on, name)| on.then_some(name))

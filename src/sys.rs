@@ -172,6 +172,65 @@ pub fn unshare(flags: libc::c_int) -> SysResult<()> {
     check_int(unsafe { libc::unshare(flags) }).map(drop)
 }
 
+/// Child-safe. Gives the calling process (the first of a new PID namespace) a mount
+/// namespace of its own whose `/proc` shows only that PID namespace: every mount is made
+/// private first, so that the new `/proc` never propagates back to the host.
+pub fn private_proc() -> SysResult<()> {
+    unshare(libc::CLONE_NEWNS)?;
+    // SAFETY: NUL-terminated constant strings (or null where the kernel ignores the
+    // argument); integer flags.
+    check_int(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: as above.
+    check_int(unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
+}
+
+/// Child-safe. Adds a Landlock rule granting `access` beneath `path` to `ruleset`.
+pub fn landlock_add_path_rule(ruleset: RawFd, path: &CStr, access: u64) -> SysResult<()> {
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    // SAFETY: `path` is NUL-terminated; flags are constants.
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) })?;
+    let attr = PathBeneath {
+        allowed_access: access,
+        parent_fd: fd,
+    };
+    // SAFETY: `attr` is a live landlock_path_beneath_attr (packed, as the kernel's);
+    // LANDLOCK_RULE_PATH_BENEATH = 1.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            1,
+            &attr as *const PathBeneath,
+            0,
+        )
+    };
+    let res = if r < 0 { Err(Errno::last()) } else { Ok(()) };
+    // SAFETY: we own `fd`, opened above, and close it once.
+    unsafe { libc::close(fd) };
+    res
+}
+
 /// Child-safe. `sethostname(name)`.
 pub fn sethostname(name: &[u8]) -> SysResult<()> {
     // SAFETY: the pointer and length describe a live slice.

@@ -28,7 +28,7 @@ fn benign_command_is_ok() {
     );
     o.check(layers["no_new_privs"] == true, "no_new_privs");
     o.check(layers["capabilities"] == "none", "capabilities dropped");
-    for ns in ["user", "net", "pid", "ipc", "uts"] {
+    for ns in ["user", "net", "pid", "ipc", "uts", "mount"] {
         o.check(
             layers["namespaces"]
                 .as_array()
@@ -623,6 +623,94 @@ fn namespaces_isolate_pid_host_and_network() {
     o.check(
         o.stdout == "1\nwfjail\n['lo']\n",
         "PID 1, hostname wfjail, only a loopback device",
+    );
+}
+
+/// The lines of our own mount table (a mount leaking out of the guest's namespace would show).
+fn our_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_guest_sees_a_proc_of_its_own_and_no_host_pid() {
+    let before = our_mounts();
+    let me = std::process::id();
+    // `--ro /proc` names the host's /proc; the grant is carried over to the guest's own.
+    let code = format!(
+        "import os\n\
+         print([l.split()[-1] for l in open('/proc/self/status') if l.startswith('NSpid')][0])\n\
+         print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n\
+         {}",
+        errno_of(&format!("os.stat('/proc/{me}')"))
+    );
+    let o = py("default", &["--ro", "/proc"], &code);
+    o.check(o.status() == "ok", "status ok");
+    o.check(
+        o.stdout == "1\n['1']\nerrno=2\n",
+        "the guest is pid 1 of its /proc, alone there, and our pid does not exist (ENOENT)",
+    );
+    o.check(
+        o.report["layers"]["degraded"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "nothing degraded",
+    );
+    o.check(
+        our_mounts() == before,
+        "the guest's /proc did not propagate to our mount namespace",
+    );
+}
+
+#[test]
+fn without_namespaces_mount_the_host_pids_stay_visible_and_the_report_says_so() {
+    let me = std::process::id();
+    let code = errno_of(&format!("os.stat('/proc/{me}'); print('errno=0')"));
+    let code = format!("import os\n{code}");
+    // Switched off by the policy: visible, and not listed as a namespace.
+    let o = py_policy(
+        "extends = \"default\"\n[namespaces]\nmount = false\n",
+        &code,
+    );
+    o.check(
+        o.stdout == "errno=0\n",
+        "our pid is visible in the host's /proc",
+    );
+    let ns = o.report["layers"]["namespaces"].as_array().unwrap();
+    o.check(
+        !ns.iter().any(|n| n == "mount"),
+        "no mount namespace listed",
+    );
+    // Without a PID namespace a private /proc cannot be made: degraded, with why.
+    let o = py_policy("extends = \"default\"\n[namespaces]\npid = false\n", &code);
+    o.check(
+        o.stdout == "errno=0\n",
+        "our pid is visible without a PID namespace",
+    );
+    o.check(
+        o.report["layers"]["degraded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| {
+                d.as_str()
+                    .unwrap()
+                    .starts_with("mount-ns: a private /proc needs namespaces.pid = true")
+            }),
+        "mount-ns listed as degraded, with what it needs",
+    );
+    // Required without a PID namespace: refused before the guest starts.
+    let o = py_policy(
+        "extends = \"default\"\nrequire = [\"mount-ns\"]\n[namespaces]\npid = false\n",
+        &code,
+    );
+    o.check(
+        o.code == 125 && o.error_says("namespaces.pid"),
+        "exit 125, naming namespaces.pid",
     );
 }
 

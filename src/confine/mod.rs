@@ -8,8 +8,10 @@
 //! 1. parent-death signal — so that nothing outlives wfjail (checked against a race).
 //! 2. user-namespace id maps — the PID and user namespaces came from `clone` itself;
 //!    maps must be written before anything that checks ids.
-//! 3. net, IPC, UTS namespaces (best-effort unless required), then the hostname — these
-//!    need CAP_SYS_ADMIN in our user namespace, so before capabilities go.
+//! 3. net, IPC, UTS namespaces (best-effort unless required), then the hostname, then a mount
+//!    namespace with a `/proc` of our own PID namespace — these need CAP_SYS_ADMIN in our
+//!    user namespace, so before capabilities go; `/proc` after the id maps were written
+//!    through the host's.
 //! 4. descriptors — the guest's stdio and protocol pipes onto 0..=4, everything else closed
 //!    but the set-up channel and the Landlock ruleset (both close-on-exec); then an empty
 //!    signal mask and SIGPIPE back to default.
@@ -47,6 +49,10 @@ pub struct ChildSpec<'a> {
     /// `(CLONE_NEW* flag, step, required)` for the namespaces made with `unshare`.
     pub unshare: &'a [(libc::c_int, Step, bool)],
     pub hostname: &'a [u8],
+    /// `Some(required)`: mount a private `/proc` (only when `clone` made a PID namespace).
+    pub private_proc: Option<bool>,
+    /// Landlock grants under `/proc`, added again for the private one: (path, access).
+    pub proc_rules: &'a [(std::ffi::CString, u64)],
     /// `(source fd, target fd)`.
     pub fd_targets: &'a [(RawFd, RawFd)],
     pub rlimits: &'a [(libc::c_int, u64)],
@@ -106,6 +112,20 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
     }
     if uts && let Err(e) = sys::sethostname(spec.hostname) {
         degrade(chan, Step::Hostname, e, false);
+    }
+    if let Some(required) = spec.private_proc {
+        match sys::private_proc() {
+            // Grants under /proc named the host's; the guest's is another file system. A
+            // grant that does not exist there is not given (narrower, never wider).
+            Ok(()) => {
+                if let Some(fd) = spec.landlock_fd {
+                    for (path, access) in spec.proc_rules {
+                        let _ = sys::landlock_add_path_rule(fd, path, *access);
+                    }
+                }
+            }
+            Err(e) => degrade(chan, Step::MountNs, e, required),
+        }
     }
 
     // 4. Descriptors. The channel moves to a new number.

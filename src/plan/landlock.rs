@@ -1,7 +1,9 @@
 //! Builds the Landlock ruleset in the parent. The child only calls `landlock_restrict_self`
 //! with the descriptor this returns.
 
+use std::ffi::CString;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -18,6 +20,9 @@ pub struct LandlockInfo {
     pub tcp: bool,
     /// Abstract unix sockets and signals scoped to the sandbox — ABI >= 6.
     pub scoped: bool,
+    /// Grants under `/proc` with their access rights, for the child to add again on its
+    /// private `/proc` (a rule holds an inode, and the host's `/proc` is not the guest's).
+    pub proc_rules: Vec<(CString, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,12 +67,18 @@ pub fn build(
         ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
     }
     let mut created = ruleset.create()?;
+    let mut proc_rules = Vec::new();
     let mut add = |path: &PathBuf, access: BitFlags<AccessFs>| -> Result<(), LandlockError> {
         let access = if is_dir(path) {
             access
         } else {
             access & file_access
         };
+        if path.starts_with("/proc")
+            && let Ok(c) = CString::new(path.as_os_str().as_bytes())
+        {
+            proc_rules.push((c, access.bits()));
+        }
         let fd = PathFd::new(path).map_err(|source| LandlockError::Path {
             path: path.clone(),
             source,
@@ -86,5 +97,13 @@ pub fn build(
     let fd = fd.ok_or(LandlockError::Ruleset(
         landlock::RulesetError::CreateRuleset(landlock::CreateRulesetError::MissingHandledAccess),
     ))?;
-    Ok((fd, LandlockInfo { abi, tcp, scoped }))
+    Ok((
+        fd,
+        LandlockInfo {
+            abi,
+            tcp,
+            scoped,
+            proc_rules,
+        },
+    ))
 }

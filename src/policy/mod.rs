@@ -155,6 +155,8 @@ pub struct NamespaceRules {
     pub pid: bool,
     pub ipc: bool,
     pub uts: bool,
+    /// A mount namespace with `/proc` mounted from the guest's PID namespace.
+    pub mount: bool,
 }
 
 /// Output captured when no policy in the chain sets `limits.output`.
@@ -210,6 +212,7 @@ impl Policy {
                 pid: true,
                 ipc: true,
                 uts: true,
+                mount: true,
             },
         }
     }
@@ -219,7 +222,12 @@ impl Policy {
         self.require.contains(&layer)
             || (matches!(
                 layer,
-                Layer::UserNs | Layer::NetNs | Layer::PidNs | Layer::IpcNs | Layer::UtsNs
+                Layer::UserNs
+                    | Layer::NetNs
+                    | Layer::PidNs
+                    | Layer::IpcNs
+                    | Layer::UtsNs
+                    | Layer::MountNs
             ) && self.require.contains(&Layer::Namespaces))
     }
 
@@ -580,6 +588,7 @@ fn apply(
         t.pid = n.pid.unwrap_or(t.pid);
         t.ipc = n.ipc.unwrap_or(t.ipc);
         t.uts = n.uts.unwrap_or(t.uts);
+        t.mount = n.mount.unwrap_or(t.mount);
     }
     Ok(())
 }

@@ -43,20 +43,22 @@ pub enum Layer {
     Seccomp,
     /// Seccomp user notification: violations named with their arguments.
     SeccompNotify,
-    /// All five namespaces below.
+    /// All six namespaces below.
     Namespaces,
     UserNs,
     NetNs,
     PidNs,
     IpcNs,
     UtsNs,
+    /// A mount namespace with a `/proc` of the guest's own PID namespace.
+    MountNs,
     /// Every capability dropped, bounding set included.
     Capabilities,
     NoNewPrivs,
 }
 
 impl Layer {
-    pub const ALL: [Layer; 13] = [
+    pub const ALL: [Layer; 14] = [
         Layer::Landlock,
         Layer::LandlockNet,
         Layer::LandlockScope,
@@ -68,6 +70,7 @@ impl Layer {
         Layer::PidNs,
         Layer::IpcNs,
         Layer::UtsNs,
+        Layer::MountNs,
         Layer::Capabilities,
         Layer::NoNewPrivs,
     ];
@@ -85,6 +88,7 @@ impl Layer {
             Layer::PidNs => "pid-ns",
             Layer::IpcNs => "ipc-ns",
             Layer::UtsNs => "uts-ns",
+            Layer::MountNs => "mount-ns",
             Layer::Capabilities => "capabilities",
             Layer::NoNewPrivs => "no-new-privs",
         }
@@ -191,6 +195,8 @@ pub struct Namespaces {
     pub pid: Option<bool>,
     pub ipc: Option<bool>,
     pub uts: Option<bool>,
+    /// A private `/proc` (needs `pid`): host processes are invisible, not even `stat`-able.
+    pub mount: Option<bool>,
 }
 
 /// Settings that apply in prefork mode (`wfjail serve --zygote`).

@@ -34,6 +34,7 @@ pub enum Step {
     Seccomp = 13,
     SeccompNotify = 14,
     Exec = 15,
+    MountNs = 16,
 }
 
 impl Step {
@@ -55,6 +56,7 @@ impl Step {
             13 => Seccomp,
             14 => SeccompNotify,
             15 => Exec,
+            16 => MountNs,
             _ => return None,
         })
     }
@@ -78,6 +80,7 @@ impl Step {
                 "installing the seccomp filter with a user-notification listener"
             }
             Step::Exec => "executing the command",
+            Step::MountNs => "mounting a private /proc in a mount namespace",
         }
     }
 }

@@ -38,6 +38,11 @@ pub enum SpawnError {
          run `wfjail check` for what would enable it"
     )]
     RequiredNamespace { layer: &'static str, errno: Errno },
+    #[error(
+        "the policy requires mount-ns but sets namespaces.pid = false: a private /proc shows \
+         the guest's own PID namespace; set namespaces.pid = true, or drop mount-ns from require"
+    )]
+    MountNeedsPid,
     #[error("clone: {0}")]
     Clone(std::io::Error),
 }
@@ -78,7 +83,13 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
 
     // Attempts, most confined first. A namespace the policy requires is never dropped.
     let user_req = p.requires(Layer::UserNs);
-    let pid_req = p.requires(Layer::PidNs);
+    // A private /proc shows the guest's own PID namespace: requiring it requires that too.
+    let mount_req = ns.mount && p.requires(Layer::MountNs);
+    let pid_req = p.requires(Layer::PidNs) || mount_req;
+    if mount_req && !ns.pid {
+        return Err(SpawnError::MountNeedsPid);
+    }
+
     let mut attempts: Vec<(bool, bool)> = vec![(ns.user, ns.pid)];
     for (u, pd) in [(false, ns.pid), (ns.user, false), (false, false)] {
         if (ns.user && !u && user_req) || (ns.pid && !pd && pid_req) {
@@ -104,6 +115,11 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
             gid_map: &plan.gid_map,
             unshare: &unshare,
             hostname: crate::plan::HOSTNAME,
+            private_proc: (ns.mount && pid).then_some(mount_req),
+            proc_rules: plan
+                .landlock
+                .as_ref()
+                .map_or(&[], |(_, info)| &info.proc_rules),
             fd_targets,
             rlimits: &plan.rlimits,
             last_cap: plan.last_cap,
@@ -132,6 +148,15 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
                 if ns.pid && !pid {
                     clone_degraded.push((Layer::PidNs, errno_of(first_error.as_ref())));
                 }
+                if ns.mount && !pid {
+                    // Without a PID namespace of its own, a new /proc would show the host's.
+                    let errno = if ns.pid {
+                        errno_of(first_error.as_ref())
+                    } else {
+                        Errno::ENOTSUP
+                    };
+                    clone_degraded.push((Layer::MountNs, errno));
+                }
                 return Ok(Spawned {
                     pid: c.pid,
                     pidfd: c.pidfd,
@@ -150,7 +175,13 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
     }
     // Every allowed attempt failed: a required namespace is refused.
     let errno = errno_of(first_error.as_ref());
-    let layer = if user_req { "user" } else { "pid" };
+    let layer = if user_req {
+        "user"
+    } else if p.requires(Layer::PidNs) {
+        "pid"
+    } else {
+        "pid (for mount-ns)"
+    };
     Err(SpawnError::RequiredNamespace { layer, errno })
 }
 

@@ -7,7 +7,8 @@
 //! may fork — and a child's notification is judged under the full policy and recorded in its
 //! session.
 //!
-//! Sessions share the zygote's uid, PID namespace and the host's `/proc`, so each session
+//! Sessions share the zygote's uid, PID namespace and `/proc` (the host's, or the zygote's
+//! private one, where siblings are still listed), so each session
 //! child enters a Landlock domain of its own right after the fork, nested in the zygote's
 //! (python/wfjail/zygote.py): Landlock lets a process pass `ptrace_may_access` — which guards
 //! `/proc/PID/fd`, `mem`, `environ`, `process_vm_*`, `pidfd_getfd`, `kcmp` — only towards its

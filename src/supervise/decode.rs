@@ -105,7 +105,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
         let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
         let shown = match read_path(n.pid, a[path_arg]) {
-            Ok(p) => paths::display(n.pid, &paths::guest_path(n.pid, dirfd, &p))
+            Ok(p) => paths::display(n.pid, &paths::guest_path(dirfd, &p))
                 .display()
                 .to_string(),
             Err(e) => e.to_string(),
@@ -140,7 +140,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
             _ => follow && open_follows,
         };
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
-        let full = paths::guest_path(n.pid, dirfd, &raw);
+        let full = paths::guest_path(dirfd, &raw);
         match grants.judge(n.pid, &full, follow, true) {
             Verdict::Granted => {}
             Verdict::Outside(p) => {
@@ -194,7 +194,7 @@ fn check_lock(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
         let cmd = syscalls::fcntl_name(a[1]).unwrap_or("?");
         (format!("{cmd} {ty}"), l_type == Some(libc::F_UNLCK as i16))
     };
-    let path = PathBuf::from(format!("/proc/{}/fd/{fd}", n.pid));
+    let path = PathBuf::from(format!("/proc/self/fd/{fd}"));
     let on = match grants.judge(n.pid, &path, true, false) {
         Verdict::Granted => return None,
         _ if unlock => return None,

@@ -79,12 +79,44 @@ fn in_proc_pid(p: &Path) -> bool {
             if !n.is_empty() && n.as_bytes().iter().all(u8::is_ascii_digit))
 }
 
+/// Whether the guest (global pid `pid`) sees a `/proc` of its own (`namespaces.mount`): its
+/// `/proc` is then another file system than ours.
+fn has_private_proc(pid: u32) -> bool {
+    let theirs = id_of(Path::new(&format!("/proc/{pid}/root/proc")));
+    theirs.is_some_and(|t| Some(t.0) != id_of(Path::new("/proc")).map(|o| o.0))
+}
+
+/// The guest's pid in its own PID namespace (the last of `NSpid`).
+fn pid_in_namespace(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// `path` with a `/proc/PID` of the guest (global `pid`) named the way the guest names it:
+/// in a private `/proc`, by its pid in its own namespace.
+fn as_guest_sees(pid: u32, path: PathBuf) -> PathBuf {
+    let ours = PathBuf::from(format!("/proc/{pid}"));
+    match path.strip_prefix(&ours) {
+        Ok(rest) if has_private_proc(pid) => match pid_in_namespace(pid) {
+            Some(n) => PathBuf::from(format!("/proc/{n}")).join(rest),
+            None => path,
+        },
+        _ => path,
+    }
+}
+
 /// Resolves absolute `path` as the guest (global pid `pid`) would. `follow`: the call
 /// follows a final symlink.
+///
+/// `/proc/self` is the guest. `/proc/N` is host pid N when the guest shares our `/proc`;
+/// with a private `/proc` it is pid N of the guest's namespace, which is resolved only when
+/// it is the guest itself (anything else cannot be judged from here).
 fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
     let mut queue: VecDeque<Part> = parts(path).collect();
     let mut cur = PathBuf::from("/");
     let mut links = 0;
+    let mut private_proc = None;
     while let Some(part) = queue.pop_front() {
         let name = match part {
             Part::Root => {
@@ -103,6 +135,24 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
         } else if cur == Path::new("/proc") && name == "thread-self" {
             queue.push_front(Part::Name(pid.to_string().into()));
             queue.push_front(Part::Name("task".into()));
+            OsString::from(pid.to_string())
+        } else if cur == Path::new("/proc")
+            && !name.is_empty()
+            && name.as_bytes().iter().all(u8::is_ascii_digit)
+            && *private_proc.get_or_insert_with(|| has_private_proc(pid))
+        {
+            let theirs = std::str::from_utf8(name.as_bytes())
+                .ok()
+                .and_then(|n| n.parse::<u32>().ok());
+            if theirs.is_none() || theirs != pid_in_namespace(pid) {
+                return Resolved::Partial(
+                    cur,
+                    format!(
+                        "/proc/{}: another process of the guest's PID namespace",
+                        name.to_string_lossy()
+                    ),
+                );
+            }
             OsString::from(pid.to_string())
         } else {
             name
@@ -186,7 +236,7 @@ impl WriteGrants {
                 if granted {
                     Verdict::Granted
                 } else {
-                    Verdict::Outside(p)
+                    Verdict::Outside(as_guest_sees(pid, p))
                 }
             }
             // The kernel stops where we stopped: below a granted directory it is its call.
@@ -202,28 +252,28 @@ impl WriteGrants {
     }
 }
 
-/// The absolute path the guest (global pid `pid`) names with `path` relative to `dirfd`:
-/// through its cwd or descriptor in `/proc`, which [`WriteGrants::judge`] resolves.
-pub fn guest_path(pid: u32, dirfd: i32, path: &[u8]) -> PathBuf {
+/// The absolute path the guest names with `path` relative to `dirfd`: through its cwd or
+/// descriptor in `/proc/self`, which [`WriteGrants::judge`] resolves as the guest's.
+pub fn guest_path(dirfd: i32, path: &[u8]) -> PathBuf {
     let path = Path::new(OsStr::from_bytes(path));
     if path.is_absolute() {
         return path.to_path_buf();
     }
     let base = if dirfd == libc::AT_FDCWD {
-        format!("/proc/{pid}/cwd")
+        "/proc/self/cwd".to_string()
     } else {
-        format!("/proc/{pid}/fd/{dirfd}")
+        format!("/proc/self/fd/{dirfd}")
     };
     PathBuf::from(base).join(path)
 }
 
-/// `path` as the guest meant it, for reports: a `/proc/PID/cwd` or `/proc/PID/fd/N` prefix
-/// replaced by what it points to, when that is a path.
+/// `path` as the guest (global pid `pid`) meant it, for reports: a `/proc/self/cwd` or
+/// `/proc/self/fd/N` prefix replaced by what it points to, when that is a path.
 pub fn display(pid: u32, path: &Path) -> PathBuf {
-    let proc = PathBuf::from(format!("/proc/{pid}"));
-    let Ok(rest) = path.strip_prefix(&proc) else {
+    let Ok(rest) = path.strip_prefix("/proc/self") else {
         return path.to_path_buf();
     };
+    let proc = PathBuf::from(format!("/proc/{pid}"));
     let mut c = rest.components();
     let prefix = match (c.next(), c.clone().next()) {
         (Some(Component::Normal(n)), _) if n == "cwd" => proc.join(n),
@@ -385,7 +435,7 @@ mod tests {
         ));
         drop((r, w));
         assert_eq!(
-            display(me, &guest_path(me, libc::AT_FDCWD, b"a/b")),
+            display(me, &guest_path(libc::AT_FDCWD, b"a/b")),
             cwd.join("a/b")
         );
         std::fs::remove_dir_all(&root).ok();
