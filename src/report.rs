@@ -1,4 +1,5 @@
-//! The execution report (PRODUCT.md §3) and how an outcome maps to a status and exit code.
+//! The execution report (docs/contract.md, "The report") and how an outcome maps to a
+//! status and exit code (docs/contract.md, "Statuses and exit codes").
 
 use serde::Serialize;
 
@@ -20,8 +21,21 @@ pub enum Status {
 }
 
 impl Status {
-    /// wfjail's exit status for this outcome (PRODUCT.md §2). Launch errors carry their own
-    /// code (125, 126 or 127) in [`Report::exit_status`].
+    /// Every status, in declaration order (tests/contract_doc.rs checks each against
+    /// docs/contract.md, and this list against the enum).
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::GuestError,
+        Status::Violation,
+        Status::Timeout,
+        Status::Limit,
+        Status::Crashed,
+        Status::Interrupted,
+        Status::LaunchError,
+    ];
+
+    /// wfjail's exit status for this outcome (docs/contract.md, "Statuses and exit codes").
+    /// Launch errors carry their own code (125, 126, 127 or 2) in [`Report::exit_status`].
     pub fn exit_code(self) -> i32 {
         match self {
             Status::Ok => 0,

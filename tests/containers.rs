@@ -1,4 +1,4 @@
-//! Containers and unprivileged hosts (PRODUCT.md §7): the enforcement tests of
+//! Containers and unprivileged hosts (docs/contract.md, "Layers"): the enforcement tests of
 //! `tests/isolation.rs`, run again as an unprivileged user (uid/gid 65534) and under
 //! `examples/container_sim.rs`, which imposes a container runtime's seccomp profile (Docker's
 //! default: no namespaces; an old runtime's: no Landlock; a runtime holding the seccomp

@@ -250,7 +250,7 @@ fn exec_after_start_is_denied() {
     );
 }
 
-// ---- the always-denied set (PRODUCT.md §6) ---------------------------------------------------
+// ---- the always-denied set (docs/security.md, "Layers: what each one stops") ----------------
 
 fn assert_privileged_denied(name: &str, nr: u64, args: &[u64]) {
     let o = py("default", &[], &raw_syscall(nr, args));

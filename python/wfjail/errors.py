@@ -30,9 +30,9 @@ class Violation(PermissionError):
 
     A ``PermissionError`` (errno ``EPERM``) so that code already handling the
     denial keeps working; the fields are those of a report's violation object
-    (PRODUCT.md §3). Note: ``args`` is the decoded syscall arguments (a string),
-    as in the report; the exception's constructor tuple is not reachable under
-    that name.
+    (docs/contract.md, "Violations"). Note: ``args`` is the decoded syscall
+    arguments (a string), as in the report; the exception's constructor tuple is
+    not reachable under that name.
     """
 
     __module__ = "wfjail"

@@ -90,7 +90,7 @@ pub enum PlanError {
 }
 
 impl PlanError {
-    /// wfjail's exit status for this error (PRODUCT.md §2).
+    /// wfjail's exit status for this error (docs/contract.md, "Statuses and exit codes").
     pub fn exit_code(&self) -> i32 {
         match self {
             PlanError::NotFound { .. } => 127,
