@@ -95,8 +95,17 @@ pub fn check(policy: &Policy) -> CheckReport {
 
     // Landlock.
     match sys::landlock_abi() {
-        Ok(abi) => {
-            row(Layer::Landlock, true, format!("abi-{abi}"), None);
+        Ok(kernel_abi) => {
+            let abi = crate::plan::landlock::enforced_abi(kernel_abi);
+            let detail = if abi == kernel_abi {
+                format!("abi-{abi} (the kernel's, enforced in full)")
+            } else {
+                format!(
+                    "abi-{abi} enforced; the kernel offers abi-{kernel_abi}, newer than wfjail was tested on (abi-{})",
+                    crate::plan::landlock::PINNED_ABI
+                )
+            };
+            row(Layer::Landlock, true, detail, None);
             row(
                 Layer::LandlockNet,
                 abi >= 4,

@@ -121,11 +121,21 @@ impl Violation {
     }
 }
 
+/// Landlock ABI versions: what the kernel offers and what wfjail enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LandlockAbi {
+    pub kernel: u32,
+    pub enforced: u32,
+}
+
 /// The layers that were actually applied.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Layers {
-    /// `abi-N`, or `none`.
+    /// `abi-N` (the ABI the ruleset was built for), or `none`.
     pub landlock: String,
+    /// The kernel's Landlock ABI and the one enforced (at most the pinned ABI wfjail was
+    /// tested on); `null` without Landlock.
+    pub landlock_abi: Option<LandlockAbi>,
     /// `user-notify` (violations named), `filter` (in-filter actions only), or `none`.
     pub seccomp: String,
     pub namespaces: Vec<&'static str>,

@@ -454,8 +454,16 @@ pub fn layers(
     } else {
         "none".into()
     };
+    let landlock_abi = match &plan.landlock {
+        Some((_, info)) if landlock != "none" => Some(crate::report::LandlockAbi {
+            kernel: info.kernel_abi,
+            enforced: info.abi,
+        }),
+        _ => None,
+    };
     Layers {
         landlock,
+        landlock_abi,
         seccomp: seccomp.into(),
         namespaces,
         capabilities,

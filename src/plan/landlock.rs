@@ -11,11 +11,20 @@ use landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
+/// The newest Landlock ABI wfjail was tested on. Rulesets handle what this ABI (or the
+/// kernel's, when older) defines and nothing newer: rust-landlock documents building from
+/// the running kernel's version as fit for tests only, since an ABI wfjail has never seen
+/// may handle rights whose denial its guests were never tested against. Raise it after the
+/// test suite passes on a kernel with the newer ABI (`tests/landlock_abi.rs` fails until then).
+pub const PINNED_ABI: u32 = 7;
+
 /// What the kernel offers and what the ruleset handles.
 #[derive(Debug, Clone)]
 pub struct LandlockInfo {
-    /// The kernel's Landlock ABI version (0: unavailable).
+    /// The ABI the ruleset was built for: the kernel's, at most [`PINNED_ABI`].
     pub abi: u32,
+    /// The running kernel's Landlock ABI.
+    pub kernel_abi: u32,
     /// TCP bind/connect handled (denied) — ABI >= 4 and the policy asks for it.
     pub tcp: bool,
     /// Abstract unix sockets and signals scoped to the sandbox — ABI >= 6.
@@ -41,14 +50,22 @@ fn is_dir(path: &Path) -> bool {
     std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false)
 }
 
-/// Creates a ruleset at ABI `abi` granting read+execute under `read`, everything under
-/// `write`; with `deny_tcp` all TCP bind/connect is denied (no rule grants any port).
+/// The ABI a ruleset is built for on a kernel offering `kernel_abi`: best-effort up to the
+/// pinned one.
+pub fn enforced_abi(kernel_abi: u32) -> u32 {
+    kernel_abi.min(PINNED_ABI)
+}
+
+/// Creates a ruleset for the kernel's ABI `kernel_abi` (at most [`PINNED_ABI`]) granting
+/// read+execute under `read`, everything under `write`; with `deny_tcp` all TCP
+/// bind/connect is denied (no rule grants any port).
 pub fn build(
-    abi: u32,
+    kernel_abi: u32,
     read: &[PathBuf],
     write: &[PathBuf],
     deny_tcp: bool,
 ) -> Result<(OwnedFd, LandlockInfo), LandlockError> {
+    let abi = enforced_abi(kernel_abi);
     let v = ABI::from(abi as i32);
     let all = AccessFs::from_all(v);
     let read_access = AccessFs::from_read(v);
@@ -101,6 +118,7 @@ pub fn build(
         fd,
         LandlockInfo {
             abi,
+            kernel_abi,
             tcp,
             scoped,
             proc_rules,
