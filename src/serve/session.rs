@@ -579,6 +579,9 @@ impl Session {
         if !std::mem::take(&mut self.stopped) {
             return;
         }
+        // The peak address space is a high-water mark: a sample taken a sampling period
+        // into the call sees everything before it, so a short call costs no read of /proc.
+        self.last_sample = Some(Instant::now());
         if let Some((_, pidfd)) = self.guest_process() {
             let _ = sys::pidfd_send_signal(pidfd, libc::SIGCONT);
         }
@@ -846,7 +849,6 @@ impl Session {
                     self.flush_guest();
                 }
                 Event::Result(bytes) => {
-                    self.sample_memory(true);
                     self.phase = Phase::Idle;
                     self.deadline = None;
                     self.guest_idle();
@@ -861,6 +863,8 @@ impl Session {
                             e.kind, e.message
                         ));
                     }
+                    // The call failed: what a limit would need to explain it, read while
+                    // the guest is still there.
                     self.sample_memory(true);
                     self.phase = Phase::Idle;
                     self.deadline = None;
