@@ -12,7 +12,8 @@ use crate::plan::{self, ExtraGrant, Plan, PlanRequest};
 use crate::policy::syscalls::Category;
 use crate::policy::{Layer, Policy};
 use crate::process::{self, Spawned, channel::Step};
-use crate::report::{Action, Layers, Report, Status, Violation, signal_name};
+use crate::report::{Action, Layers, Report, Violation, signal_name};
+use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 use crate::supervise::{self, Config, GuestPipes, Outcome, ProtocolPipes, Sinks};
 
 /// What `wfjail run` was asked to do, beyond the policy.
@@ -95,8 +96,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     if let Some(feed) = stdin_feed {
         feed.start();
     }
-    // File times come from the kernel's coarse clock (up to a tick behind this one).
-    let run_started = std::time::SystemTime::now() - FILE_TIME_SLACK;
+    let run_started = std::time::SystemTime::now();
     let protocol = proto.map(|p| {
         let ((to_r, to_w), (from_r, from_w)) = (p.to_guest, p.from_guest);
         drop((to_r, from_w)); // the guest's ends
@@ -136,10 +136,11 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         let _ = stdout.flush();
     }
     let mut outcome = outcome;
-    if let Some(limit) = applied_rlimit(&plan, libc::RLIMIT_FSIZE)
-        && guest_failed(&outcome)
-    {
-        outcome.file_at_limit = file_at_limit(&plan.write, limit, run_started);
+    if verdict::guest_failed(
+        outcome.reaped.map(|r| r.status),
+        outcome.guest_error.is_some(),
+    ) {
+        outcome.file_at_limit = Applied::of(&plan).file_at_limit(run_started);
     }
     let report = build_report(&plan, layers_base, outcome, timeout);
     crate::timing::mark("report");
@@ -472,7 +473,8 @@ pub fn layers(
     }
 }
 
-/// Classifies an outcome into a report.
+/// Classifies an outcome into a report (the facts of how the guest ended, judged by
+/// [`verdict::classify`]).
 pub fn build_report(
     plan: &Plan,
     base: LayersBase,
@@ -480,160 +482,122 @@ pub fn build_report(
     timeout: Option<Duration>,
 ) -> Report {
     let layers = layers(plan, &base, &o.degraded, o.notify);
-    let (mut exit_code, mut signal, mut cpu_ms, mut max_rss_kb) = (None, None, 0.0, 0);
-    let mut sig_num = None;
-    if let Some(r) = &o.reaped {
-        let st = r.status;
-        if libc::WIFEXITED(st) {
-            exit_code = Some(libc::WEXITSTATUS(st));
-        } else if libc::WIFSIGNALED(st) {
-            sig_num = Some(libc::WTERMSIG(st));
-            signal = Some(signal_name(libc::WTERMSIG(st)));
-        }
-        cpu_ms = r.cpu_ms();
-        max_rss_kb = r.max_rss_kb();
-    }
-    let stderr_tail = String::from_utf8_lossy(&o.stderr_tail).into_owned();
-    let mut violations = o.violations;
-    let mut error = None;
-    let mut limit = None;
     let policy = &plan.policy;
-
-    let mut exit_status = None;
-    let status = if let Some((step, errno)) = o.fatal {
-        let (code, msg) = if step == Step::Exec {
-            let code = if errno == Errno::ENOENT { 127 } else { 126 };
-            (
-                code,
-                format!("executing {}: {}", plan.command.display(), errno.desc()),
-            )
-        } else {
-            (
-                125,
-                format!(
-                    "{} failed: {}; the policy requires this layer (require = [...]); run `wfjail check`",
-                    step.describe(),
-                    errno.desc()
-                ),
-            )
-        };
-        exit_status = Some(code);
-        error = Some(msg);
-        Status::LaunchError
-    } else if let Some(e) = &o.channel_error {
-        exit_status = Some(125);
-        error = Some(format!("the child broke the set-up protocol: {e}"));
-        Status::LaunchError
-    } else if let Some(sig) = o.interrupted {
-        exit_status = Some(128 + sig);
-        error = Some(format!(
-            "wfjail was stopped by {} while the guest ran; the guest was killed",
-            crate::report::signal_name(sig)
-        ));
-        Status::Interrupted
-    } else if !o.exec_confirmed && o.reaped.is_none() {
-        exit_status = Some(125);
-        error = Some("the child ended before exec without saying why".into());
-        Status::LaunchError
-    } else {
-        // Killed by the in-filter action (no user notification): name what we can.
-        if sig_num == Some(libc::SIGSYS) && !o.notify {
-            violations.push(Violation {
-                category: Category::Other,
-                syscall: "unknown".into(),
-                args: String::new(),
-                action: Action::Killed,
-                rule: format!("on_violation = \"kill\" ({})", policy.name),
-                hint: "killed by the seccomp filter (SIGSYS); seccomp user notification is unavailable here, so the syscall cannot be named (see `wfjail check`)".into(),
-                count: 1,
-            });
-        }
-        let enforced = violations.iter().any(|v| v.action != Action::Warned);
-        // Why the conversation was ended, whatever status outranks it.
-        if let Some(e) = &o.protocol_error {
-            error = Some(format!("{e}; the guest was stopped (docs/protocol.md)"));
-        }
-        // A SIGKILL we did not send comes from the kernel's RLIMIT_CPU (the guest is PID 1,
-        // so the SIGXCPU before it is ignored). rusage times are tick-sampled and may read
-        // lower than the kernel's precise count, hence the loose lower bound.
-        let we_killed = o.timed_out
+    let status_word = o.reaped.as_ref().map(|r| r.status);
+    let signal = status_word
+        .filter(|&st| libc::WIFSIGNALED(st))
+        .map(|st| libc::WTERMSIG(st));
+    let mut violations = o.violations;
+    let launched = o.fatal.is_none() && o.channel_error.is_none() && o.interrupted.is_none();
+    // Killed by the in-filter action (no user notification): name what we can.
+    if launched && signal == Some(libc::SIGSYS) && !o.notify {
+        violations.push(Violation {
+            category: Category::Other,
+            syscall: "unknown".into(),
+            args: String::new(),
+            action: Action::Killed,
+            rule: format!("on_violation = \"kill\" ({})", policy.name),
+            hint: "killed by the seccomp filter (SIGSYS); seccomp user notification is unavailable here, so the syscall cannot be named (see `wfjail check`)".into(),
+            count: 1,
+        });
+    }
+    let facts = Facts {
+        fatal: o.fatal.map(|(step, errno)| SetupFailed {
+            step,
+            errno,
+            command: plan.command.display().to_string(),
+        }),
+        channel_error: o.channel_error.clone(),
+        interrupted: o.interrupted,
+        never_execed: !o.exec_confirmed && o.reaped.is_none(),
+        wait_status: status_word,
+        zygote_died: false,
+        violation_enforced: violations.iter().any(|v| v.action != Action::Warned),
+        timed_out: o.timed_out,
+        protocol_error: o.protocol_error.is_some(),
+        output_exceeded: o.output_exceeded,
+        killed_by_supervisor: o.timed_out
             || o.killed_for_violation
             || o.output_exceeded
-            || o.protocol_error.is_some();
-        let cpu_limit_hit = policy.limits.cpu.is_some_and(|c| {
-            sig_num == Some(libc::SIGXCPU)
-                || (sig_num == Some(libc::SIGKILL)
-                    && !we_killed
-                    && cpu_ms >= c.0.as_secs_f64() * 500.0)
-        });
-        // Limits are classified from kernel evidence, never from what the guest printed or
-        // put in an ERROR frame: RLIMIT_AS makes an allocation fail and RLIMIT_FSIZE a write
-        // (EFBIG; the SIGXFSZ is ignored by the guest as PID 1), so the guest only fails.
-        let failed =
-            exit_code.is_some_and(|c| c != 0) || sig_num.is_some() || o.guest_error.is_some();
-        let memory_hit = failed
-            && (o.memory_refused.is_some()
-                || o.vm_peak.is_some_and(|peak| {
-                    applied_rlimit(plan, libc::RLIMIT_AS)
-                        .is_some_and(|l| near_memory_limit(peak, l))
-                }));
-        let file_size_hit = sig_num == Some(libc::SIGXFSZ) || (failed && o.file_at_limit.is_some());
-        if enforced {
-            Status::Violation
-        } else if o.timed_out {
-            Status::Timeout
-        } else if o.protocol_error.is_some() {
-            Status::GuestError
-        } else if memory_hit {
-            limit = Some("memory".into());
-            Status::Limit
-        } else if o.output_exceeded {
-            limit = Some("output".into());
-            Status::Limit
-        } else if cpu_limit_hit {
-            limit = Some("cpu".into());
-            Status::Limit
-        } else if file_size_hit {
-            limit = Some("file_size".into());
-            Status::Limit
-        } else if sig_num.is_some() {
-            Status::Crashed
-        } else if exit_code.is_some_and(|c| c != 0) || o.guest_error.is_some() {
-            Status::GuestError
-        } else if o.framed && o.result.is_none() {
-            error = Some(
-                "the guest exited without a RESULT or ERROR frame: is it a protocol guest? \
-                 (plain programs run with --raw)"
-                    .into(),
-            );
-            Status::GuestError
+            || o.protocol_error.is_some()
+            || o.interrupted.is_some()
+            || o.channel_error.is_some(),
+        cpu_ms: o.reaped.as_ref().map_or(0.0, |r| r.cpu_ms()),
+        cpu_limit: policy.limits.cpu.map(|c| c.0),
+        memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
+        vm_peak: o.vm_peak,
+        memory_refused: o.memory_refused.is_some(),
+        file_at_limit: o.file_at_limit.is_some(),
+        errored: o.guest_error.is_some(),
+        ending: if o.framed {
+            Ending::Call {
+                answered: o.result.is_some() || o.guest_error.is_some(),
+            }
         } else {
-            Status::Ok
-        }
+            Ending::Raw
+        },
+        // Why the conversation was ended, whatever status outranks it.
+        stopped: o
+            .protocol_error
+            .as_ref()
+            .map(|e| format!("{e}; the guest was stopped (docs/protocol.md)")),
+        timeout_words: timeout.map(|t| {
+            format!(
+                "killed after {} (limits.timeout or --timeout)",
+                crate::policy::Dur(t)
+            )
+        }),
     };
-    if let (Status::Timeout, Some(t)) = (status, timeout) {
-        error = Some(format!(
-            "killed after {} (limits.timeout or --timeout)",
-            crate::policy::Dur(t)
-        ));
-    }
+    let v = verdict::classify(&facts);
     Report {
-        status,
-        exit_code,
-        signal,
+        status: v.status,
+        exit_code: status_word
+            .filter(|&st| libc::WIFEXITED(st))
+            .map(|st| libc::WEXITSTATUS(st)),
+        signal: signal.map(signal_name),
         violations,
         duration_ms: o.duration.as_secs_f64() * 1000.0,
-        cpu_ms,
-        max_rss_kb,
+        cpu_ms: facts.cpu_ms,
+        max_rss_kb: o.reaped.as_ref().map_or(0, |r| r.max_rss_kb()),
         policy: policy.name.clone(),
         layers,
-        stderr_tail,
-        limit,
-        error,
+        stderr_tail: String::from_utf8_lossy(&o.stderr_tail).into_owned(),
+        limit: v.limit.map(|l| l.as_str().to_string()),
+        error: v.error,
         guest_error: o.guest_error,
         command: plan.argv.clone(),
         skipped_paths: plan.skipped.clone(),
-        exit_status: exit_status.unwrap_or(status.exit_code()),
+        exit_status: v.exit_status,
+    }
+}
+
+/// What a guest's end is judged against, besides the policy: the rlimits as applied (the
+/// policy's, or lower inherited ones) and where it may write (searched for a file at the
+/// size limit).
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    /// RLIMIT_AS, in bytes.
+    pub memory: Option<u64>,
+    /// RLIMIT_FSIZE, in bytes.
+    pub file_size: Option<u64>,
+    /// The write grants.
+    pub write: Vec<PathBuf>,
+}
+
+impl Applied {
+    pub fn of(plan: &Plan) -> Self {
+        Applied {
+            memory: applied_rlimit(plan, libc::RLIMIT_AS),
+            file_size: applied_rlimit(plan, libc::RLIMIT_FSIZE),
+            write: plan.write.clone(),
+        }
+    }
+
+    /// Kernel evidence for RLIMIT_FSIZE ([`file_at_limit`]) for a guest that started at
+    /// `started` (wall clock): whether a file under the write grants is at the limit.
+    pub fn file_at_limit(&self, started: std::time::SystemTime) -> Option<String> {
+        let limit = self.file_size?;
+        file_at_limit(&self.write, limit, started - FILE_TIME_SLACK)
     }
 }
 
@@ -643,23 +607,6 @@ fn applied_rlimit(plan: &Plan, resource: u32) -> Option<u64> {
         .iter()
         .find(|(r, _)| *r as u32 == resource)
         .map(|(_, v)| *v)
-}
-
-/// Whether the guest ended badly (the only case where a limit can explain the end).
-fn guest_failed(o: &Outcome) -> bool {
-    o.guest_error.is_some()
-        || o.reaped.as_ref().is_some_and(|r| {
-            let st = r.status;
-            libc::WIFSIGNALED(st) || (libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0)
-        })
-}
-
-/// Whether a peak address space of `peak` bytes means an allocation met RLIMIT_AS `limit`:
-/// within `limit / 16` (at least 1 MiB) of it. An allocation larger than that margin that
-/// fails leaves no trace the supervisor can read (see docs/security.md).
-pub fn near_memory_limit(peak: u64, limit: u64) -> bool {
-    let margin = (limit / 16).max(1 << 20);
-    peak.saturating_add(margin) >= limit
 }
 
 /// How far a file's modification time may lag behind the run's start (the kernel stamps

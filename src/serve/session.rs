@@ -34,11 +34,15 @@ use crate::process::channel::{self as chan, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::protocol::worker::{self, OpenRequest, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
-use crate::report::{GuestError, Report, Status};
-use crate::run::LayersBase;
+use crate::report::{GuestError, Report};
+use crate::run::{Applied, LayersBase};
 use crate::supervise::paths::WriteGrants;
+use crate::supervise::verdict::{self, Ending, Facts, SessionEnd, SetupFailed};
 use crate::supervise::violations::{self, Handled};
-use crate::supervise::{LineEcho, escape_guest_text, level_name, poll_timeout, set_nonblocking};
+use crate::supervise::{
+    LineEcho, VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT, escape_guest_text,
+    level_name, poll_timeout, set_nonblocking,
+};
 use crate::sys::{self, NotifBuf, Reaped};
 
 use super::zygote::{ChildExit, Zygote};
@@ -226,6 +230,18 @@ struct Session {
     calls: u64,
     /// The worker went away while a call (or the start) was in progress.
     abandoned: bool,
+    /// The rlimits and write grants the guest runs under.
+    applied: Applied,
+    /// wfjail killed the guest itself (a SIGKILL it did not send is the CPU limit's).
+    killed: bool,
+    /// Kernel evidence for the memory limit: the largest peak address space read while the
+    /// guest ran, and a mapping seen asking for more than RLIMIT_AS left (exec mode).
+    vm_peak: Option<u64>,
+    memory_refused: bool,
+    last_sample: Option<Instant>,
+    /// The guest wrote output since the last sample (sample again sooner: a guest whose
+    /// allocation failed prints why, then exits).
+    output_since_sample: bool,
 }
 
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T`...), `None` when the process is gone.
@@ -343,7 +359,7 @@ impl Session {
             Ok(p) => p,
             Err(e) => return Err(Box::new((client, format!("session socket: {e}"), vec![]))),
         };
-        let (child, command) = match (&server.pool, open) {
+        let (child, command, applied) = match (&server.pool, open) {
             (
                 Some(pool),
                 OpenRequest {
@@ -364,15 +380,16 @@ impl Session {
                     )));
                 };
                 match zygote.fork(shared.clone(), &handler, theirs, out_w) {
-                    Ok(ns_pid) => (
-                        Child::Zygote {
+                    Ok(ns_pid) => {
+                        let applied = zygote.applied.clone();
+                        let child = Child::Zygote {
                             zygote,
                             ns_pid,
                             pid: None,
                             pidfd: None,
-                        },
-                        command,
-                    ),
+                        };
+                        (child, command, applied)
+                    }
                     Err(e) => return Err(Box::new((client, format!("zygote fork: {e}"), command))),
                 }
             }
@@ -386,7 +403,8 @@ impl Session {
             ) => match start_exec(&server, &argv, theirs, out_w) {
                 Ok(c) => {
                     server.children.lock().unwrap().insert(id, c.pidfd.clone());
-                    (Child::Exec(Box::new(c)), argv)
+                    let applied = Applied::of(&c.plan);
+                    (Child::Exec(Box::new(c)), argv, applied)
                 }
                 Err(e) => return Err(Box::new((client, e, argv))),
             },
@@ -438,11 +456,18 @@ impl Session {
             command,
             calls: 0,
             abandoned: false,
+            applied,
+            killed: false,
+            vm_peak: None,
+            memory_refused: false,
+            last_sample: None,
+            output_since_sample: false,
         })
     }
 
     /// Kills the guest (it may already be gone).
     fn kill(&mut self) {
+        self.killed = true;
         match &mut self.child {
             Child::Exec(e) => {
                 let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
@@ -475,6 +500,48 @@ impl Session {
             } => Some((*p, fd.as_fd())),
             Child::Zygote { .. } => None,
         }
+    }
+
+    /// Kernel evidence for the memory limit (`limits.memory` set): the guest's peak address
+    /// space (`VmPeak`, a high-water mark the kernel keeps until the guest exits), read at
+    /// most every [`VM_SAMPLE_EVERY`] ([`VM_SAMPLE_AFTER_OUTPUT`] after output), or now
+    /// (`force`).
+    fn sample_memory(&mut self, force: bool) {
+        if self.applied.memory.is_none() || self.ended() {
+            return;
+        }
+        let every = if self.output_since_sample {
+            VM_SAMPLE_AFTER_OUTPUT
+        } else {
+            VM_SAMPLE_EVERY
+        };
+        if !force && self.last_sample.is_some_and(|t| t.elapsed() < every) {
+            return;
+        }
+        if let Child::Exec(e) = &self.child
+            && e.chan.is_some()
+        {
+            return; // not exec'd yet: wfjail's own image
+        }
+        let Some((pid, pidfd)) = self.guest_process() else {
+            return;
+        };
+        let peak = crate::supervise::vm_peak(pid);
+        // Read after the guest exited, the pid may be another process's (a zygote reaps its
+        // children): only a read made while the guest still ran counts.
+        let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+        let exited = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
+        if !exited {
+            self.vm_peak = self.vm_peak.max(peak);
+        }
+        self.last_sample = Some(Instant::now());
+        self.output_since_sample = false;
+    }
+
+    /// Whether the guest's memory is sampled on a timer now: it runs (not stopped between
+    /// calls) and `limits.memory` is set.
+    fn sampling(&self) -> bool {
+        self.applied.memory.is_some() && !self.stopped && self.guest_process().is_some()
     }
 
     /// Stops the guest after it answered, so that it runs no code between calls (a guest
@@ -512,6 +579,9 @@ impl Session {
         if !std::mem::take(&mut self.stopped) {
             return;
         }
+        // The peak address space is a high-water mark: a sample taken a sampling period
+        // into the call sees everything before it, so a short call costs no read of /proc.
+        self.last_sample = Some(Instant::now());
         if let Some((_, pidfd)) = self.guest_process() {
             let _ = sys::pidfd_send_signal(pidfd, libc::SIGCONT);
         }
@@ -542,6 +612,7 @@ impl Session {
                 }
                 Ok(n) => {
                     taken += n;
+                    self.output_since_sample = true;
                     if !self.output_exceeded {
                         echo_stderr(&self.echo.feed(&buf[..n]));
                     }
@@ -792,6 +863,9 @@ impl Session {
                             e.kind, e.message
                         ));
                     }
+                    // The call failed: what a limit would need to explain it, read while
+                    // the guest is still there.
+                    self.sample_memory(true);
                     self.phase = Phase::Idle;
                     self.deadline = None;
                     self.guest_idle();
@@ -866,6 +940,18 @@ impl Session {
             violations::allow(l.as_fd(), &n);
             return;
         }
+        if let Some(limit) = self.applied.memory
+            && crate::supervise::mapping_beyond_limit(
+                l.as_fd(),
+                &n,
+                e.pid,
+                limit,
+                &self.server.policy,
+            )
+            .is_some()
+        {
+            self.memory_refused = true;
+        }
         let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
         let handled = violations::answer(
@@ -933,9 +1019,13 @@ impl Session {
                     }
                 }
             }
-            let wait = self.deadline.map_or(PollTimeout::NONE, |d| {
-                poll_timeout(d.saturating_duration_since(Instant::now()))
-            });
+            let mut wait = self
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            if self.sampling() {
+                wait = Some(wait.map_or(VM_SAMPLE_WAIT, |w| w.min(VM_SAMPLE_WAIT)));
+            }
+            let wait = wait.map_or(PollTimeout::NONE, poll_timeout);
             match poll(&mut fds, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => break,
@@ -947,6 +1037,9 @@ impl Session {
                 .filter(|(_, r)| !r.is_empty())
                 .collect();
             drop(fds);
+            if self.sampling() {
+                self.sample_memory(false);
+            }
             // Checked on every turn, ready descriptors or not: a flooding guest keeps some
             // descriptor ready all the time.
             if let Some(d) = self.deadline
@@ -1037,6 +1130,8 @@ impl Session {
         }
     }
 
+    /// The session's report: the facts of how its guest ended, judged by
+    /// [`verdict::classify`] as `wfjail run` judges its guest.
     fn report(&mut self) -> Report {
         let (status_word, cpu_ms, max_rss_kb, layers, zygote_died) = match &self.child {
             Child::Zygote { zygote, .. } => {
@@ -1064,52 +1159,63 @@ impl Session {
                 (e.reaped.map(|r| r.status), cpu, rss, layers, false)
             }
         };
-        let (exit_code, signal) = match status_word {
-            Some(s) if libc::WIFEXITED(s) => (Some(libc::WEXITSTATUS(s)), None),
-            Some(s) if libc::WIFSIGNALED(s) => (None, Some(libc::WTERMSIG(s))),
-            _ => (None, None),
-        };
         let violations = self.shared.violations.lock().unwrap();
         let enforced = violations.any_enforced();
         let list = violations.list.clone();
         drop(violations);
         let fatal = match &self.child {
-            Child::Exec(e) => e.fatal,
+            Child::Exec(e) => e.fatal.map(|(step, errno)| SetupFailed {
+                step,
+                errno,
+                command: e.plan.command.display().to_string(),
+            }),
             Child::Zygote { .. } => None,
         };
-        let mut error = self.failure.clone();
-        let mut limit = None;
-        let status = if let Some((step, errno)) = fatal {
-            error = Some(format!("{} failed: {}", step.describe(), errno.desc()));
-            Status::LaunchError
-        } else if enforced {
-            Status::Violation
-        } else if self.timed_out {
-            Status::Timeout
-        } else if self.protocol_error.is_some()
-            || self.guest_error.is_some() && self.phase == Phase::Starting
-        {
-            Status::GuestError
-        } else if self.output_exceeded {
-            limit = Some("output".to_string());
-            Status::Limit
-        } else if zygote_died {
-            error = Some("the zygote died (see wfjail's stderr)".into());
-            Status::Crashed
-        } else if signal.is_some() {
-            Status::Crashed
-        } else if exit_code.is_some_and(|c| c != 0) {
-            Status::GuestError
-        } else if self.phase != Phase::Closing {
-            error.get_or_insert_with(|| "the guest ended the session before it was closed".into());
-            Status::GuestError
+        let errored = self.guest_error.is_some();
+        // Kernel evidence for RLIMIT_FSIZE, looked for only when the guest failed.
+        let file_at_limit = verdict::guest_failed(status_word, errored)
+            && self
+                .applied
+                .file_at_limit(std::time::SystemTime::now() - self.started.elapsed())
+                .is_some();
+        let end = if errored && self.phase == Phase::Starting {
+            SessionEnd::RefusedStart
+        } else if self.phase == Phase::Closing {
+            SessionEnd::Closed
         } else {
-            Status::Ok
+            SessionEnd::EndedEarly
         };
+        let facts = Facts {
+            fatal,
+            wait_status: status_word,
+            zygote_died,
+            violation_enforced: enforced,
+            timed_out: self.timed_out,
+            protocol_error: self.protocol_error.is_some(),
+            output_exceeded: self.output_exceeded,
+            // Killed by the session, or by the router for a violation.
+            killed_by_supervisor: self.killed || self.shared.killed(),
+            cpu_ms,
+            cpu_limit: self.server.policy.limits.cpu.map(|c| c.0),
+            memory_limit: self.applied.memory,
+            vm_peak: self.vm_peak,
+            memory_refused: self.memory_refused,
+            file_at_limit,
+            errored,
+            ending: Ending::Session(end),
+            stopped: self.failure.clone(),
+            ..Facts::default()
+        };
+        let v = verdict::classify(&facts);
+        let signal = status_word
+            .filter(|&st| libc::WIFSIGNALED(st))
+            .map(|st| crate::report::signal_name(libc::WTERMSIG(st)));
         Report {
-            status,
-            exit_code,
-            signal: signal.map(crate::report::signal_name),
+            status: v.status,
+            exit_code: status_word
+                .filter(|&st| libc::WIFEXITED(st))
+                .map(|st| libc::WEXITSTATUS(st)),
+            signal,
             violations: list,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             cpu_ms,
@@ -1117,12 +1223,12 @@ impl Session {
             policy: self.server.policy.name.clone(),
             layers,
             stderr_tail: String::new(),
-            limit,
-            error,
+            limit: v.limit.map(|l| l.as_str().to_string()),
+            error: v.error,
             guest_error: self.guest_error.clone(),
             command: self.command.clone(),
             skipped_paths: vec![],
-            exit_status: status.exit_code(),
+            exit_status: v.exit_status,
         }
     }
 }

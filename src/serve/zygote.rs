@@ -93,6 +93,9 @@ pub struct Zygote {
     ctl: Mutex<OwnedFd>,
     /// The layers applied to the zygote, and so to every session child.
     pub layers: Layers,
+    /// The zygote's rlimits and write grants, every session child's too: what a child's end
+    /// is judged against.
+    pub applied: crate::run::Applied,
     pending: Mutex<HashMap<u64, PendingFork>>,
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
@@ -193,6 +196,7 @@ impl Zygote {
             pidfd,
             ctl: Mutex::new(ours),
             layers,
+            applied: crate::run::Applied::of(&plan),
             pending: Mutex::new(HashMap::new()),
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),

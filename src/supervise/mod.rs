@@ -10,6 +10,7 @@
 
 pub mod decode;
 pub mod paths;
+pub mod verdict;
 pub mod violations;
 
 use std::io::Write;
@@ -38,11 +39,11 @@ pub const STDERR_TAIL: usize = 4096;
 /// The most read from one descriptor in one iteration of the loop.
 pub const READ_CHUNK: usize = 64 * 1024;
 /// How often the guest's peak address space is sampled while it runs (limits.memory set).
-const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+pub const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// How soon after the previous sample the guest is sampled again when it wrote output.
-const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
+pub const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
 /// The poll timeout while sampling, so that an idle guest is still sampled.
-const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
+pub const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
 
 /// What starts every line of guest text echoed on wfjail's stderr. wfjail's own lines start
 /// with `wfjail: `, so a guest cannot print one of them (docs/security.md).
@@ -258,6 +259,24 @@ pub fn memory_request(n: &sys::Notif) -> Option<u64> {
         libc::SYS_mremap => Some(n.args[2].saturating_sub(n.args[1])),
         _ => None,
     }
+}
+
+/// Kernel evidence for the memory limit: whether notification `n` (of guest `pid`) is a
+/// private mapping, routed here by the filter for its size, that asks for more address space
+/// than RLIMIT_AS `limit` leaves the guest. Returns the bytes asked for. A call the policy
+/// denies is a violation, not evidence; the notification is checked valid after reading.
+pub fn mapping_beyond_limit(
+    listener: std::os::fd::BorrowedFd<'_>,
+    n: &sys::Notif,
+    pid: libc::pid_t,
+    limit: u64,
+    policy: &Policy,
+) -> Option<u64> {
+    let grow = memory_request(n)?;
+    (!policy.syscalls.denies(mapping_call_name(n))
+        && vm_size(pid).is_some_and(|s| s.saturating_add(grow) > limit)
+        && sys::notif_id_valid(listener, n.id))
+    .then_some(grow)
 }
 
 /// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
@@ -602,10 +621,8 @@ pub fn supervise(
                     // run, the kernel applies RLIMIT_AS): note whether it fits in what is
                     // left. A call the policy denies is a violation, not evidence.
                     if let Some(limit) = cfg.memory_limit
-                        && let Some(grow) = memory_request(&n)
-                        && !policy.syscalls.denies(mapping_call_name(&n))
-                        && vm_size(child.pid).is_some_and(|s| s.saturating_add(grow) > limit)
-                        && sys::notif_id_valid(l.as_fd(), n.id)
+                        && let Some(grow) =
+                            mapping_beyond_limit(l.as_fd(), &n, child.pid, limit, policy)
                     {
                         o.memory_refused = Some(grow);
                     }
