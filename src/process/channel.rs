@@ -133,7 +133,7 @@ impl ChildMsg {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
 pub enum ChannelError {
     #[error("set-up record of {0} bytes (expected {RECORD_LEN})")]
     Length(usize),

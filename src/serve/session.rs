@@ -30,13 +30,14 @@ use serde_json::json;
 
 use crate::plan::{self, Plan, PlanRequest};
 use crate::policy::Dur;
-use crate::process::channel::{self as chan, ChildMsg, Received, Step};
+use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::protocol::worker::{self, OpenRequest, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::{GuestError, Report};
 use crate::run::{Applied, LayersBase};
 use crate::supervise::paths::WriteGrants;
+use crate::supervise::startup::{Next, Route, Startup, StartupError};
 use crate::supervise::verdict::{self, Ending, Facts, SessionEnd, SetupFailed};
 use crate::supervise::violations::{self, Handled};
 use crate::supervise::{
@@ -177,9 +178,7 @@ struct ExecChild {
     listener: Option<OwnedFd>,
     buf: Option<NotifBuf>,
     grants: WriteGrants,
-    initial_exec_done: bool,
-    degraded: Vec<(Step, Errno)>,
-    fatal: Option<(Step, Errno)>,
+    startup: Startup,
     reaped: Option<Reaped>,
 }
 
@@ -894,24 +893,32 @@ impl Session {
         self.advance();
     }
 
-    /// Exec mode: set-up records until end-of-file (the exec happened).
+    /// Exec mode: set-up records until end-of-file (the exec happened); a child that breaks
+    /// the set-up protocol is killed (supervise/startup.rs).
     fn on_chan(&mut self) {
         let Child::Exec(e) = &mut self.child else {
             return;
         };
         let Some(c) = &e.chan else { return };
         match chan::recv(c) {
-            Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                e.degraded.push((step, errno))
+            Ok(Ok(Received::Msg(msg, fd))) => {
+                if msg == ChildMsg::Listener {
+                    e.buf = NotifBuf::new().ok();
+                    e.listener = fd;
+                }
+                e.startup.record(Ok(msg));
             }
-            Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                e.fatal = Some((step, errno))
+            Ok(Ok(Received::Eof)) => {
+                e.startup.eof();
+                e.chan = None;
             }
-            Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
-                e.buf = NotifBuf::new().ok();
-                e.listener = fd;
+            Ok(Err(err)) => {
+                e.chan = None;
+                if e.startup.record(Err(err)) == Next::Kill {
+                    let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
+                    self.killed = true;
+                }
             }
-            Ok(Ok(Received::Eof)) | Ok(Err(_)) => e.chan = None,
             Err(err)
                 if err.raw_os_error() == Some(libc::EINTR)
                     || err.raw_os_error() == Some(libc::EAGAIN) => {}
@@ -934,11 +941,15 @@ impl Session {
         let Some(n) = violations::receive(l.as_fd(), b) else {
             return;
         };
-        if !e.initial_exec_done && e.chan.is_some() && crate::supervise::is_initial_exec(&n, e.pid)
+        match e
+            .startup
+            .notification(crate::supervise::is_initial_exec(&n, e.pid))
         {
-            e.initial_exec_done = true;
-            violations::allow(l.as_fd(), &n);
-            return;
+            Route::AllowExec => return violations::allow(l.as_fd(), &n),
+            Route::Refuse => return violations::refuse(l.as_fd(), &n, libc::EPERM),
+            // Exec-mode sessions take no step between the exec's stop and its start.
+            Route::HoldExec => return,
+            Route::Guest => {}
         }
         if let Some(limit) = self.applied.memory
             && crate::supervise::mapping_beyond_limit(
@@ -1152,8 +1163,8 @@ impl Session {
                 let layers = crate::run::layers(
                     &e.plan,
                     &e.base,
-                    &e.degraded,
-                    e.listener.is_some() || e.initial_exec_done,
+                    e.startup.degraded(),
+                    e.listener.is_some() || e.startup.has_listener(),
                 );
                 let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| (r.cpu_ms(), r.max_rss_kb()));
                 (e.reaped.map(|r| r.status), cpu, rss, layers, false)
@@ -1164,7 +1175,7 @@ impl Session {
         let list = violations.list.clone();
         drop(violations);
         let fatal = match &self.child {
-            Child::Exec(e) => e.fatal.map(|(step, errno)| SetupFailed {
+            Child::Exec(e) => e.startup.fatal().map(|(step, errno)| SetupFailed {
                 step,
                 errno,
                 command: e.plan.command.display().to_string(),
@@ -1185,8 +1196,16 @@ impl Session {
         } else {
             SessionEnd::EndedEarly
         };
+        let channel_error = match &self.child {
+            Child::Exec(e) => match e.startup.error() {
+                Some(err @ StartupError::Channel(_)) => Some(err.to_string()),
+                _ => None,
+            },
+            Child::Zygote { .. } => None,
+        };
         let facts = Facts {
             fatal,
+            channel_error,
             wait_status: status_word,
             zygote_died,
             violation_enforced: enforced,
@@ -1289,9 +1308,7 @@ fn start_exec(
         listener: None,
         buf: None,
         grants,
-        initial_exec_done: false,
-        degraded: vec![],
-        fatal: None,
+        startup: Startup::new(),
         reaped: None,
         plan,
     })

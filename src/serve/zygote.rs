@@ -41,6 +41,7 @@ use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::process::{self, Spawned};
 use crate::report::Layers;
 use crate::supervise::paths::WriteGrants;
+use crate::supervise::startup::{Route, Startup, StartupError};
 use crate::supervise::violations::{self, Violations};
 use crate::sys::{self, NotifBuf};
 
@@ -181,7 +182,7 @@ impl Zygote {
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
                 let _ = sys::wait4(pid);
-                return Err(e);
+                return Err(e.to_string());
             }
         };
         let layers = crate::run::layers(&plan, &base, &degraded, listener.is_some());
@@ -605,29 +606,34 @@ pub fn describe_status(status: i32) -> String {
     }
 }
 
-/// Waits until a freshly spawned guest has exec'd: set-up records, the listener, and the
-/// initial exec notification. Returns the listener (if any) and the degraded steps.
+/// How long a zygote may take from `clone` to its exec.
+const EXEC_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits until a freshly spawned zygote has exec'd: set-up records, the listener, and the
+/// initial exec notification (supervise/startup.rs). Once the exec is let through, the
+/// listener is left alone: what comes next is the zygote's, for its router. Returns the
+/// listener (if any) and the degraded steps.
 pub fn await_exec(
     chan_fd: std::os::fd::BorrowedFd<'_>,
     pid: libc::pid_t,
-) -> Result<Execed, String> {
+) -> Result<Execed, StartupError> {
+    let mut startup = Startup::new();
     let mut listener: Option<OwnedFd> = None;
     let mut buf: Option<NotifBuf> = None;
-    let mut degraded = Vec::new();
-    let mut exec_done = false;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + EXEC_WITHIN;
     loop {
+        let watch_listener = !startup.exec_allowed();
         let mut fds = vec![PollFd::new(chan_fd, PollFlags::POLLIN)];
-        if let Some(l) = &listener {
+        if let Some(l) = listener.as_ref().filter(|_| watch_listener) {
             fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.as_millis() == 0 {
-            return Err("the guest did not exec within 30s".into());
+        if left.is_zero() {
+            return Err(StartupError::NoExec(EXEC_WITHIN));
         }
         match poll(&mut fds, crate::supervise::poll_timeout(left)) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(format!("poll: {e}")),
+            Err(e) => return Err(StartupError::Io(e)),
         }
         let chan_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
         let notif_ready = fds
@@ -635,33 +641,43 @@ pub fn await_exec(
             .and_then(|f| f.revents())
             .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
+        if chan_ready {
+            match chan::recv(&chan_fd) {
+                Ok(Ok(Received::Msg(msg, fd))) => {
+                    if msg == ChildMsg::Listener {
+                        buf = NotifBuf::new().ok();
+                        listener = fd;
+                    }
+                    startup.record(Ok(msg));
+                }
+                Ok(Ok(Received::Eof)) => startup.eof(),
+                Ok(Err(e)) => {
+                    startup.record(Err(e));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    return Err(StartupError::Io(Errno::from_raw(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                    )));
+                }
+            }
+            if startup.finished() {
+                return match startup.error() {
+                    Some(e) => Err(e),
+                    None => Ok((listener, startup.degraded().to_vec())),
+                };
+            }
+        }
         if notif_ready
             && let (Some(l), Some(b)) = (&listener, buf.as_mut())
             && let Some(n) = violations::receive(l.as_fd(), b)
         {
-            if !exec_done && crate::supervise::is_initial_exec(&n, pid) {
-                exec_done = true;
-                violations::allow(l.as_fd(), &n);
-            } else {
-                violations::refuse(l.as_fd(), &n, libc::EPERM);
-            }
-        }
-        if chan_ready {
-            match chan::recv(&chan_fd) {
-                Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                    degraded.push((step, errno))
-                }
-                Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                    return Err(format!("{} failed: {}", step.describe(), errno.desc()));
-                }
-                Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
-                    buf = NotifBuf::new().ok();
-                    listener = fd;
-                }
-                Ok(Ok(Received::Eof)) => return Ok((listener, degraded)),
-                Ok(Err(e)) => return Err(format!("set-up channel: {e}")),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => return Err(format!("set-up channel: {e}")),
+            match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
+                Route::AllowExec => violations::allow(l.as_fd(), &n),
+                Route::Refuse => violations::refuse(l.as_fd(), &n, libc::EPERM),
+                // A zygote takes no step between the exec's stop and its start; after the
+                // exec the listener is not read here.
+                Route::HoldExec | Route::Guest => {}
             }
         }
     }

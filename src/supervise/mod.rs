@@ -10,6 +10,7 @@
 
 pub mod decode;
 pub mod paths;
+pub mod startup;
 pub mod verdict;
 pub mod violations;
 
@@ -29,6 +30,7 @@ use crate::process::channel::{self, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
+use startup::{Route, Startup, StartupError};
 use violations::{Handled, Violations};
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
@@ -396,6 +398,7 @@ pub fn supervise(
         out_sink = None; // framed, stdout is a log: echoed with stderr below
     }
     let mut violations = Violations::new(echo.then(String::new));
+    let mut startup = Startup::new();
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
     let mut notif_buf: Option<NotifBuf> = None;
@@ -427,7 +430,6 @@ pub fn supervise(
     let mut out_echo = LineEcho::new(GUEST_PREFIX);
     let deadline = cfg.timeout.map(|t| child.started + t);
     let mut exited_at: Option<Instant> = None;
-    let mut initial_exec_done = false;
     let mut output: u64 = 0;
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
@@ -567,29 +569,27 @@ pub fn supervise(
                     // Set-up records until end-of-file (= the exec happened).
                     while let Some(c) = &chan {
                         match channel::recv(c) {
-                            Ok(Ok(Received::Msg(ChildMsg::Degraded { step, errno }, _))) => {
-                                o.degraded.push((step, errno));
-                            }
-                            Ok(Ok(Received::Msg(ChildMsg::Fatal { step, errno }, _))) => {
-                                o.fatal = Some((step, errno));
-                            }
-                            Ok(Ok(Received::Msg(ChildMsg::Listener, fd))) => {
-                                if let Some(fd) = fd {
+                            Ok(Ok(Received::Msg(msg, fd))) => {
+                                if msg == ChildMsg::Listener
+                                    && let Some(fd) = fd
+                                {
                                     set_nonblocking(&fd);
                                     notif_buf = NotifBuf::new().ok();
                                     listener = Some(fd);
                                     o.notify = true;
                                     crate::timing::mark("child confined (listener received)");
                                 }
+                                startup.record(Ok(msg));
                             }
                             Ok(Ok(Received::Eof)) => {
-                                o.exec_confirmed = o.fatal.is_none();
+                                startup.eof();
                                 crate::timing::mark("exec confirmed (channel closed)");
                                 chan = None;
                             }
                             Ok(Err(e)) => {
-                                o.channel_error = Some(e.to_string());
-                                kill();
+                                if startup.record(Err(e)) == startup::Next::Kill {
+                                    kill();
+                                }
                                 chan = None;
                             }
                             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
@@ -609,12 +609,19 @@ pub fn supervise(
                     let Some(n) = violations::receive(l.as_fd(), nb) else {
                         continue;
                     };
-                    // The one exec that starts the guest: the child's first execve, before the
-                    // set-up channel closed. Every later one is the guest's.
-                    if !initial_exec_done && chan.is_some() && is_initial_exec(&n, child.pid) {
-                        initial_exec_done = true;
-                        violations::allow(l.as_fd(), &n);
-                        continue;
+                    // The one exec that starts the guest (startup.rs, rule 5).
+                    match startup.notification(is_initial_exec(&n, child.pid)) {
+                        Route::AllowExec => {
+                            violations::allow(l.as_fd(), &n);
+                            continue;
+                        }
+                        Route::Refuse => {
+                            violations::refuse(l.as_fd(), &n, libc::EPERM);
+                            continue;
+                        }
+                        // `run` takes no step between the exec's stop and its start.
+                        Route::HoldExec => continue,
+                        Route::Guest => {}
                     }
                     // A large allocation routed here for the memory limit's evidence (the
                     // filter sends private mappings of at least limit/16; `answer` lets them
@@ -776,6 +783,12 @@ pub fn supervise(
     }
     o.stderr_tail = tail;
     o.violations = violations.list;
+    o.degraded = startup.degraded().to_vec();
+    o.fatal = startup.fatal();
+    o.exec_confirmed = startup.exec_confirmed();
+    if let Some(e @ StartupError::Channel(_)) = startup.error() {
+        o.channel_error = Some(e.to_string());
+    }
     o
 }
 
