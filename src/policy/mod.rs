@@ -243,7 +243,7 @@ impl Policy {
 }
 
 /// Where a policy text came from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Origin {
     Builtin(&'static str),
     File(PathBuf),
@@ -259,6 +259,93 @@ impl Origin {
             Origin::Text(n) => n.clone(),
         }
     }
+}
+
+/// The text of a policy file, as a [`Sources`] gives it.
+#[derive(Debug, Clone)]
+pub struct SourceText {
+    pub text: String,
+    /// Names the file whatever path reached it: two paths with the same identity are one file
+    /// (the `extends` cycle check compares identities).
+    pub identity: PathBuf,
+}
+
+/// Where the policy files named on the command line and in `extends` are read from. The
+/// parser joins a relative `extends` onto the directory of the file that has it and asks for
+/// the result; reading is all a `Sources` does, so parsing, merging and validation make no
+/// I/O of their own. [`FileSystem`] is what [`load`] uses; [`InMemory`] serves tests and the
+/// fuzz targets.
+pub trait Sources {
+    /// The text of the file at `path` (as given on the command line, or an `extends` joined
+    /// onto the including file's directory) and its identity.
+    fn read(&self, path: &Path) -> std::io::Result<SourceText>;
+}
+
+/// Policy files on the file system; the identity is the canonical path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileSystem;
+
+impl Sources for FileSystem {
+    fn read(&self, path: &Path) -> std::io::Result<SourceText> {
+        let text = std::fs::read_to_string(path)?;
+        let identity = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        Ok(SourceText { text, identity })
+    }
+}
+
+/// Policy files held in memory, by path. A path is looked up after lexical normalization
+/// (`.` dropped, `dir/..` removed), which is also its identity; no symlinks here.
+#[derive(Debug, Clone, Default)]
+pub struct InMemory {
+    files: BTreeMap<PathBuf, String>,
+}
+
+impl InMemory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) the file at `path`.
+    pub fn insert(&mut self, path: impl AsRef<Path>, text: impl Into<String>) -> &mut Self {
+        self.files.insert(normalize(path.as_ref()), text.into());
+        self
+    }
+}
+
+impl Sources for InMemory {
+    fn read(&self, path: &Path) -> std::io::Result<SourceText> {
+        let identity = normalize(path);
+        match self.files.get(&identity) {
+            Some(text) => Ok(SourceText {
+                text: text.clone(),
+                identity,
+            }),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file",
+            )),
+        }
+    }
+}
+
+/// `path` without `.` components and with each `name/..` pair removed (a leading `..` stays).
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component<'_>> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => out.push(c),
+            },
+            _ => out.push(c),
+        }
+    }
+    out.iter().collect()
 }
 
 fn builtin_names() -> String {
@@ -278,8 +365,14 @@ fn looks_like_path(spec: &str) -> bool {
     spec.contains('/') || spec.ends_with(".toml")
 }
 
-/// Loads a policy by built-in name or path, resolving `extends`.
+/// Loads a policy by built-in name or path, resolving `extends`, files read from the file
+/// system.
 pub fn load(spec: &str) -> Result<Policy, PolicyError> {
+    load_from(spec, &FileSystem)
+}
+
+/// [`load`] with the files read from `sources`.
+pub fn load_from(spec: &str, sources: &dyn Sources) -> Result<Policy, PolicyError> {
     let origin = if looks_like_path(spec) {
         Origin::File(PathBuf::from(spec))
     } else if let Some((name, _)) = builtin(spec) {
@@ -302,7 +395,7 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
         });
     };
     let mut chain = Vec::new();
-    load_chain(origin, None, &mut chain)?;
+    load_chain(origin, None, sources, &mut chain)?;
     let name = match builtin(spec) {
         Some((n, _)) if !looks_like_path(spec) => n.to_string(),
         _ => spec.to_string(),
@@ -312,73 +405,103 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
 
 /// Parses a policy from `source`, called `name` in messages, without touching the file
 /// system: its `extends` may name a built-in only (a path is an error). The same parsing and
-/// validation as [`load`]; the fuzz targets (fuzz/) use it.
+/// validation as [`load`]; the fuzz targets (fuzz/) use it. For `extends` of files, use
+/// [`load_from`] with [`InMemory`] sources.
 pub fn from_source(name: &str, source: &str) -> Result<Policy, PolicyError> {
     let mut chain = Vec::new();
-    parse_chain(
-        Origin::Text(name.to_string()),
-        source.to_string(),
-        None,
-        &mut chain,
-    )?;
+    let origin = Origin::Text(name.to_string());
+    let link = Link {
+        identity: origin.clone(),
+        origin,
+        source: source.to_string(),
+    };
+    // No file is ever asked for: a text's path `extends` is refused before reading.
+    parse_chain(link, None, &InMemory::new(), &mut chain)?;
     assemble(name, &chain)
 }
 
+/// One policy text of an `extends` chain, before parsing.
+struct Link {
+    origin: Origin,
+    /// What the cycle check compares: the built-in, the file's [`SourceText::identity`], or
+    /// the text's name.
+    identity: Origin,
+    source: String,
+}
+
+/// A parsed link of an `extends` chain.
+type Parsed = (Link, model::PolicyFile);
+
 /// The policy that `chain` (from [`load_chain`]) describes, validated.
-fn assemble(
-    name: &str,
-    chain: &[(Origin, String, model::PolicyFile)],
-) -> Result<Policy, PolicyError> {
+fn assemble(name: &str, chain: &[Parsed]) -> Result<Policy, PolicyError> {
     let mut policy = Policy::empty(name);
     // Oldest ancestor first, so that each file overrides what it extends.
-    for (origin, source, file) in chain.iter().rev() {
-        apply(&mut policy, &origin.display(), source, file)?;
+    for (link, file) in chain.iter().rev() {
+        apply(&mut policy, &link.origin.display(), &link.source, file)?;
     }
     validate(&policy)?;
     Ok(policy)
 }
 
-/// Parses one file and, recursively, what it extends. `chain` receives (origin, source, file)
-/// from the requested file down to the root ancestor.
+/// Reads one file from `sources` and parses it and, recursively, what it extends. `chain`
+/// receives the links from the requested file down to the root ancestor.
 fn load_chain(
     origin: Origin,
     referenced_at: Option<Location>,
-    chain: &mut Vec<(Origin, String, model::PolicyFile)>,
+    sources: &dyn Sources,
+    chain: &mut Vec<Parsed>,
 ) -> Result<(), PolicyError> {
-    let display = origin.display();
-    let source = match &origin {
-        Origin::Builtin(name) => builtin(name).map(|(_, t)| t.to_string()).unwrap_or_default(),
-        Origin::File(path) => std::fs::read_to_string(path).map_err(|e| match &referenced_at {
-            Some(at) => PolicyError::Invalid {
-                at: at.clone(),
-                message: format!(
-                    "cannot read {}: {e}; paths in `extends` are relative to the file that has them",
-                    path.display()
-                ),
-            },
-            None => PolicyError::Unreadable {
-                file: display.clone(),
-                builtins: builtin_names(),
-                source: e,
-            },
-        })?,
-        Origin::Text(_) => String::new(),
+    let link = match &origin {
+        Origin::Builtin(name) => Link {
+            source: builtin(name)
+                .map(|(_, t)| t.to_string())
+                .unwrap_or_default(),
+            identity: origin.clone(),
+            origin,
+        },
+        Origin::File(path) => {
+            let read = sources.read(path).map_err(|e| match &referenced_at {
+                Some(at) => PolicyError::Invalid {
+                    at: at.clone(),
+                    message: format!(
+                        "cannot read {}: {e}; paths in `extends` are relative to the file that has them",
+                        path.display()
+                    ),
+                },
+                None => PolicyError::Unreadable {
+                    file: origin.display(),
+                    builtins: builtin_names(),
+                    source: e,
+                },
+            })?;
+            Link {
+                identity: Origin::File(read.identity),
+                source: read.text,
+                origin,
+            }
+        }
+        Origin::Text(_) => Link {
+            identity: origin.clone(),
+            origin,
+            source: String::new(),
+        },
     };
-    parse_chain(origin, source, referenced_at, chain)
+    parse_chain(link, referenced_at, sources, chain)
 }
 
-/// [`load_chain`] once the text of `origin` is read.
+/// [`load_chain`] once the text of the link is read.
 fn parse_chain(
-    origin: Origin,
-    source: String,
+    link: Link,
     referenced_at: Option<Location>,
-    chain: &mut Vec<(Origin, String, model::PolicyFile)>,
+    sources: &dyn Sources,
+    chain: &mut Vec<Parsed>,
 ) -> Result<(), PolicyError> {
-    let display = origin.display();
-    // Cycle check on a stable identity (canonical path or built-in name).
-    let identity = identity(&origin);
-    if let Some(pos) = chain.iter().position(|(o, _, _)| identity_eq(o, &identity)) {
-        let mut names: Vec<String> = chain[pos..].iter().map(|(o, _, _)| o.display()).collect();
+    let display = link.origin.display();
+    if let Some(pos) = chain.iter().position(|(l, _)| l.identity == link.identity) {
+        let mut names: Vec<String> = chain[pos..]
+            .iter()
+            .map(|(l, _)| l.origin.display())
+            .collect();
         names.push(display.clone());
         return Err(PolicyError::Cycle {
             at: referenced_at.unwrap_or_else(|| Location::start_of(&display)),
@@ -391,60 +514,51 @@ fn parse_chain(
             max: MAX_EXTENDS_DEPTH,
         });
     }
-    let file: model::PolicyFile =
-        toml::from_str(&source).map_err(|e| PolicyError::from_toml(&display, &source, &e))?;
+    let file: model::PolicyFile = toml::from_str(&link.source)
+        .map_err(|e| PolicyError::from_toml(&display, &link.source, &e))?;
     let extends = file.extends.clone();
-    chain.push((origin.clone(), source.clone(), file));
-    if let Some(ext) = extends {
-        let at = Location::of_span(&display, &source, ext.span());
-        let target = ext.into_inner();
-        let next = if !looks_like_path(&target) {
-            match builtin(&target) {
-                Some((n, _)) => Origin::Builtin(n),
-                None => {
-                    return Err(PolicyError::Invalid {
-                        at,
-                        message: format!(
-                            "unknown built-in {target:?}: use one of {} or a relative path ending in .toml",
-                            builtin_names()
-                        ),
-                    });
+    let at_of = |span| Location::of_span(&display, &link.source, span);
+    let next = match extends {
+        None => None,
+        Some(ext) => {
+            let at = at_of(ext.span());
+            let target = ext.into_inner();
+            let next = if !looks_like_path(&target) {
+                match builtin(&target) {
+                    Some((n, _)) => Origin::Builtin(n),
+                    None => {
+                        return Err(PolicyError::Invalid {
+                            at,
+                            message: format!(
+                                "unknown built-in {target:?}: use one of {} or a relative path ending in .toml",
+                                builtin_names()
+                            ),
+                        });
+                    }
                 }
-            }
-        } else {
-            let base = match &origin {
-                Origin::File(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
-                Origin::Builtin(_) => PathBuf::from("."),
-                Origin::Text(_) => {
-                    return Err(PolicyError::Invalid {
-                        at,
-                        message: format!(
-                            "a policy given as text extends a built-in only, not {target:?}"
-                        ),
-                    });
-                }
+            } else {
+                let base = match &link.origin {
+                    Origin::File(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    Origin::Builtin(_) => PathBuf::from("."),
+                    Origin::Text(_) => {
+                        return Err(PolicyError::Invalid {
+                            at,
+                            message: format!(
+                                "a policy given as text extends a built-in only, not {target:?}"
+                            ),
+                        });
+                    }
+                };
+                Origin::File(base.join(&target))
             };
-            Origin::File(base.join(&target))
-        };
-        load_chain(next, Some(at), chain)?;
+            Some((next, at))
+        }
+    };
+    chain.push((link, file));
+    if let Some((next, at)) = next {
+        load_chain(next, Some(at), sources, chain)?;
     }
     Ok(())
-}
-
-fn identity(origin: &Origin) -> Origin {
-    match origin {
-        Origin::File(p) => Origin::File(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
-        b => b.clone(),
-    }
-}
-
-fn identity_eq(a: &Origin, b: &Origin) -> bool {
-    match (identity(a), b) {
-        (Origin::Builtin(x), Origin::Builtin(y)) => x == *y,
-        (Origin::File(x), Origin::File(y)) => x == *y,
-        (Origin::Text(x), Origin::Text(y)) => x == *y,
-        _ => false,
-    }
 }
 
 fn push_unique<T: PartialEq>(list: &mut Vec<T>, item: T) {
@@ -685,5 +799,163 @@ mod tests {
         let e = from_source("t.toml", "extends = \"./other.toml\"\n").unwrap_err();
         assert!(e.to_string().contains("built-in only"), "{e}");
         assert!(from_source("t.toml", "[limits]\nmemory = \"lots\"\n").is_err());
+    }
+
+    /// `files` as in-memory sources.
+    fn sources(files: &[(&str, &str)]) -> InMemory {
+        let mut s = InMemory::new();
+        for (path, text) in files {
+            s.insert(path, *text);
+        }
+        s
+    }
+
+    #[test]
+    fn relative_extends_resolve_against_the_including_file() {
+        let s = sources(&[
+            (
+                "dir/a.toml",
+                "extends = \"sub/b.toml\"\n[limits]\ntimeout = \"5s\"\n",
+            ),
+            (
+                "dir/sub/b.toml",
+                "extends = \"../c.toml\"\n[filesystem]\nread = [\"/b\"]\n",
+            ),
+            (
+                "dir/c.toml",
+                "extends = \"strict\"\n[filesystem]\nread = [\"/c\"]\n[limits]\ntimeout = \"9s\"\n",
+            ),
+        ]);
+        let p = load_from("dir/a.toml", &s).unwrap();
+        assert_eq!(p.name, "dir/a.toml");
+        assert_eq!(p.limits.timeout, Some(Dur::parse("5s").unwrap()));
+        assert_eq!(
+            p.time.sleep,
+            Toggle::Deny,
+            "strict, at the root of the chain"
+        );
+        let read: Vec<(String, String)> = p
+            .filesystem
+            .read
+            .iter()
+            .map(|r| (r.value.0.clone(), r.at.to_string()))
+            .collect();
+        assert!(
+            read.contains(&("/c".into(), "dir/sub/../c.toml:3:9".into()))
+                && read.contains(&("/b".into(), "dir/sub/b.toml:3:9".into())),
+            "{read:?}"
+        );
+    }
+
+    #[test]
+    fn an_extends_cycle_names_the_chain_and_the_closing_line() {
+        let s = sources(&[
+            ("a.toml", "extends = \"b.toml\"\n"),
+            ("b.toml", "description = \"b\"\nextends = \"a.toml\"\n"),
+        ]);
+        let e = load_from("a.toml", &s).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "b.toml:2:11: extends: cycle a.toml -> b.toml -> a.toml; remove one of these `extends`"
+        );
+        // The same file under another spelling is the same file.
+        let s = sources(&[
+            ("p/a.toml", "extends = \"../p/./b.toml\"\n"),
+            ("p/b.toml", "extends = \"a.toml\"\n"),
+        ]);
+        let e = load_from("./p/a.toml", &s).unwrap_err();
+        assert!(matches!(e, PolicyError::Cycle { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("./p/../p/./b.toml:1:11: extends: cycle ./p/a.toml -> "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn extends_nest_at_most_max_extends_depth() {
+        let names: Vec<String> = (0..=12).map(|i| format!("p{i}.toml")).collect();
+        let texts: Vec<String> = (0..=12)
+            .map(|i| match i {
+                12 => "description = \"end\"\n".to_string(),
+                _ => format!("extends = \"p{}.toml\"\n", i + 1),
+            })
+            .collect();
+        let files: Vec<(&str, &str)> = names
+            .iter()
+            .zip(&texts)
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect();
+        let e = load_from("p0.toml", &sources(&files)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "p{}.toml:1:11: extends: more than {MAX_EXTENDS_DEPTH} levels of `extends`; flatten the chain",
+                MAX_EXTENDS_DEPTH - 1
+            )
+        );
+        // The deepest chain allowed loads.
+        let from = format!("p{}.toml", 13 - MAX_EXTENDS_DEPTH);
+        assert_eq!(
+            load_from(&from, &sources(&files)).unwrap().description,
+            "end"
+        );
+    }
+
+    #[test]
+    fn a_missing_extends_names_the_referencing_line() {
+        let s = sources(&[("d/p.toml", "description = \"x\"\nextends = \"nope.toml\"\n")]);
+        let e = load_from("d/p.toml", &s).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "d/p.toml:2:11: extends: cannot read d/nope.toml: no such file; paths in `extends` are relative to the file that has them"
+        );
+        // The file named on the command line: no line to point at.
+        let e = load_from("d/q.toml", &s).unwrap_err();
+        assert!(matches!(e, PolicyError::Unreadable { .. }), "{e}");
+        assert!(e.to_string().starts_with("d/q.toml: no such file; "), "{e}");
+    }
+
+    #[test]
+    fn a_file_extends_a_builtin() {
+        let s = sources(&[
+            (
+                "p.toml",
+                "extends = \"permissive\"\non_violation = \"deny\"\n",
+            ),
+            ("typo.toml", "\nextends = \"stirct\"\n"),
+        ]);
+        let p = load_from("p.toml", &s).unwrap();
+        let permissive = load("permissive").unwrap();
+        assert_eq!(p.on_violation, OnViolation::Deny);
+        assert_eq!(p.namespaces.net, permissive.namespaces.net);
+        assert_eq!(p.process.threads, permissive.process.threads);
+        let e = load_from("typo.toml", &s).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "typo.toml:2:11: extends: unknown built-in \"stirct\": use one of default, "
+            ),
+            "{e}"
+        );
+        // A built-in name is a built-in even when the sources hold a file of that name.
+        let s = sources(&[("strict", "description = \"not the built-in\"\n")]);
+        assert_eq!(load_from("strict", &s).unwrap().name, "strict");
+        assert_ne!(
+            load_from("strict", &s).unwrap().description,
+            "not the built-in"
+        );
+    }
+
+    #[test]
+    fn in_memory_paths_are_normalized_lexically() {
+        for (a, b) in [
+            ("./a/b.toml", "a/b.toml"),
+            ("a/../b.toml", "b.toml"),
+            ("../x.toml", "../x.toml"),
+            ("/../x.toml", "/x.toml"),
+            ("a/./../../b.toml", "../b.toml"),
+        ] {
+            assert_eq!(normalize(Path::new(a)), PathBuf::from(b), "{a}");
+        }
     }
 }

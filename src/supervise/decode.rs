@@ -1,15 +1,19 @@
 //! Turning a seccomp notification into a violation: category, readable arguments, the rule
-//! that forbids it, and a hint. Guest memory is read with `process_vm_readv` and trusted only
-//! after `SECCOMP_IOCTL_NOTIF_ID_VALID` confirms the call is still pending.
+//! that forbids it, and a hint. Guest memory is read through [`GuestMemory`]
+//! (`process_vm_readv` for a live guest) and trusted only after the caller's
+//! `SECCOMP_IOCTL_NOTIF_ID_VALID` confirms the call is still pending (`violations::answer`).
+//! [`decode`] reads nothing but guest memory; [`classify`] also judges watched writes and
+//! locks against the file system (`paths.rs`).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::policy::syscalls::{self, Category};
 use crate::policy::{NetworkMode, Policy, Toggle, bpf};
-use crate::sys::{self, Notif};
+use crate::sys::Notif;
 
 use std::path::PathBuf;
 
+use super::memory::GuestMemory;
 use super::paths::{self, Verdict, WriteGrants};
 
 /// A decoded notification (before the supervisor decides what to do with it).
@@ -48,22 +52,6 @@ fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
     }
 }
 
-/// Why a path could not be read from the guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PathError {
-    Unreadable,
-    TooLong,
-}
-
-impl std::fmt::Display for PathError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            PathError::Unreadable => "the path is not readable in the guest's memory",
-            PathError::TooLong => "the path is longer than PATH_MAX",
-        })
-    }
-}
-
 fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
     Decoded {
         category: Category::Filesystem,
@@ -83,14 +71,21 @@ const CANNOT_JUDGE_RULE: &str =
 /// For a watched file-system call: `None` when every path it writes is granted (or bound to
 /// fail in the kernel below a granted directory), else the violation naming the first path
 /// outside the grants, or saying why it could not be judged.
-fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -> Option<Decoded> {
+fn check_writes(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    grants: &WriteGrants,
+    late_reads: bool,
+) -> Option<Decoded> {
     let a = &n.args;
     let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
     let flags = match name {
         "open" => Some(a[1]),
         "openat" => Some(a[2]),
         // struct open_how { u64 flags; u64 mode; u64 resolve; }
-        "openat2" => read_mem(n.pid, a[2], 8)
+        "openat2" => mem
+            .read_bytes(a[2], 8)
             .and_then(|how| Some(u64::from_ne_bytes(how.get(..8)?.try_into().ok()?))),
         "creat" => Some(write_bits),
         _ => None,
@@ -104,7 +99,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
         }
         let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
-        let shown = match read_path(n.pid, a[path_arg]) {
+        let shown = match mem.read_path(a[path_arg]) {
             Ok(p) => paths::display(n.pid, &paths::guest_path(dirfd, &p))
                 .display()
                 .to_string(),
@@ -124,7 +119,7 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
     let excl = (libc::O_CREAT | libc::O_EXCL) as u64;
     let open_follows = flags.is_none_or(|f| f & libc::O_NOFOLLOW as u64 == 0 && f & excl != excl);
     for &(dirfd_arg, path_arg, follow) in watched_paths(name) {
-        let raw = match read_path(n.pid, a[path_arg]) {
+        let raw = match mem.read_path(a[path_arg]) {
             Ok(p) => p,
             Err(e) => {
                 return Some(fs_violation(
@@ -167,7 +162,12 @@ fn check_writes(n: &Notif, name: &str, grants: &WriteGrants, late_reads: bool) -
 
 /// `fcntl` record locks and `flock`: allowed on files under the write grants (and always to
 /// unlock), else a violation — a lock on a host file is held against host processes.
-fn check_lock(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
+fn check_lock(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    grants: &WriteGrants,
+) -> Option<Decoded> {
     let a = &n.args;
     let fd = a[0] as i32;
     let (what, unlock) = if name == "flock" {
@@ -181,7 +181,8 @@ fn check_lock(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
         (what, op == libc::LOCK_UN as u64)
     } else {
         // struct flock starts with `short l_type`.
-        let l_type = read_mem(n.pid, a[2], 2)
+        let l_type = mem
+            .read_bytes(a[2], 2)
             .filter(|b| b.len() == 2)
             .map(|b| i16::from_ne_bytes([b[0], b[1]]));
         let ty = match l_type.map(i32::from) {
@@ -212,63 +213,6 @@ fn check_lock(n: &Notif, name: &str, grants: &WriteGrants) -> Option<Decoded> {
             "a lock on a file outside --rw would be held against processes outside the sandbox; lock files under --rw",
         ),
     })
-}
-
-/// Reads guest memory at `addr`, up to `len` bytes (fewer if a page is unmapped).
-fn read_mem(pid: u32, addr: u64, len: usize) -> Option<Vec<u8>> {
-    if addr == 0 {
-        return None;
-    }
-    let mut buf = vec![0u8; len];
-    let mut done = 0;
-    while done < len {
-        // Stop at page boundaries so a string near the end of a mapping can still be read.
-        let a = addr + done as u64;
-        let to_page_end = (4096 - (a % 4096)) as usize;
-        let want = (len - done).min(to_page_end);
-        match sys::read_process_memory(pid as libc::pid_t, a, &mut buf[done..done + want]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => done += n,
-        }
-    }
-    if done == 0 {
-        return None;
-    }
-    buf.truncate(done);
-    Some(buf)
-}
-
-/// Reads a NUL-terminated path from guest memory, as bytes: at most `PATH_MAX` (4096)
-/// including the NUL, like the kernel.
-fn read_path(pid: u32, addr: u64) -> Result<Vec<u8>, PathError> {
-    let mut out = Vec::new();
-    let mut a = addr;
-    while out.len() < libc::PATH_MAX as usize {
-        let want = (4096 - (a % 4096)) as usize;
-        let chunk = read_mem(pid, a, want).ok_or(PathError::Unreadable)?;
-        if let Some(nul) = chunk.iter().position(|&b| b == 0) {
-            out.extend_from_slice(&chunk[..nul]);
-            if out.len() >= libc::PATH_MAX as usize {
-                break;
-            }
-            return Ok(out);
-        }
-        a += chunk.len() as u64;
-        out.extend_from_slice(&chunk);
-    }
-    Err(PathError::TooLong)
-}
-
-/// Reads a NUL-terminated string (at most 4 KiB) from guest memory, for reports.
-fn read_string(pid: u32, addr: u64) -> Option<String> {
-    match read_path(pid, addr) {
-        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-        Err(PathError::TooLong) => {
-            let b = read_mem(pid, addr, 4096)?;
-            Some(String::from_utf8_lossy(&b).into_owned() + "...")
-        }
-        Err(PathError::Unreadable) => None,
-    }
 }
 
 fn family_name(f: u64) -> String {
@@ -337,9 +281,9 @@ pub fn format_sockaddr(b: &[u8]) -> String {
     }
 }
 
-fn sockaddr_arg(n: &Notif, addr: u64, len: u64) -> String {
+fn sockaddr_arg(mem: &dyn GuestMemory, addr: u64, len: u64) -> String {
     let len = (len as usize).min(128);
-    match read_mem(n.pid, addr, len) {
+    match mem.read_bytes(addr, len) {
         Some(b) => format_sockaddr(&b),
         None if addr == 0 => "no address".into(),
         None => format!("address {addr:#x} (unreadable)"),
@@ -398,21 +342,21 @@ pub fn format_clone_flags(flags: u64) -> String {
 }
 
 /// A `struct timespec` in guest memory, in seconds.
-fn read_timespec(n: &Notif, addr: u64) -> Option<f64> {
-    let b = read_mem(n.pid, addr, 16).filter(|b| b.len() == 16)?;
+fn read_timespec(mem: &dyn GuestMemory, addr: u64) -> Option<f64> {
+    let b = mem.read_bytes(addr, 16).filter(|b| b.len() == 16)?;
     let sec = i64::from_ne_bytes(b[0..8].try_into().ok()?);
     let nsec = i64::from_ne_bytes(b[8..16].try_into().ok()?);
     Some(sec as f64 + nsec as f64 / 1e9)
 }
 
-fn timespec_arg(n: &Notif, addr: u64) -> String {
-    read_timespec(n, addr).map_or_else(|| format!("{addr:#x}"), |secs| format!("{secs}s"))
+fn timespec_arg(mem: &dyn GuestMemory, addr: u64) -> String {
+    read_timespec(mem, addr).map_or_else(|| format!("{addr:#x}"), |secs| format!("{secs}s"))
 }
 
 /// The requested sleep as a duration; an absolute deadline is turned into "from now" (the
 /// guest shares our clocks: there is no time namespace).
-fn sleep_duration(n: &Notif, clock: u64, addr: u64, absolute: bool) -> String {
-    let Some(mut secs) = read_timespec(n, addr) else {
+fn sleep_duration(mem: &dyn GuestMemory, clock: u64, addr: u64, absolute: bool) -> String {
+    let Some(mut secs) = read_timespec(mem, addr) else {
         return format!("{addr:#x}");
     };
     if absolute {
@@ -436,9 +380,11 @@ fn clock_name(c: u64) -> String {
 }
 
 /// `execve` arguments: the path and the first few argv entries.
-fn exec_arg(n: &Notif, path: u64, argv: u64) -> String {
-    let mut s = read_string(n.pid, path).unwrap_or_else(|| format!("{path:#x}"));
-    if let Some(ptrs) = read_mem(n.pid, argv, 8 * 8) {
+fn exec_arg(mem: &dyn GuestMemory, path: u64, argv: u64) -> String {
+    let mut s = mem
+        .read_string(path)
+        .unwrap_or_else(|| format!("{path:#x}"));
+    if let Some(ptrs) = mem.read_bytes(argv, 8 * 8) {
         let words: Vec<u64> = ptrs
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
@@ -446,7 +392,7 @@ fn exec_arg(n: &Notif, path: u64, argv: u64) -> String {
             .collect();
         let mut shown = Vec::new();
         for &p in words.iter().skip(1).take(6) {
-            shown.push(read_string(n.pid, p).unwrap_or_else(|| "?".into()));
+            shown.push(mem.read_string(p).unwrap_or_else(|| "?".into()));
         }
         if !shown.is_empty() {
             s.push_str(&format!(" argv=[{}]", shown.join(", ")));
@@ -463,11 +409,23 @@ fn hex_args(a: &[u64; 6], count: usize) -> String {
         .join(", ")
 }
 
-/// Classifies notification `n` under `policy`: `None` lets the call run (a watched write
-/// inside the grants), `Some` is a violation to act on.
+/// Classifies notification `n` under `policy`, reading the guest's memory through `mem`:
+/// `None` lets the call run (a watched write inside the grants), `Some` is a violation to act
+/// on. Watched writes and locks are judged against the file system (`grants`, by `n.pid`).
 /// `late_reads`: a read-only open is a violation (a prefork session child after preload).
 pub fn classify(
     n: &Notif,
+    mem: &dyn GuestMemory,
+    policy: &Policy,
+    grants: &WriteGrants,
+    late_reads: bool,
+) -> Option<Decoded> {
+    classify_unbounded(n, mem, policy, grants, late_reads).map(bounded)
+}
+
+fn classify_unbounded(
+    n: &Notif,
+    mem: &dyn GuestMemory,
     policy: &Policy,
     grants: &WriteGrants,
     late_reads: bool,
@@ -476,9 +434,9 @@ pub fn classify(
         let name = syscalls::name(n.nr as u32).unwrap_or("");
         if !watched_paths(name).is_empty() {
             if policy.syscalls.denies(name) {
-                return Some(decode(n, policy));
+                return Some(decode(n, mem, policy));
             }
-            return check_writes(n, name, grants, late_reads);
+            return check_writes(n, mem, name, grants, late_reads);
         }
         let lock = match name {
             "flock" => true,
@@ -488,7 +446,7 @@ pub fn classify(
             _ => false,
         };
         if lock && !policy.syscalls.denies(name) {
-            return check_lock(n, name, grants);
+            return check_lock(n, mem, name, grants);
         }
         // A large private mapping or growth, sent as evidence for the memory limit (the
         // caller may note it); the kernel applies RLIMIT_AS. Only a prefork plan's filter
@@ -498,11 +456,35 @@ pub fn classify(
             return None;
         }
     }
-    Some(decode(n, policy))
+    Some(decode(n, mem, policy))
 }
 
-/// Decodes notification `n` under `policy` as a violation.
-pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
+/// The most bytes of a decoded call's arguments text (`Decoded::args`); what is longer is cut
+/// (an `execve` with its path and six arguments, each up to 4 KiB and each invalid UTF-8 byte
+/// shown as three, would be about 86 KiB).
+pub const MAX_ARGS_TEXT: usize = 8 << 10;
+const CUT: &str = "... (cut)";
+
+/// `d` with its arguments text cut to [`MAX_ARGS_TEXT`] bytes.
+fn bounded(mut d: Decoded) -> Decoded {
+    if d.args.len() > MAX_ARGS_TEXT {
+        let mut end = MAX_ARGS_TEXT - CUT.len();
+        while !d.args.is_char_boundary(end) {
+            end -= 1;
+        }
+        d.args.truncate(end);
+        d.args.push_str(CUT);
+    }
+    d
+}
+
+/// Decodes notification `n` under `policy` as a violation, reading the guest's memory through
+/// `mem` and nothing else (no path is judged; see [`classify`]).
+pub fn decode(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decoded {
+    bounded(decode_unbounded(n, mem, policy))
+}
+
+fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decoded {
     let a = &n.args;
     if n.arch != bpf::AUDIT_ARCH_X86_64 {
         return Decoded {
@@ -547,8 +529,8 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             format!("{} {}", family_name(a[0]), socket_type(a[1])),
             "only AF_UNIX stream socket pairs are allowed".into(),
         ),
-        "connect" | "bind" => (sockaddr_arg(n, a[1], a[2]), net_rule()),
-        "sendto" => (sockaddr_arg(n, a[4], a[5]), net_rule()),
+        "connect" | "bind" => (sockaddr_arg(mem, a[1], a[2]), net_rule()),
+        "sendto" => (sockaddr_arg(mem, a[4], a[5]), net_rule()),
         "listen" | "accept" | "accept4" => (format!("fd {}", a[0] as i32), net_rule()),
         "clone" => {
             let thread = a[0] & libc::CLONE_THREAD as u64 != 0;
@@ -565,16 +547,16 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             (format_clone_flags(a[0]), rule.into())
         }
         "fork" | "vfork" => (String::new(), "process.subprocess = \"deny\"".into()),
-        "execve" => (exec_arg(n, a[0], a[1]), "process.exec = \"deny\"".into()),
-        "execveat" => (exec_arg(n, a[1], a[2]), "process.exec = \"deny\"".into()),
-        "nanosleep" => (timespec_arg(n, a[0]), "time.sleep = \"deny\"".into()),
+        "execve" => (exec_arg(mem, a[0], a[1]), "process.exec = \"deny\"".into()),
+        "execveat" => (exec_arg(mem, a[1], a[2]), "process.exec = \"deny\"".into()),
+        "nanosleep" => (timespec_arg(mem, a[0]), "time.sleep = \"deny\"".into()),
         "clock_nanosleep" => {
             let absolute = a[1] & libc::TIMER_ABSTIME as u64 != 0;
             (
                 format!(
                     "{} {}",
                     clock_name(a[0]),
-                    sleep_duration(n, a[0], a[2], absolute)
+                    sleep_duration(mem, a[0], a[2], absolute)
                 ),
                 "time.sleep = \"deny\"".into(),
             )
@@ -617,21 +599,21 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
         | "truncate" | "unlink" | "mkdir" | "rmdir" | "readlink" | "stat" | "lstat" | "access" => {
             let idx = if name == "inotify_add_watch" { 1 } else { 0 };
             (
-                read_string(n.pid, a[idx]).unwrap_or_else(|| hex_args(a, 3)),
+                mem.read_string(a[idx]).unwrap_or_else(|| hex_args(a, 3)),
                 rule_for(policy, name, always_deny),
             )
         }
         "openat" | "openat2" | "fchmodat" | "fchmodat2" | "fchownat" | "mknodat" | "utimensat"
         | "futimesat" | "unlinkat" | "mkdirat" | "newfstatat" | "faccessat" | "faccessat2"
         | "readlinkat" | "name_to_handle_at" => (
-            read_string(n.pid, a[1]).unwrap_or_else(|| hex_args(a, 3)),
+            mem.read_string(a[1]).unwrap_or_else(|| hex_args(a, 3)),
             rule_for(policy, name, always_deny),
         ),
         "mount" => (
             format!(
                 "{} on {}",
-                read_string(n.pid, a[0]).unwrap_or_else(|| "?".into()),
-                read_string(n.pid, a[1]).unwrap_or_else(|| "?".into())
+                mem.read_string(a[0]).unwrap_or_else(|| "?".into()),
+                mem.read_string(a[1]).unwrap_or_else(|| "?".into())
             ),
             rule_for(policy, name, true),
         ),
@@ -699,7 +681,7 @@ pub fn decode(n: &Notif, policy: &Policy) -> Decoded {
             (
                 format!(
                     "{:?}, flags {:#x}",
-                    read_string(n.pid, a[0]).unwrap_or_default(),
+                    mem.read_string(a[0]).unwrap_or_default(),
                     a[1]
                 ),
                 "memory files are denied: they are not counted by limits.memory".into(),
@@ -789,7 +771,178 @@ fn rule_for(policy: &Policy, name: &str, always_deny: bool) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::memory::MemoryImage;
     use super::*;
+
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    fn notif(nr: libc::c_long, args: [u64; 6]) -> Notif {
+        Notif {
+            id: 1,
+            pid: u32::MAX, // no such process: only the image is read
+            nr: nr as i32,
+            arch: bpf::AUDIT_ARCH_X86_64,
+            instruction_pointer: 0,
+            args,
+        }
+    }
+
+    fn default_policy() -> Policy {
+        crate::policy::load("default").unwrap()
+    }
+
+    fn sockaddr_in(ip: [u8; 4], port: u16) -> Vec<u8> {
+        let mut b = vec![0u8; 16];
+        b[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        b[2..4].copy_from_slice(&port.to_be_bytes());
+        b[4..8].copy_from_slice(&ip);
+        b
+    }
+
+    #[test]
+    fn connect_decodes_the_address_it_reads() {
+        let mem = MemoryImage::new(BASE, sockaddr_in([127, 0, 0, 1], 80));
+        let d = decode(
+            &notif(libc::SYS_connect, [3, BASE, 16, 0, 0, 0]),
+            &mem,
+            &default_policy(),
+        );
+        assert_eq!(d.syscall, "connect");
+        assert_eq!(d.args, "AF_INET 127.0.0.1:80");
+        assert_eq!(d.category, Category::Network);
+        assert_eq!(d.rule, "network.mode = \"none\"");
+        assert_eq!((d.errno, d.always_deny), (libc::EPERM, false));
+        // sendto's address is its fifth argument; none is "no address".
+        let d = decode(
+            &notif(libc::SYS_sendto, [3, 0, 0, 0, BASE, 16]),
+            &mem,
+            &default_policy(),
+        );
+        assert_eq!(d.args, "AF_INET 127.0.0.1:80");
+        let d = decode(
+            &notif(libc::SYS_sendto, [3, 0, 0, 0, 0, 0]),
+            &mem,
+            &default_policy(),
+        );
+        assert_eq!(d.args, "no address");
+    }
+
+    #[test]
+    fn an_unreadable_address_is_said_to_be_unreadable() {
+        let mem = MemoryImage::new(BASE, sockaddr_in([127, 0, 0, 1], 80));
+        let d = decode(
+            &notif(libc::SYS_connect, [3, BASE + 0x1000, 16, 0, 0, 0]),
+            &mem,
+            &default_policy(),
+        );
+        assert_eq!(d.args, format!("address {:#x} (unreadable)", BASE + 0x1000));
+        // A path that cannot be read is shown as the raw arguments.
+        let d = decode(
+            &notif(libc::SYS_openat, [libc::AT_FDCWD as u64, 0x10, 0, 0, 0, 0]),
+            &mem,
+            &default_policy(),
+        );
+        assert_eq!(d.args, format!("{:#x}, 0x10, 0x0", libc::AT_FDCWD as u64));
+        // A watched write whose path cannot be read is refused unjudged (no file is looked at).
+        let write = libc::O_WRONLY as u64;
+        let d = classify(
+            &notif(
+                libc::SYS_openat,
+                [libc::AT_FDCWD as u64, 0x10, write, 0, 0, 0],
+            ),
+            &mem,
+            &default_policy(),
+            &WriteGrants::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            d.args,
+            "0x10 (write; cannot judge: the path is not readable in the guest's memory)"
+        );
+        assert_eq!(
+            (d.rule.as_str(), d.errno),
+            (CANNOT_JUDGE_RULE, libc::EACCES)
+        );
+    }
+
+    #[test]
+    fn paths_argv_and_durations_come_from_memory() {
+        // "/etc/shadow\0" at BASE, argv pointers at BASE+0x100, strings after them,
+        // a timespec of 1.5 s at BASE+0x200.
+        let mut img = vec![0u8; 0x300];
+        img[..11].copy_from_slice(b"/etc/shadow");
+        let strings = [(0x180, &b"sh\0"[..]), (0x190, b"-c\0"), (0x1a0, b"id\0")];
+        for (i, (off, text)) in strings.iter().enumerate() {
+            let at = 0x100 + 8 * i;
+            img[at..at + 8].copy_from_slice(&(BASE + *off as u64).to_ne_bytes());
+            img[*off..*off + text.len()].copy_from_slice(text);
+        }
+        img[0x200..0x208].copy_from_slice(&1i64.to_ne_bytes());
+        img[0x208..0x210].copy_from_slice(&500_000_000i64.to_ne_bytes());
+        let mem = MemoryImage::new(BASE, img);
+        let p = crate::policy::load("strict").unwrap();
+        let at = libc::AT_FDCWD as u64;
+        let d = decode(&notif(libc::SYS_openat, [at, BASE, 0, 0, 0, 0]), &mem, &p);
+        assert_eq!(
+            (d.syscall.as_str(), d.args.as_str()),
+            ("openat", "/etc/shadow")
+        );
+        let d = decode(
+            &notif(libc::SYS_execve, [BASE, BASE + 0x100, 0, 0, 0, 0]),
+            &mem,
+            &p,
+        );
+        assert_eq!(d.args, "/etc/shadow argv=[-c, id]");
+        assert_eq!(d.rule, "process.exec = \"deny\"");
+        let d = decode(
+            &notif(libc::SYS_nanosleep, [BASE + 0x200, 0, 0, 0, 0, 0]),
+            &mem,
+            &p,
+        );
+        assert_eq!(
+            (d.args.as_str(), d.rule.as_str()),
+            ("1.5s", "time.sleep = \"deny\"")
+        );
+    }
+
+    #[test]
+    fn flags_ioctls_and_fcntls_need_no_memory() {
+        let mem = MemoryImage::default();
+        let p = default_policy();
+        let flags = (libc::CLONE_VM | libc::CLONE_THREAD | libc::SIGCHLD) as u64;
+        let d = decode(&notif(libc::SYS_clone, [flags, 0, 0, 0, 0, 0]), &mem, &p);
+        assert_eq!(d.category, Category::Thread);
+        assert_eq!(d.args, "CLONE_VM|CLONE_THREAD|SIGCHLD");
+        let d = decode(&notif(libc::SYS_ioctl, [1, 0x5412, 0, 0, 0, 0]), &mem, &p);
+        assert_eq!((d.args.as_str(), d.always_deny), ("fd 1, TIOCSTI", true));
+        let d = decode(&notif(libc::SYS_fcntl, [5, 1031, 0, 0, 0, 0]), &mem, &p);
+        assert_eq!(d.args, "fd 5, F_SETPIPE_SZ, arg 0");
+        let mut foreign = notif(libc::SYS_connect, [0; 6]);
+        foreign.arch = 0x4000_0003; // AUDIT_ARCH_I386
+        let d = decode(&foreign, &mem, &p);
+        assert_eq!((d.category, d.always_deny), (Category::Privilege, true));
+    }
+
+    #[test]
+    fn the_arguments_text_is_bounded() {
+        // execve of a 4 KiB path of invalid UTF-8 with six such arguments: ~86 KiB unbounded.
+        let mut img = vec![0xffu8; 8 * 4096];
+        for (i, chunk) in img.chunks_mut(4096).enumerate() {
+            chunk[4095] = 0;
+            if i == 7 {
+                for (j, w) in chunk[..64].chunks_mut(8).enumerate() {
+                    w.copy_from_slice(&(BASE + 4096 * j as u64).to_ne_bytes());
+                }
+            }
+        }
+        let mem = MemoryImage::new(BASE, img);
+        let n = notif(libc::SYS_execve, [BASE, BASE + 7 * 4096, 0, 0, 0, 0]);
+        let d = decode(&n, &mem, &default_policy());
+        // Cut on a character boundary (U+FFFD is three bytes).
+        assert!((MAX_ARGS_TEXT - 3..=MAX_ARGS_TEXT).contains(&d.args.len()));
+        assert!(d.args.starts_with('\u{fffd}') && d.args.ends_with("... (cut)"));
+    }
 
     #[test]
     fn sockaddrs() {

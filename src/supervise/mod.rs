@@ -9,6 +9,7 @@
 //! guest is charged to `limits.output`.
 
 pub mod decode;
+pub mod memory;
 pub mod paths;
 pub mod startup;
 pub mod verdict;

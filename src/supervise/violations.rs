@@ -8,6 +8,7 @@ use crate::report::{Action, Violation};
 use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 
 use super::decode;
+use super::memory::ProcessMemory;
 use super::paths::WriteGrants;
 
 /// Distinct (syscall, arguments, action) entries kept in a report with their arguments;
@@ -180,7 +181,8 @@ pub fn answer(
     violations: &mut Violations,
     kill: impl FnOnce(),
 ) -> Handled {
-    let verdict = decode::classify(n, policy, grants, late_reads);
+    let mem = ProcessMemory::new(n.pid);
+    let verdict = decode::classify(n, &mem, policy, grants, late_reads);
     if !sys::notif_id_valid(listener, n.id) {
         return Handled::Quiet; // what we read may not belong to this call any more
     }
