@@ -153,6 +153,10 @@ pub struct RunArgs {
     /// is its stdout.
     #[arg(long)]
     pub raw: bool,
+    /// Seed of the guest's randomness under a policy with `[random] getrandom = "seeded"`:
+    /// the same seed gives the same bytes to os.urandom, random and uuid4 (default 0).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
     /// Do not echo the guest's stderr or print summaries (the report still has them).
     #[arg(short, long)]
     pub quiet: bool,

@@ -52,6 +52,18 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         Err(code) => return Ok(code),
     };
     wfjail::timing::mark("load policy");
+    if let Some(seed) = args.seed
+        && policy.random.getrandom != policy::RandomMode::Seeded
+    {
+        eprintln!(
+            "wfjail: --seed {seed}: policy {} has [random] getrandom = \"{}\", where a seed has no effect; \
+             use a policy with getrandom = \"seeded\" (extend {} and set it)",
+            policy.name,
+            policy.random.getrandom.as_str(),
+            policy.name
+        );
+        return Ok(2);
+    }
     let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let opts = RunOptions {
         argv: args.command.clone(),
@@ -60,6 +72,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         input: args.input.clone(),
         raw: args.raw,
         echo: !args.quiet,
+        seed: args.seed,
     };
     let mut stdout = LastByte {
         inner: std::io::stdout().lock(),
@@ -102,6 +115,14 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    if policy.random.getrandom == policy::RandomMode::Seeded {
+        eprintln!(
+            "wfjail: policy {}: [random] getrandom = \"seeded\" works with `wfjail run --seed N` only; \
+             serve sessions have no per-session seed yet: use \"allow\" or \"deny\" for serve",
+            policy.name
+        );
+        return Ok(2);
+    }
     let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let zygote = args.zygote.then(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -179,6 +179,9 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_error: Option<GuestError>,
     pub command: Vec<String>,
+    /// The seed the guest's randomness came from, under `[random] getrandom = "seeded"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// Policy paths that do not exist on this host and were skipped.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped_paths: Vec<String>,
@@ -210,6 +213,7 @@ impl Report {
             error: Some(error),
             guest_error: None,
             command: command.to_vec(),
+            seed: None,
             skipped_paths: vec![],
             exit_status,
         }

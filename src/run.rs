@@ -29,6 +29,8 @@ pub struct RunOptions {
     pub raw: bool,
     /// Echo the guest's stderr and a line per violation to wfjail's stderr.
     pub echo: bool,
+    /// The seed of `[random] getrandom = "seeded"` (default 0).
+    pub seed: Option<u64>,
 }
 
 impl RunOptions {
@@ -114,6 +116,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
         write_grants: supervise::paths::WriteGrants::new(&plan.write),
         stop_signals,
+        seed: opts.seed,
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();
@@ -428,6 +431,12 @@ pub fn layers(
                 .into(),
         );
     }
+    if pol.random.getrandom == crate::policy::RandomMode::Seeded && !notify {
+        degraded.push(
+            "getrandom-seeded: no seccomp listener to answer getrandom, so it is denied instead (the guest gets no randomness, seeded or real)"
+                .into(),
+        );
+    }
     let seccomp = if notify {
         "user-notify"
     } else if degraded_step(Step::Seccomp) {
@@ -566,6 +575,7 @@ pub fn build_report(
         error: v.error,
         guest_error: o.guest_error,
         command: plan.argv.clone(),
+        seed: o.seed,
         skipped_paths: plan.skipped.clone(),
         exit_status: v.exit_status,
     }

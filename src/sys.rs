@@ -647,6 +647,8 @@ pub enum NotifAnswer {
     Continue,
     /// Fail the syscall with this errno.
     Error(libc::c_int),
+    /// Return this value without running the syscall.
+    Value(i64),
 }
 
 /// Answers notification `id`. ENOENT (the task died or the syscall was interrupted) is
@@ -658,6 +660,7 @@ pub fn notif_send(listener: BorrowedFd<'_>, id: u64, answer: NotifAnswer) -> io:
     match answer {
         NotifAnswer::Continue => resp.flags = libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
         NotifAnswer::Error(errno) => resp.error = -errno,
+        NotifAnswer::Value(val) => resp.val = val,
     }
     // SAFETY: `resp` is a valid seccomp_notif_resp for the duration of the call.
     let ret = unsafe {
@@ -701,6 +704,27 @@ pub fn read_process_memory(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::R
     // SAFETY: `local` describes our writable buffer; `remote` is only dereferenced by the kernel
     // in the other process, with its own checks.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Writes `data` at `addr` in process `pid` (`process_vm_writev`); returns how many bytes the
+/// kernel wrote (fewer when the range ends in unmapped or read-only memory).
+pub fn write_process_memory(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Result<usize> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: `local` describes our readable buffer (the kernel only reads it); `remote` is
+    // only dereferenced by the kernel in the other process, with its own checks.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {

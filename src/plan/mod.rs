@@ -343,7 +343,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             path: g.path.display().to_string(),
             source,
         })?;
-        if policy.random.getrandom == Toggle::Deny
+        if policy.random.getrandom != policy::RandomMode::Allow
             && policy::covers_random_device(&c.to_string_lossy())
         {
             return Err(PlanError::MissingGrant {

@@ -22,7 +22,7 @@ use seccompiler::{
 };
 
 use super::syscalls::{self, ArgRule, Category};
-use super::{NetworkMode, OnViolation, Policy, Toggle};
+use super::{NetworkMode, OnViolation, Policy, RandomMode, Toggle};
 
 pub const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// Syscall numbers at or above this are the x32 ABI on x86_64.
@@ -241,10 +241,20 @@ pub fn decisions(
             map.insert(nr(n), Leaf::Allow);
         }
     }
-    if policy.random.getrandom == Toggle::Allow {
+    if policy.random.getrandom == RandomMode::Allow {
         for n in syscalls::RANDOM {
             map.insert(nr(n), Leaf::Allow);
         }
+    } else if policy.random.getrandom == RandomMode::Seeded {
+        // Every getrandom is answered by the supervisor from the execution's seed (glibc's
+        // malloc key included); without a listener to answer, none gets real entropy.
+        map.insert(
+            nr("getrandom"),
+            Leaf::AllowElseSupervise {
+                allow: vec![],
+                supervise: None,
+            },
+        );
     } else {
         // glibc >= 2.26 asks for 8 bytes with GRND_NONBLOCK once, to key its malloc
         // double-free check, and falls back to a clock-derived key when that fails. Answer it

@@ -20,7 +20,7 @@ use serde::Serialize;
 use toml::Spanned;
 
 pub use error::{Location, PolicyError};
-pub use model::{Layer, NetworkMode, OnViolation, Toggle};
+pub use model::{Layer, NetworkMode, OnViolation, RandomMode, Toggle};
 pub use values::{Dur, PathTemplate, Size, SyscallName, VarContext};
 
 /// The built-in policies, embedded in the binary from `policies/*.toml`.
@@ -106,7 +106,7 @@ pub struct TimeRules {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RandomRules {
-    pub getrandom: Toggle,
+    pub getrandom: RandomMode,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -159,6 +159,16 @@ pub struct NamespaceRules {
     pub mount: bool,
 }
 
+impl RandomMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RandomMode::Allow => "allow",
+            RandomMode::Deny => "deny",
+            RandomMode::Seeded => "seeded",
+        }
+    }
+}
+
 /// Output captured when no policy in the chain sets `limits.output`.
 pub const DEFAULT_OUTPUT: u64 = 16 << 20;
 /// The fewest open files a policy may set (the guest needs its standard streams, the
@@ -185,7 +195,7 @@ impl Policy {
                 sleep: Toggle::Allow,
             },
             random: RandomRules {
-                getrandom: Toggle::Allow,
+                getrandom: RandomMode::Allow,
             },
             syscalls: SyscallRules::default(),
             limits: Limits {
@@ -755,14 +765,15 @@ fn validate(p: &Policy) -> Result<(), PolicyError> {
             message: format!("{n} is too low: use at least {MIN_OPEN_FILES}"),
         });
     }
-    if p.random.getrandom == Toggle::Deny {
+    if p.random.getrandom != RandomMode::Allow {
         for rule in p.filesystem.read.iter().chain(&p.filesystem.write) {
             if covers_random_device(&rule.value.0) {
                 return Err(PolicyError::Invalid {
                     at: rule.at.clone(),
                     message: format!(
-                        "{:?} makes /dev/urandom readable, but [random] getrandom = \"deny\"; grant single devices such as \"/dev/null\" instead",
-                        rule.value.0
+                        "{:?} makes /dev/urandom readable, but [random] getrandom = \"{}\"; grant single devices such as \"/dev/null\" instead",
+                        rule.value.0,
+                        p.random.getrandom.as_str()
                     ),
                 });
             }

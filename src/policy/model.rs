@@ -113,6 +113,19 @@ pub enum Toggle {
     Deny,
 }
 
+/// `[random] getrandom`: where the guest's randomness comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RandomMode {
+    /// The kernel's entropy.
+    Allow,
+    /// A reported violation (glibc's malloc key excepted).
+    Deny,
+    /// Answered by the supervisor from a generator keyed by the execution's seed: the same
+    /// bytes in every execution with the same seed. Never for cryptography.
+    Seeded,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NetworkMode {
@@ -157,7 +170,7 @@ pub struct Time {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Random {
-    pub getrandom: Option<Toggle>,
+    pub getrandom: Option<RandomMode>,
 }
 
 #[derive(Debug, Default, Deserialize)]

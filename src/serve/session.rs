@@ -36,10 +36,10 @@ use crate::protocol::worker::{self, OpenRequest, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::{GuestError, Report};
 use crate::run::{Applied, LayersBase};
+use crate::supervise::notify::{self, Handled};
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::startup::{Next, Route, Startup, StartupError};
 use crate::supervise::verdict::{self, Ending, Facts, SessionEnd, SetupFailed};
-use crate::supervise::violations::{self, Handled};
 use crate::supervise::{
     LineEcho, VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT, escape_guest_text,
     level_name, poll_timeout, set_nonblocking,
@@ -938,15 +938,15 @@ impl Session {
         let (Some(l), Some(b)) = (&e.listener, e.buf.as_mut()) else {
             return;
         };
-        let Some(n) = violations::receive(l.as_fd(), b) else {
+        let Some(n) = notify::receive(l.as_fd(), b) else {
             return;
         };
         match e
             .startup
             .notification(crate::supervise::is_initial_exec(&n, e.pid))
         {
-            Route::AllowExec => return violations::allow(l.as_fd(), &n),
-            Route::Refuse => return violations::refuse(l.as_fd(), &n, libc::EPERM),
+            Route::AllowExec => return notify::allow(l.as_fd(), &n),
+            Route::Refuse => return notify::refuse(l.as_fd(), &n, libc::EPERM),
             // Exec-mode sessions take no step between the exec's stop and its start.
             Route::HoldExec => return,
             Route::Guest => {}
@@ -965,17 +965,14 @@ impl Session {
         }
         let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
-        let handled = violations::answer(
-            l.as_fd(),
-            &n,
-            &self.server.policy,
-            &e.grants,
-            false,
-            &mut v,
-            || {
-                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            },
-        );
+        let state = notify::State {
+            violations: &mut v,
+            entropy: None,
+        };
+        let rules = notify::Rules::new(&self.server.policy, &e.grants);
+        let handled = notify::handle(l.as_fd(), &n, rules, state, || {
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        });
         drop(v);
         if handled == Handled::Killed {
             self.shared.mark_killed();
@@ -1246,6 +1243,7 @@ impl Session {
             error: v.error,
             guest_error: self.guest_error.clone(),
             command: self.command.clone(),
+            seed: None,
             skipped_paths: vec![],
             exit_status: v.exit_status,
         }

@@ -40,9 +40,10 @@ use crate::policy::{Policy, Toggle};
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::process::{self, Spawned};
 use crate::report::Layers;
+use crate::supervise::notify;
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::startup::{Route, Startup, StartupError};
-use crate::supervise::violations::{self, Violations};
+use crate::supervise::violations::Violations;
 use crate::sys::{self, NotifBuf};
 
 use super::SessionShared;
@@ -491,7 +492,7 @@ impl Zygote {
             if !rev.contains(PollFlags::POLLIN) {
                 return; // every task under the filter is gone
             }
-            let Some(n) = violations::receive(listener.as_fd(), &mut buf) else {
+            let Some(n) = notify::receive(listener.as_fd(), &mut buf) else {
                 continue;
             };
             let name = syscalls::name(n.nr as u32).unwrap_or("");
@@ -500,7 +501,7 @@ impl Zygote {
                 && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
                 && ns_pid_of(n.pid) == Some(n.args[0] as i32)
             {
-                violations::allow(listener.as_fd(), &n);
+                notify::allow(listener.as_fd(), &n);
                 continue;
             }
             if n.pid == self.pid as u32 {
@@ -508,14 +509,18 @@ impl Zygote {
                 let fork = matches!(name, "fork" | "vfork")
                     || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0);
                 if fork && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
-                    violations::allow(listener.as_fd(), &n);
+                    notify::allow(listener.as_fd(), &n);
                 } else {
                     // Never kill the zygote for its own violation: deny it and say so.
-                    let deny = Policy {
+                    let rules = notify::Rules {
                         on_violation: crate::policy::OnViolation::Deny,
-                        ..policy.clone()
+                        ..notify::Rules::new(policy, grants)
                     };
-                    violations::answer(listener.as_fd(), &n, &deny, grants, false, &mut own, || {});
+                    let state = notify::State {
+                        violations: &mut own,
+                        entropy: None,
+                    };
+                    notify::handle(listener.as_fd(), &n, rules, state, || {});
                 }
                 continue;
             }
@@ -527,24 +532,24 @@ impl Zygote {
                     "wfjail: zygote {}: call from unknown pid {} refused",
                     self.index, n.pid
                 );
-                violations::refuse(listener.as_fd(), &n, libc::EPERM);
+                notify::refuse(listener.as_fd(), &n, libc::EPERM);
                 continue;
             };
             let mut v = session.violations.lock().unwrap();
-            let killed = violations::answer(
-                listener.as_fd(),
-                &n,
-                policy,
-                grants,
+            let rules = notify::Rules {
                 late_reads,
-                &mut v,
-                || {
-                    // The task waits on this notification: its pid cannot have been reused.
-                    let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
-                },
-            );
+                ..notify::Rules::new(policy, grants)
+            };
+            let state = notify::State {
+                violations: &mut v,
+                entropy: None,
+            };
+            let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
+                // The task waits on this notification: its pid cannot have been reused.
+                let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+            });
             drop(v);
-            if killed == violations::Handled::Killed {
+            if killed == notify::Handled::Killed {
                 session.mark_killed();
             }
         }
@@ -670,11 +675,11 @@ pub fn await_exec(
         }
         if notif_ready
             && let (Some(l), Some(b)) = (&listener, buf.as_mut())
-            && let Some(n) = violations::receive(l.as_fd(), b)
+            && let Some(n) = notify::receive(l.as_fd(), b)
         {
             match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
-                Route::AllowExec => violations::allow(l.as_fd(), &n),
-                Route::Refuse => violations::refuse(l.as_fd(), &n, libc::EPERM),
+                Route::AllowExec => notify::allow(l.as_fd(), &n),
+                Route::Refuse => notify::refuse(l.as_fd(), &n, libc::EPERM),
                 // A zygote takes no step between the exec's stop and its start; after the
                 // exec the listener is not read here.
                 Route::HoldExec | Route::Guest => {}

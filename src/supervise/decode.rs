@@ -1,7 +1,7 @@
 //! Turning a seccomp notification into a violation: category, readable arguments, the rule
 //! that forbids it, and a hint. Guest memory is read through [`GuestMemory`]
 //! (`process_vm_readv` for a live guest) and trusted only after the caller's
-//! `SECCOMP_IOCTL_NOTIF_ID_VALID` confirms the call is still pending (`violations::answer`).
+//! `SECCOMP_IOCTL_NOTIF_ID_VALID` confirms the call is still pending (`notify::handle`).
 //! [`decode`] reads nothing but guest memory; [`classify`] also judges watched writes and
 //! locks against the file system (`paths.rs`).
 

@@ -4,7 +4,7 @@
 //! fuzz targets (fuzz/), so decoding runs without a guest.
 //!
 //! What is read is the guest's to change until the supervisor checks the notification is
-//! still pending (`SECCOMP_IOCTL_NOTIF_ID_VALID`, in `violations::answer`): the readers here
+//! still pending (`SECCOMP_IOCTL_NOTIF_ID_VALID`, in `notify::handle`): the readers here
 //! trust nothing they read, and bound how much they read.
 
 use std::io;

@@ -9,7 +9,9 @@
 //! guest is charged to `limits.output`.
 
 pub mod decode;
+pub mod entropy;
 pub mod memory;
+pub mod notify;
 pub mod paths;
 pub mod startup;
 pub mod verdict;
@@ -31,8 +33,9 @@ use crate::process::channel::{self, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
+use notify::Handled;
 use startup::{Route, Startup, StartupError};
-use violations::{Handled, Violations};
+use violations::Violations;
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
@@ -150,6 +153,8 @@ pub struct Config {
     /// SIGTERM, SIGINT and SIGHUP to wfjail, blocked and read here: the guest is killed and
     /// the report says the run was interrupted (instead of wfjail dying without one).
     pub stop_signals: Option<SignalFd>,
+    /// The execution's seed under `[random] getrandom = "seeded"` (`--seed`, else 0).
+    pub seed: Option<u64>,
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
@@ -204,6 +209,8 @@ pub struct Outcome {
     pub violations: Vec<Violation>,
     pub killed_for_violation: bool,
     pub stderr_tail: Vec<u8>,
+    /// The seed the guest's `getrandom` was answered from (`getrandom = "seeded"`).
+    pub seed: Option<u64>,
     /// A malformed set-up record (a bug or a hostile child).
     pub channel_error: Option<String>,
     /// Framed mode: the result payload, the guest's error, or what broke the conversation.
@@ -400,6 +407,10 @@ pub fn supervise(
     }
     let mut violations = Violations::new(echo.then(String::new));
     let mut startup = Startup::new();
+    if policy.random.getrandom == crate::policy::RandomMode::Seeded {
+        o.seed = Some(cfg.seed.unwrap_or(0));
+    }
+    let mut entropy = o.seed.map(entropy::Entropy::new);
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
     let mut notif_buf: Option<NotifBuf> = None;
@@ -607,17 +618,17 @@ pub fn supervise(
                         listener = None; // every task using the filter is gone
                         continue;
                     }
-                    let Some(n) = violations::receive(l.as_fd(), nb) else {
+                    let Some(n) = notify::receive(l.as_fd(), nb) else {
                         continue;
                     };
                     // The one exec that starts the guest (startup.rs, rule 5).
                     match startup.notification(is_initial_exec(&n, child.pid)) {
                         Route::AllowExec => {
-                            violations::allow(l.as_fd(), &n);
+                            notify::allow(l.as_fd(), &n);
                             continue;
                         }
                         Route::Refuse => {
-                            violations::refuse(l.as_fd(), &n, libc::EPERM);
+                            notify::refuse(l.as_fd(), &n, libc::EPERM);
                             continue;
                         }
                         // `run` takes no step between the exec's stop and its start.
@@ -634,16 +645,12 @@ pub fn supervise(
                     {
                         o.memory_refused = Some(grow);
                     }
-                    if violations::answer(
-                        l.as_fd(),
-                        &n,
-                        policy,
-                        &cfg.write_grants,
-                        false,
-                        &mut violations,
-                        kill,
-                    ) == Handled::Killed
-                    {
+                    let state = notify::State {
+                        violations: &mut violations,
+                        entropy: entropy.as_mut(),
+                    };
+                    let rules = notify::Rules::new(policy, &cfg.write_grants);
+                    if notify::handle(l.as_fd(), &n, rules, state, kill) == Handled::Killed {
                         o.killed_for_violation = true;
                     }
                 }

@@ -1,15 +1,8 @@
-//! Answering seccomp notifications and keeping the list of violations.
+//! The list of violations of one execution (answering them is `notify.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::BorrowedFd;
 
-use crate::policy::{OnViolation, Policy};
 use crate::report::{Action, Violation};
-use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
-
-use super::decode;
-use super::memory::ProcessMemory;
-use super::paths::WriteGrants;
 
 /// Distinct (syscall, arguments, action) entries kept in a report with their arguments;
 /// repeats are counted.
@@ -151,80 +144,6 @@ impl Violations {
     pub fn any_enforced(&self) -> bool {
         self.list.iter().any(|v| v.action != Action::Warned)
     }
-}
-
-/// What handling one notification led to.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Handled {
-    /// Nothing to record (an allowed watched write, a vanished call, the initial exec).
-    Quiet,
-    /// A violation was recorded.
-    Recorded,
-    /// A violation was recorded and the guest was killed, as the policy says.
-    Killed,
-}
-
-/// Receives one notification (`None`: the call vanished, nothing to do).
-pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
-    sys::notif_recv(listener, buf).ok()
-}
-
-/// Decides notification `n` of a guest under `policy`: lets a granted watched write continue,
-/// or records the violation in `violations` and answers per `on_violation` (`kill` runs
-/// before the call returns). `late_reads`: read-only opens are violations (prefork child).
-pub fn answer(
-    listener: BorrowedFd<'_>,
-    n: &Notif,
-    policy: &Policy,
-    grants: &WriteGrants,
-    late_reads: bool,
-    violations: &mut Violations,
-    kill: impl FnOnce(),
-) -> Handled {
-    let mem = ProcessMemory::new(n.pid);
-    let verdict = decode::classify(n, &mem, policy, grants, late_reads);
-    if !sys::notif_id_valid(listener, n.id) {
-        return Handled::Quiet; // what we read may not belong to this call any more
-    }
-    let Some(d) = verdict else {
-        // A watched write inside the grants: Landlock has the last word.
-        let _ = sys::notif_send(listener, n.id, NotifAnswer::Continue);
-        return Handled::Quiet;
-    };
-    let (reply, action) = match policy.on_violation {
-        OnViolation::Kill => (NotifAnswer::Error(d.errno), Action::Killed),
-        OnViolation::Warn if !d.always_deny => (NotifAnswer::Continue, Action::Warned),
-        _ => (NotifAnswer::Error(d.errno), Action::Denied),
-    };
-    // Record before answering: a guest that asks (QUERY) right after its call failed must find it.
-    violations.record(Violation {
-        hint: d.hint.unwrap_or(d.category.hint()).to_string(),
-        category: d.category,
-        syscall: d.syscall,
-        args: d.args,
-        action,
-        rule: d.rule,
-        count: 1,
-    });
-    if action == Action::Killed {
-        kill();
-    }
-    let _ = sys::notif_send(listener, n.id, reply);
-    if action == Action::Killed {
-        Handled::Killed
-    } else {
-        Handled::Recorded
-    }
-}
-
-/// Lets the call of notification `n` run (the initial exec, the zygote's own calls).
-pub fn allow(listener: BorrowedFd<'_>, n: &Notif) {
-    let _ = sys::notif_send(listener, n.id, NotifAnswer::Continue);
-}
-
-/// Denies the call of notification `n` with `errno`, without recording it.
-pub fn refuse(listener: BorrowedFd<'_>, n: &Notif, errno: i32) {
-    let _ = sys::notif_send(listener, n.id, NotifAnswer::Error(errno));
 }
 
 #[cfg(test)]

@@ -1,0 +1,204 @@
+//! Answering seccomp notifications: the one handler that `wfjail run`, exec-mode serve
+//! sessions and the zygote router all call (the start-up's initial exec aside, see
+//! `startup.rs`).
+//!
+//! A notification is decided ([`decide`]) and then answered ([`respond`]). An answer is one
+//! of: let the call continue; fail it with an errno; kill the guest and fail it; or return a
+//! value without running it, with bytes written into the guest's memory first. Guest memory
+//! is trusted only once `SECCOMP_IOCTL_NOTIF_ID_VALID` says the call is still pending: after
+//! reading it (a decision), and after writing it (a value), so that neither a read nor a
+//! write is taken as belonging to a call that is gone.
+
+use std::os::fd::BorrowedFd;
+
+use crate::policy::{OnViolation, Policy, RandomMode, syscalls};
+use crate::report::{Action, Violation};
+use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
+
+use super::decode;
+use super::entropy::Entropy;
+use super::memory::ProcessMemory;
+use super::paths::WriteGrants;
+use super::violations::Violations;
+
+/// What an execution's notifications are judged by.
+#[derive(Clone, Copy)]
+pub struct Rules<'a> {
+    pub policy: &'a Policy,
+    pub grants: &'a WriteGrants,
+    /// Read-only opens are violations (a prefork session child after preload).
+    pub late_reads: bool,
+    /// What a violation does: the policy's `on_violation`, or `deny` where the guest must not
+    /// be killed for it (the zygote itself).
+    pub on_violation: OnViolation,
+}
+
+impl<'a> Rules<'a> {
+    pub fn new(policy: &'a Policy, grants: &'a WriteGrants) -> Self {
+        Rules {
+            policy,
+            grants,
+            late_reads: false,
+            on_violation: policy.on_violation,
+        }
+    }
+}
+
+/// How to answer one notification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Let the call run (Landlock and the kernel still apply).
+    Continue,
+    /// Fail the call with this errno.
+    Errno(i32),
+    /// Kill the guest, then fail the call with this errno (it never returns to the guest).
+    Kill(i32),
+    /// Return `ret` without running the call, after writing `bytes` at `addr` in the guest.
+    Value {
+        ret: i64,
+        write: Option<(u64, Vec<u8>)>,
+    },
+}
+
+/// What handling one notification led to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handled {
+    /// Nothing to record (an allowed watched write, an answered value, a vanished call).
+    Quiet,
+    /// A violation was recorded.
+    Recorded,
+    /// A violation was recorded and the guest was killed, as the policy says.
+    Killed,
+}
+
+/// The execution's state that answers may change.
+pub struct State<'v> {
+    pub violations: &'v mut Violations,
+    /// The seeded stream, under `getrandom = "seeded"`.
+    pub entropy: Option<&'v mut Entropy>,
+}
+
+/// Receives one notification (`None`: the call vanished, nothing to do).
+pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
+    sys::notif_recv(listener, buf).ok()
+}
+
+/// Decides and answers notification `n`: records a violation in `state` (before answering:
+/// a guest that asks right after its call failed must find it), kills through `kill` when
+/// the answer is to, and answers.
+pub fn handle(
+    listener: BorrowedFd<'_>,
+    n: &Notif,
+    rules: Rules<'_>,
+    state: State<'_>,
+    kill: impl FnOnce(),
+) -> Handled {
+    let Some((answer, violation)) = decide(listener, n, rules, state.entropy) else {
+        return Handled::Quiet; // the call is gone: what was read may not be its own
+    };
+    let handled = match violation {
+        Some(v) => {
+            state.violations.record(v);
+            if matches!(answer, Answer::Kill(_)) {
+                Handled::Killed
+            } else {
+                Handled::Recorded
+            }
+        }
+        None => Handled::Quiet,
+    };
+    if matches!(answer, Answer::Kill(_)) {
+        kill();
+    }
+    respond(listener, n, answer);
+    handled
+}
+
+/// The answer to `n` and the violation to record, if any; `None` when the call stopped
+/// being pending while it was decided.
+fn decide(
+    listener: BorrowedFd<'_>,
+    n: &Notif,
+    rules: Rules<'_>,
+    entropy: Option<&mut Entropy>,
+) -> Option<(Answer, Option<Violation>)> {
+    // Seeded randomness: answered with the stream's next bytes, not a violation.
+    if rules.policy.random.getrandom == RandomMode::Seeded
+        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+        && syscalls::name(n.nr as u32) == Some("getrandom")
+        && let Some(e) = entropy
+    {
+        let bytes = e.take(n.args[1] as usize);
+        let ret = bytes.len() as i64;
+        return Some((
+            Answer::Value {
+                ret,
+                write: (ret > 0).then_some((n.args[0], bytes)),
+            },
+            None,
+        ));
+    }
+    let mem = ProcessMemory { pid: n.pid };
+    let verdict = decode::classify(n, &mem, rules.policy, rules.grants, rules.late_reads);
+    if !sys::notif_id_valid(listener, n.id) {
+        return None;
+    }
+    let Some(d) = verdict else {
+        // A watched write inside the grants: Landlock has the last word.
+        return Some((Answer::Continue, None));
+    };
+    let (answer, action) = match rules.on_violation {
+        OnViolation::Kill => (Answer::Kill(d.errno), Action::Killed),
+        OnViolation::Warn if !d.always_deny => (Answer::Continue, Action::Warned),
+        _ => (Answer::Errno(d.errno), Action::Denied),
+    };
+    let violation = Violation {
+        hint: d.hint.unwrap_or(d.category.hint()).to_string(),
+        category: d.category,
+        syscall: d.syscall,
+        args: d.args,
+        action,
+        rule: d.rule,
+        count: 1,
+    };
+    Some((answer, Some(violation)))
+}
+
+/// Sends `answer` for `n`. A value's bytes are written first, and only into a call that is
+/// still pending before and after the write; a write the guest's memory refuses fails the
+/// call with EFAULT, as the kernel's own copy would.
+pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
+    let reply = match answer {
+        Answer::Continue => NotifAnswer::Continue,
+        Answer::Errno(e) | Answer::Kill(e) => NotifAnswer::Error(e),
+        Answer::Value { ret, write: None } => NotifAnswer::Value(ret),
+        Answer::Value {
+            ret,
+            write: Some((addr, bytes)),
+        } => {
+            // Pending now: its task is alive and blocked, so its pid is its own.
+            if !sys::notif_id_valid(listener, n.id) {
+                return;
+            }
+            let wrote = sys::write_process_memory(n.pid as i32, addr, &bytes);
+            if !sys::notif_id_valid(listener, n.id) {
+                return;
+            }
+            match wrote {
+                Ok(w) if w == bytes.len() => NotifAnswer::Value(ret),
+                _ => NotifAnswer::Error(libc::EFAULT),
+            }
+        }
+    };
+    let _ = sys::notif_send(listener, n.id, reply);
+}
+
+/// Lets the call of notification `n` run (the initial exec, the zygote's own forks).
+pub fn allow(listener: BorrowedFd<'_>, n: &Notif) {
+    respond(listener, n, Answer::Continue);
+}
+
+/// Denies the call of notification `n` with `errno`, without recording it.
+pub fn refuse(listener: BorrowedFd<'_>, n: &Notif, errno: i32) {
+    respond(listener, n, Answer::Errno(errno));
+}

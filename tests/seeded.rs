@@ -1,0 +1,112 @@
+//! `[random] getrandom = "seeded"`: the supervisor answers every `getrandom` with bytes from
+//! a stream keyed by `wfjail run --seed N` (a notification answered with a value, written into
+//! the guest's memory first). The same seed gives the same randomness; /dev/urandom stays out.
+
+mod common;
+
+use common::{Outcome, PY, Scratch, errno_of, wfjail};
+
+const SEEDED: &str = "extends = \"strict\"\n[random]\ngetrandom = \"seeded\"\n";
+
+/// Python's randomness, from every source a workflow would use.
+const DRAW: &str = "import os, random, uuid\nprint(os.urandom(16).hex())\nprint(random.random())\nprint(uuid.uuid4())\nprint(random.Random().random())\n";
+
+fn seeded(s: &Scratch, seed: Option<&str>, code: &str) -> Outcome {
+    let policy = s.write("seeded.toml", SEEDED);
+    let mut args = vec!["run", "-p", policy.to_str().unwrap()];
+    if let Some(seed) = seed {
+        args.extend(["--seed", seed]);
+    }
+    args.extend(["--raw", "--", PY, "-c", code]);
+    wfjail(&args)
+}
+
+#[test]
+fn the_same_seed_gives_the_same_randomness_and_another_seed_other_randomness() {
+    let s = Scratch::new("seeded");
+    let a = seeded(&s, Some("7"), DRAW);
+    let b = seeded(&s, Some("7"), DRAW);
+    let c = seeded(&s, Some("8"), DRAW);
+    for o in [&a, &b, &c] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "seeded randomness is not a violation",
+        );
+        o.check(o.stdout.lines().count() == 4, "four values printed");
+    }
+    a.check(a.report["seed"] == 7, "the report names the seed");
+    a.check(a.stdout == b.stdout, "seed 7 twice: the same values");
+    for (x, y) in a.stdout.lines().zip(c.stdout.lines()) {
+        a.check(x != y, "seed 8: every value differs from seed 7's");
+    }
+    // Without --seed the seed is 0, and said so.
+    let d = seeded(&s, None, DRAW);
+    d.check(d.report["seed"] == 0, "the default seed is 0");
+    d.check(d.stdout != a.stdout, "seed 0 is not seed 7");
+}
+
+#[test]
+fn dev_urandom_stays_closed_and_a_bad_buffer_fails_like_the_kernels_copy() {
+    let s = Scratch::new("seeded-dev");
+    let code = format!(
+        "import ctypes, os\n{}libc = ctypes.CDLL(None, use_errno=True)\nr = libc.syscall(318, ctypes.c_void_p(8), ctypes.c_size_t(16), 0)\nprint('getrandom into address 8:', r, os.strerror(ctypes.get_errno()))\n",
+        errno_of("open('/dev/urandom', 'rb')")
+    );
+    let o = seeded(&s, Some("1"), &code);
+    o.check(o.stdout.contains("errno=13"), "/dev/urandom: EACCES");
+    o.check(
+        o.stdout
+            .contains("getrandom into address 8: -1 Bad address"),
+        "an unwritable buffer: EFAULT, as the kernel's own copy would fail",
+    );
+    // A policy that grants /dev/urandom cannot be seeded.
+    let policy = s.write(
+        "leaky.toml",
+        "extends = \"strict\"\n[random]\ngetrandom = \"seeded\"\n[filesystem]\nread = [\"/dev/urandom\"]\n",
+    );
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        "pass",
+    ]);
+    o.check(
+        o.code == 2
+            && o.stderr.contains("leaky.toml:5")
+            && o.stderr.contains("getrandom = \"seeded\""),
+        "refused at the grant's line, naming the setting",
+    );
+}
+
+#[test]
+fn a_seed_without_a_seeded_policy_and_a_seeded_serve_are_refused_with_what_to_do() {
+    let o = wfjail(&[
+        "run", "-p", "default", "--seed", "3", "--raw", "--", PY, "-c", "pass",
+    ]);
+    o.check(
+        o.code == 2 && o.stderr.contains("getrandom = \"seeded\""),
+        "--seed under default: exit 2, saying which setting it needs",
+    );
+    let s = Scratch::new("seeded-serve");
+    let policy = s.write("seeded.toml", SEEDED);
+    let out = std::process::Command::new(common::wfjail_bin())
+        .args([
+            "serve",
+            "-p",
+            policy.to_str().unwrap(),
+            "--",
+            PY,
+            "-c",
+            "pass",
+        ])
+        .output()
+        .expect("run wfjail serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("wfjail run --seed"), "{err}");
+}
