@@ -117,6 +117,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         write_grants: supervise::paths::WriteGrants::new(&plan.write),
         stop_signals,
         seed: opts.seed,
+        decisions: plan.decisions.clone(),
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();

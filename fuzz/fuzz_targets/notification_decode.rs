@@ -21,7 +21,8 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use wfjail::policy::bpf::{AUDIT_ARCH_X86_64, X32_SYSCALL_BIT};
-use wfjail::policy::{self, Policy};
+use wfjail::policy;
+use wfjail::policy::decisions::Decisions;
 use wfjail::supervise::decode::{MAX_ARGS_TEXT, decode};
 use wfjail::supervise::memory::MemoryImage;
 use wfjail::sys::Notif;
@@ -30,12 +31,12 @@ const AUDIT_ARCH_I386: u32 = 0x4000_0003;
 const EPERM: i32 = 1;
 const HEADER: usize = 1 + 4 + 6 * 8 + 8;
 
-fn policies() -> &'static [Policy] {
-    static P: OnceLock<Vec<Policy>> = OnceLock::new();
+fn policies() -> &'static [Decisions] {
+    static P: OnceLock<Vec<Decisions>> = OnceLock::new();
     P.get_or_init(|| {
         ["default", "strict", "permissive", "temporal-python"]
             .iter()
-            .map(|n| policy::load(n).unwrap())
+            .map(|n| Decisions::compile(&policy::load(n).unwrap()))
             .collect()
     })
 }

@@ -175,6 +175,8 @@ pub struct Plan {
     pub landlock_missing: Option<String>,
     pub seccomp_notify: Vec<libc::sock_filter>,
     pub seccomp_fallback: Vec<libc::sock_filter>,
+    /// What the supervisor does with each notification the filter sends (compiled with it).
+    pub decisions: std::sync::Arc<policy::decisions::Decisions>,
     /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
     pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
@@ -448,6 +450,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
+        decisions: std::sync::Arc::new(policy::decisions::Decisions::compile(policy)),
         policy: policy.clone(),
         command: canonical_cmd,
         argv: req.argv.clone(),

@@ -7,6 +7,7 @@
 //! ```
 
 pub mod bpf;
+pub mod decisions;
 mod error;
 mod model;
 pub mod syscall_table;

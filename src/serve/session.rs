@@ -969,7 +969,7 @@ impl Session {
             violations: &mut v,
             entropy: None,
         };
-        let rules = notify::Rules::new(&self.server.policy, &e.grants);
+        let rules = notify::Rules::new(&e.plan, &e.grants);
         let handled = notify::handle(l.as_fd(), &n, rules, state, || {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
         });

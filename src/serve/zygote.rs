@@ -217,9 +217,19 @@ impl Zygote {
             let z = zygote.clone();
             let grants = WriteGrants::new(&plan.write);
             let late = policy.zygote.reads_after_preload == Toggle::Deny;
+            let decisions = plan.decisions.clone();
+            let on_violation = policy.on_violation;
             std::thread::Builder::new()
                 .name(format!("zygote{index}-notify"))
-                .spawn(move || z.route_notifications(listener, &policy, &grants, late))
+                .spawn(move || {
+                    let rules = notify::Rules {
+                        decisions: &decisions,
+                        grants: &grants,
+                        late_reads: late,
+                        on_violation,
+                    };
+                    z.route_notifications(listener, rules)
+                })
                 .map_err(|e| e.to_string())?;
         }
         let ready = match ready_rx.recv_timeout(READY_TIMEOUT) {
@@ -472,13 +482,7 @@ impl Zygote {
         Some(s)
     }
 
-    fn route_notifications(
-        self: Arc<Self>,
-        listener: OwnedFd,
-        policy: &Policy,
-        grants: &WriteGrants,
-        late_reads: bool,
-    ) {
+    fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
         let Ok(mut buf) = NotifBuf::new() else { return };
         let mut own = Violations::new(Some(format!("wfjail: zygote {}: ", self.index)));
         loop {
@@ -514,7 +518,8 @@ impl Zygote {
                     // Never kill the zygote for its own violation: deny it and say so.
                     let rules = notify::Rules {
                         on_violation: crate::policy::OnViolation::Deny,
-                        ..notify::Rules::new(policy, grants)
+                        late_reads: false,
+                        ..rules
                     };
                     let state = notify::State {
                         violations: &mut own,
@@ -536,10 +541,6 @@ impl Zygote {
                 continue;
             };
             let mut v = session.violations.lock().unwrap();
-            let rules = notify::Rules {
-                late_reads,
-                ..notify::Rules::new(policy, grants)
-            };
             let state = notify::State {
                 violations: &mut v,
                 entropy: None,

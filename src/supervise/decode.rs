@@ -7,8 +7,9 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use crate::policy::bpf;
+use crate::policy::decisions::{Check, Decision, Decisions, watched_paths};
 use crate::policy::syscalls::{self, Category};
-use crate::policy::{NetworkMode, Policy, Toggle, bpf};
 use crate::sys::Notif;
 
 use std::path::PathBuf;
@@ -33,24 +34,6 @@ pub struct Decoded {
 
 /// What a session child that opens a file after the zygote preloaded should do instead.
 pub const LATE_IMPORT_HINT: &str = "the workflow opened a file after preload (a late import?); import this module at load time (wfjail serve --preload)";
-
-/// The write-intent file-system calls the filter sends for checking, and where their paths
-/// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
-/// A hard link's source is judged too: Landlock refuses (EXDEV) a link that would give a
-/// file more rights under its new name.
-fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
-    match name {
-        "open" | "creat" | "truncate" => &[(None, 0, true)],
-        "openat" | "openat2" => &[(Some(0), 1, true)],
-        "mkdir" | "rmdir" | "unlink" => &[(None, 0, false)],
-        "mkdirat" | "unlinkat" => &[(Some(0), 1, false)],
-        "rename" | "link" => &[(None, 0, false), (None, 1, false)],
-        "renameat" | "renameat2" | "linkat" => &[(Some(0), 1, false), (Some(2), 3, false)],
-        "symlink" => &[(None, 1, false)],
-        "symlinkat" => &[(Some(1), 2, false)],
-        _ => &[],
-    }
-}
 
 fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
     Decoded {
@@ -409,54 +392,50 @@ fn hex_args(a: &[u64; 6], count: usize) -> String {
         .join(", ")
 }
 
-/// Classifies notification `n` under `policy`, reading the guest's memory through `mem`:
-/// `None` lets the call run (a watched write inside the grants), `Some` is a violation to act
-/// on. Watched writes and locks are judged against the file system (`grants`, by `n.pid`).
-/// `late_reads`: a read-only open is a violation (a prefork session child after preload).
+/// Classifies notification `n` by the plan's `decisions`, reading the guest's memory through
+/// `mem`: `None` lets the call run (a watched write inside the grants, a private mapping),
+/// `Some` is a violation to act on. Watched writes and locks are judged against the file
+/// system (`grants`, by `n.pid`). `late_reads`: a read-only open is a violation (a prefork
+/// session child after preload).
 pub fn classify(
     n: &Notif,
     mem: &dyn GuestMemory,
-    policy: &Policy,
+    decisions: &Decisions,
     grants: &WriteGrants,
     late_reads: bool,
 ) -> Option<Decoded> {
-    classify_unbounded(n, mem, policy, grants, late_reads).map(bounded)
+    classify_unbounded(n, mem, decisions, grants, late_reads).map(bounded)
 }
 
 fn classify_unbounded(
     n: &Notif,
     mem: &dyn GuestMemory,
-    policy: &Policy,
+    decisions: &Decisions,
     grants: &WriteGrants,
     late_reads: bool,
 ) -> Option<Decoded> {
-    if n.arch == bpf::AUDIT_ARCH_X86_64 && (n.nr as u32) & bpf::X32_SYSCALL_BIT == 0 {
-        let name = syscalls::name(n.nr as u32).unwrap_or("");
-        if !watched_paths(name).is_empty() {
-            if policy.syscalls.denies(name) {
-                return Some(decode(n, mem, policy));
+    let native = n.arch == bpf::AUDIT_ARCH_X86_64 && (n.nr as u32) & bpf::X32_SYSCALL_BIT == 0;
+    if let Some(d) = decisions.get(n.nr as u32).filter(|_| native) {
+        match d.check {
+            Check::Writes => return check_writes(n, mem, d.name, grants, late_reads),
+            Check::Lock => return check_lock(n, mem, d.name, grants),
+            Check::Fcntl
+                if syscalls::FCNTL_LOCKS
+                    .iter()
+                    .any(|&(c, _)| c == n.args[1] & 0xffff_ffff) =>
+            {
+                return check_lock(n, mem, d.name, grants);
             }
-            return check_writes(n, mem, name, grants, late_reads);
-        }
-        let lock = match name {
-            "flock" => true,
-            "fcntl" => syscalls::FCNTL_LOCKS
-                .iter()
-                .any(|&(c, _)| c == n.args[1] & 0xffff_ffff),
-            _ => false,
-        };
-        if lock && !policy.syscalls.denies(name) {
-            return check_lock(n, mem, name, grants);
-        }
-        // A large private mapping or growth, sent as evidence for the memory limit (the
-        // caller may note it); the kernel applies RLIMIT_AS. Only a prefork plan's filter
-        // sends shared mappings, and those are violations.
-        let private_map = name == "mmap" && n.args[3] & libc::MAP_SHARED as u64 == 0;
-        if (private_map || name == "mremap") && !policy.syscalls.denies(name) {
-            return None;
+            // A large private mapping or growth, sent as evidence for the memory limit (the
+            // caller may note it); the kernel applies RLIMIT_AS. Only a prefork plan's filter
+            // sends shared mappings, and those are violations.
+            Check::Mapping if d.name == "mremap" || n.args[3] & libc::MAP_SHARED as u64 == 0 => {
+                return None;
+            }
+            _ => {}
         }
     }
-    Some(decode(n, mem, policy))
+    Some(decode(n, mem, decisions))
 }
 
 /// The most bytes of a decoded call's arguments text (`Decoded::args`); what is longer is cut
@@ -478,13 +457,13 @@ fn bounded(mut d: Decoded) -> Decoded {
     d
 }
 
-/// Decodes notification `n` under `policy` as a violation, reading the guest's memory through
+/// Decodes notification `n` as a violation, with the plan's `decisions`, reading the guest's memory through
 /// `mem` and nothing else (no path is judged; see [`classify`]).
-pub fn decode(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decoded {
-    bounded(decode_unbounded(n, mem, policy))
+pub fn decode(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> Decoded {
+    bounded(decode_unbounded(n, mem, decisions))
 }
 
-fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decoded {
+fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> Decoded {
     let a = &n.args;
     if n.arch != bpf::AUDIT_ARCH_X86_64 {
         return Decoded {
@@ -510,28 +489,38 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decode
             hint: None,
         };
     }
-    let name = syscalls::name(nr).unwrap_or("unknown");
+    let fallback;
+    let d = match decisions.get(nr) {
+        Some(d) => d,
+        None => {
+            fallback = Decision {
+                name: "unknown",
+                check: Check::Violation,
+                category: Category::Other,
+                rule: "not on the allowlist".into(),
+                hint: None,
+                always_deny: false,
+                policy_denies: false,
+            };
+            &fallback
+        }
+    };
+    let name = d.name;
     let syscall = if name == "unknown" {
         format!("syscall {nr}")
     } else {
         name.to_string()
     };
-    let mut category = syscalls::category(name);
-    let mut always_deny = syscalls::always_denied(name);
-    let mut hint = None;
-    let net_rule = || format!("network.mode = \"{}\"", mode_str(policy.network.mode));
-    let (args, rule) = match name {
-        "socket" => (
-            format!("{} {}", family_name(a[0]), socket_type(a[1])),
-            net_rule(),
-        ),
-        "socketpair" => (
-            format!("{} {}", family_name(a[0]), socket_type(a[1])),
-            "only AF_UNIX stream socket pairs are allowed".into(),
-        ),
-        "connect" | "bind" => (sockaddr_arg(mem, a[1], a[2]), net_rule()),
-        "sendto" => (sockaddr_arg(mem, a[4], a[5]), net_rule()),
-        "listen" | "accept" | "accept4" => (format!("fd {}", a[0] as i32), net_rule()),
+    let mut category = d.category;
+    let mut rule = d.rule.clone();
+    // What the arguments show; `clone`, `ioctl` and `fcntl` also refine category and rule
+    // (unless the policy's own deny list names the call).
+    let refine = !d.policy_denies;
+    let args = match name {
+        "socket" | "socketpair" => format!("{} {}", family_name(a[0]), socket_type(a[1])),
+        "connect" | "bind" => sockaddr_arg(mem, a[1], a[2]),
+        "sendto" => sockaddr_arg(mem, a[4], a[5]),
+        "listen" | "accept" | "accept4" => format!("fd {}", a[0] as i32),
         "clone" => {
             let thread = a[0] & libc::CLONE_THREAD as u64 != 0;
             category = if thread {
@@ -539,35 +528,31 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decode
             } else {
                 Category::Subprocess
             };
-            let rule = if thread {
-                "process.threads = \"deny\""
-            } else {
-                "process.subprocess = \"deny\""
-            };
-            (format_clone_flags(a[0]), rule.into())
+            if refine {
+                rule = if thread {
+                    "process.threads = \"deny\""
+                } else {
+                    "process.subprocess = \"deny\""
+                }
+                .into();
+            }
+            format_clone_flags(a[0])
         }
-        "fork" | "vfork" => (String::new(), "process.subprocess = \"deny\"".into()),
-        "execve" => (exec_arg(mem, a[0], a[1]), "process.exec = \"deny\"".into()),
-        "execveat" => (exec_arg(mem, a[1], a[2]), "process.exec = \"deny\"".into()),
-        "nanosleep" => (timespec_arg(mem, a[0]), "time.sleep = \"deny\"".into()),
+        "fork" | "vfork" => String::new(),
+        "execve" => exec_arg(mem, a[0], a[1]),
+        "execveat" => exec_arg(mem, a[1], a[2]),
+        "nanosleep" => timespec_arg(mem, a[0]),
         "clock_nanosleep" => {
             let absolute = a[1] & libc::TIMER_ABSTIME as u64 != 0;
-            (
-                format!(
-                    "{} {}",
-                    clock_name(a[0]),
-                    sleep_duration(mem, a[0], a[2], absolute)
-                ),
-                "time.sleep = \"deny\"".into(),
+            format!(
+                "{} {}",
+                clock_name(a[0]),
+                sleep_duration(mem, a[0], a[2], absolute)
             )
         }
-        "alarm" => (format!("{}s", a[0]), "time.sleep = \"deny\"".into()),
-        "getrandom" => (
-            format!("{} bytes", a[1]),
-            "random.getrandom = \"deny\"".into(),
-        ),
-        "ioctl" if !policy.syscalls.denies(name) => {
-            always_deny = true;
+        "alarm" => format!("{}s", a[0]),
+        "getrandom" => format!("{} bytes", a[1]),
+        "ioctl" if refine => {
             let req = a[1] & 0xffff_ffff; // the kernel reads an unsigned int
             category = match (req >> 8) & 0xff {
                 // 'f', 'X', 'v' and 0x94: inode flags, fsxattr, versions, reflinks.
@@ -575,158 +560,88 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, policy: &Policy) -> Decode
                 0x89 if !matches!(req, 0x8901 | 0x8902) => Category::Network,
                 _ => Category::Privilege,
             };
-            hint = Some(
-                "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox",
-            );
             let shown =
                 syscalls::ioctl_name(req).map_or_else(|| format!("{req:#x}"), str::to_string);
-            (
-                format!("fd {}, {shown}", a[0] as i32),
-                "ioctl requests are an allowlist (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX...)"
-                    .into(),
-            )
+            format!("fd {}, {shown}", a[0] as i32)
         }
-        "seccomp" => {
-            always_deny = true;
-            category = Category::Privilege;
-            (
-                format!("op {}, flags {:#x}", a[0], a[1]),
-                "creating a seccomp listener is always denied".into(),
-            )
-        }
+        "seccomp" => format!("op {}, flags {:#x}", a[0], a[1]),
         "open" | "creat" | "chmod" | "chown" | "lchown" | "mknod" | "utime" | "utimes"
         | "setxattr" | "lsetxattr" | "removexattr" | "lremovexattr" | "inotify_add_watch"
         | "truncate" | "unlink" | "mkdir" | "rmdir" | "readlink" | "stat" | "lstat" | "access" => {
             let idx = if name == "inotify_add_watch" { 1 } else { 0 };
-            (
-                mem.read_string(a[idx]).unwrap_or_else(|| hex_args(a, 3)),
-                rule_for(policy, name, always_deny),
-            )
+            mem.read_string(a[idx]).unwrap_or_else(|| hex_args(a, 3))
         }
         "openat" | "openat2" | "fchmodat" | "fchmodat2" | "fchownat" | "mknodat" | "utimensat"
         | "futimesat" | "unlinkat" | "mkdirat" | "newfstatat" | "faccessat" | "faccessat2"
-        | "readlinkat" | "name_to_handle_at" => (
-            mem.read_string(a[1]).unwrap_or_else(|| hex_args(a, 3)),
-            rule_for(policy, name, always_deny),
+        | "readlinkat" | "name_to_handle_at" => {
+            mem.read_string(a[1]).unwrap_or_else(|| hex_args(a, 3))
+        }
+        "mount" => format!(
+            "{} on {}",
+            mem.read_string(a[0]).unwrap_or_else(|| "?".into()),
+            mem.read_string(a[1]).unwrap_or_else(|| "?".into())
         ),
-        "mount" => (
-            format!(
-                "{} on {}",
-                mem.read_string(a[0]).unwrap_or_else(|| "?".into()),
-                mem.read_string(a[1]).unwrap_or_else(|| "?".into())
-            ),
-            rule_for(policy, name, true),
-        ),
-        "unshare" | "setns" => (
-            format_clone_flags(a[if name == "setns" { 1 } else { 0 }]),
-            rule_for(policy, name, true),
-        ),
-        "kill" | "tgkill" | "tkill" if !policy.syscalls.denies(name) => {
-            category = Category::Privilege;
-            always_deny = true;
+        "unshare" | "setns" => format_clone_flags(a[if name == "setns" { 1 } else { 0 }]),
+        "kill" | "tgkill" | "tkill" if refine => {
             let sig = if name == "tgkill" { a[2] } else { a[1] };
-            (
-                format!(
-                    "pid {}, {}",
-                    a[0] as i32,
-                    crate::report::signal_name(sig as i32)
-                ),
-                "signals only to itself".into(),
+            format!(
+                "pid {}, {}",
+                a[0] as i32,
+                crate::report::signal_name(sig as i32)
             )
         }
-        "prlimit64" if !policy.syscalls.denies(name) => {
-            category = Category::Privilege;
-            always_deny = true;
-            (
-                format!("pid {}, resource {}", a[0] as i32, a[1]),
-                "only a process's own limits (pid 0) may be changed".into(),
-            )
-        }
-        "fcntl" if !policy.syscalls.denies(name) => {
-            always_deny = true;
+        "prlimit64" if refine => format!("pid {}, resource {}", a[0] as i32, a[1]),
+        "fcntl" if refine => {
             let cmd = syscalls::fcntl_name(a[1]);
-            let (cat, rule) = match cmd {
-                Some("F_SETLEASE") => (
-                    Category::Filesystem,
-                    "leases are denied: a lease blocks other processes' opens of the file",
-                ),
-                Some("F_NOTIFY") => (
-                    Category::Filesystem,
-                    "directory notifications are denied: they watch directories outside the sandbox",
-                ),
-                Some("F_SETPIPE_SZ") => (
-                    Category::Privilege,
-                    "pipe sizes are fixed: pipe buffers are a per-user quota every other guest shares",
-                ),
-                Some("F_SETOWN" | "F_SETOWN_EX" | "F_SETSIG") => (
-                    Category::Privilege,
-                    "SIGIO may not be routed to another process (F_SETOWN, F_SETSIG)",
-                ),
-                _ => (
-                    Category::Privilege,
-                    "fcntl commands are an allowlist (descriptor flags, duplication, lock queries; locks under --rw)",
-                ),
-            };
-            category = cat;
+            if let Some((cat, why)) = fcntl_rule(cmd) {
+                category = cat;
+                rule = why.into();
+            } else {
+                category = Category::Privilege;
+            }
             let shown = cmd.map_or_else(|| format!("cmd {:#x}", a[1]), str::to_string);
-            (
-                format!("fd {}, {shown}, arg {}", a[0] as i32, a[2] as i64),
-                rule.into(),
-            )
+            format!("fd {}, {shown}, arg {}", a[0] as i32, a[2] as i64)
         }
-        "memfd_create" if !policy.syscalls.denies(name) => {
-            hint = Some(
-                "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects",
-            );
-            (
-                format!(
-                    "{:?}, flags {:#x}",
-                    mem.read_string(a[0]).unwrap_or_default(),
-                    a[1]
-                ),
-                "memory files are denied: they are not counted by limits.memory".into(),
-            )
-        }
-        "shmget" | "shmat" | "shmctl" | "shmdt" | "msgget" | "msgsnd" | "msgrcv" | "msgctl"
-        | "semget" | "semop" | "semtimedop" | "semctl" | "mq_open" | "mq_unlink"
-        | "mq_timedsend" | "mq_timedreceive" | "mq_notify" | "mq_getsetattr"
-            if !policy.syscalls.denies(name) =>
-        {
-            hint = Some(
-                "inter-process channels are not allowed in workflow code (prefork sessions would share them)",
-            );
-            (
-                hex_args(a, 3),
-                "System V IPC and POSIX message queues are denied".into(),
-            )
-        }
-        "mmap" if !policy.syscalls.denies(name) => {
-            always_deny = true;
-            hint = Some(
-                "shared memory is not allowed in prefork (zygote) mode: a mapping made before a fork would carry one session's data to the next; use ordinary objects",
-            );
-            (
-                format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
-                "no shared anonymous memory in a zygote".into(),
-            )
-        }
-        _ => (hex_args(a, 3), rule_for(policy, name, always_deny)),
-    };
-    // The policy's own deny list names the rule, unless the call is denied whatever it says.
-    let rule = if policy.syscalls.denies(name) && !always_deny {
-        format!("syscalls.deny = [\"{name}\"]")
-    } else {
-        rule
+        "memfd_create" if refine => format!(
+            "{:?}, flags {:#x}",
+            mem.read_string(a[0]).unwrap_or_default(),
+            a[1]
+        ),
+        "mmap" if refine => format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
+        _ => hex_args(a, 3),
     };
     Decoded {
         category,
         syscall,
         args,
         rule,
-        always_deny,
+        always_deny: d.always_deny,
         errno: libc::EPERM,
-        hint,
+        hint: d.hint,
     }
+}
+
+/// The category and rule of an `fcntl` command the filter refused, when it has its own.
+fn fcntl_rule(cmd: Option<&str>) -> Option<(Category, &'static str)> {
+    Some(match cmd? {
+        "F_SETLEASE" => (
+            Category::Filesystem,
+            "leases are denied: a lease blocks other processes' opens of the file",
+        ),
+        "F_NOTIFY" => (
+            Category::Filesystem,
+            "directory notifications are denied: they watch directories outside the sandbox",
+        ),
+        "F_SETPIPE_SZ" => (
+            Category::Privilege,
+            "pipe sizes are fixed: pipe buffers are a per-user quota every other guest shares",
+        ),
+        "F_SETOWN" | "F_SETOWN_EX" | "F_SETSIG" => (
+            Category::Privilege,
+            "SIGIO may not be routed to another process (F_SETOWN, F_SETSIG)",
+        ),
+        _ => return None,
+    })
 }
 
 /// `MAP_SHARED|MAP_ANONYMOUS|...` (the mapping type and the flags that matter here).
@@ -750,25 +665,6 @@ fn format_mmap_flags(flags: u64) -> String {
     parts.join("|")
 }
 
-fn mode_str(m: NetworkMode) -> &'static str {
-    match m {
-        NetworkMode::None => "none",
-        NetworkMode::Allow => "allow",
-    }
-}
-
-fn rule_for(policy: &Policy, name: &str, always_deny: bool) -> String {
-    if always_deny {
-        "always denied: could weaken the sandbox".into()
-    } else if policy.syscalls.denies(name) {
-        format!("syscalls.deny = [\"{name}\"]")
-    } else if syscalls::SLEEP.contains(&name) && policy.time.sleep == Toggle::Deny {
-        "time.sleep = \"deny\"".into()
-    } else {
-        "not on the allowlist".into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::memory::MemoryImage;
@@ -787,8 +683,8 @@ mod tests {
         }
     }
 
-    fn default_policy() -> Policy {
-        crate::policy::load("default").unwrap()
+    fn default_policy() -> Decisions {
+        Decisions::compile(&crate::policy::load("default").unwrap())
     }
 
     fn sockaddr_in(ip: [u8; 4], port: u16) -> Vec<u8> {
@@ -881,7 +777,7 @@ mod tests {
         img[0x200..0x208].copy_from_slice(&1i64.to_ne_bytes());
         img[0x208..0x210].copy_from_slice(&500_000_000i64.to_ne_bytes());
         let mem = MemoryImage::new(BASE, img);
-        let p = crate::policy::load("strict").unwrap();
+        let p = Decisions::compile(&crate::policy::load("strict").unwrap());
         let at = libc::AT_FDCWD as u64;
         let d = decode(&notif(libc::SYS_openat, [at, BASE, 0, 0, 0, 0]), &mem, &p);
         assert_eq!(

@@ -155,6 +155,8 @@ pub struct Config {
     pub stop_signals: Option<SignalFd>,
     /// The execution's seed under `[random] getrandom = "seeded"` (`--seed`, else 0).
     pub seed: Option<u64>,
+    /// The plan's compiled notification decisions.
+    pub decisions: std::sync::Arc<crate::policy::decisions::Decisions>,
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
@@ -649,7 +651,12 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                     };
-                    let rules = notify::Rules::new(policy, &cfg.write_grants);
+                    let rules = notify::Rules {
+                        decisions: &cfg.decisions,
+                        grants: &cfg.write_grants,
+                        late_reads: false,
+                        on_violation: policy.on_violation,
+                    };
                     if notify::handle(l.as_fd(), &n, rules, state, kill) == Handled::Killed {
                         o.killed_for_violation = true;
                     }

@@ -11,7 +11,9 @@
 
 use std::os::fd::BorrowedFd;
 
-use crate::policy::{OnViolation, Policy, RandomMode, syscalls};
+use crate::plan::Plan;
+use crate::policy::OnViolation;
+use crate::policy::decisions::{Check, Decisions};
 use crate::report::{Action, Violation};
 use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 
@@ -24,7 +26,8 @@ use super::violations::Violations;
 /// What an execution's notifications are judged by.
 #[derive(Clone, Copy)]
 pub struct Rules<'a> {
-    pub policy: &'a Policy,
+    /// The plan's compiled decisions (policy/decisions.rs).
+    pub decisions: &'a Decisions,
     pub grants: &'a WriteGrants,
     /// Read-only opens are violations (a prefork session child after preload).
     pub late_reads: bool,
@@ -34,12 +37,12 @@ pub struct Rules<'a> {
 }
 
 impl<'a> Rules<'a> {
-    pub fn new(policy: &'a Policy, grants: &'a WriteGrants) -> Self {
+    pub fn new(plan: &'a Plan, grants: &'a WriteGrants) -> Self {
         Rules {
-            policy,
+            decisions: &plan.decisions,
             grants,
             late_reads: false,
-            on_violation: policy.on_violation,
+            on_violation: plan.policy.on_violation,
         }
     }
 }
@@ -123,9 +126,8 @@ fn decide(
     entropy: Option<&mut Entropy>,
 ) -> Option<(Answer, Option<Violation>)> {
     // Seeded randomness: answered with the stream's next bytes, not a violation.
-    if rules.policy.random.getrandom == RandomMode::Seeded
-        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-        && syscalls::name(n.nr as u32) == Some("getrandom")
+    if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+        && rules.decisions.get(n.nr as u32).map(|d| d.check) == Some(Check::Seeded)
         && let Some(e) = entropy
     {
         let bytes = e.take(n.args[1] as usize);
@@ -139,7 +141,7 @@ fn decide(
         ));
     }
     let mem = ProcessMemory { pid: n.pid };
-    let verdict = decode::classify(n, &mem, rules.policy, rules.grants, rules.late_reads);
+    let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads);
     if !sys::notif_id_valid(listener, n.id) {
         return None;
     }

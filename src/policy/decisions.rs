@@ -1,0 +1,281 @@
+//! What the supervisor does with a notification of each syscall, compiled once from the
+//! policy beside the filter that sends it (`bpf.rs`), and kept in the plan.
+//!
+//! For every syscall of the table: how a notification of it is checked ([`Check`]), and, if
+//! it turns out to be a violation, its category, the rule the report quotes, the hint, and
+//! whether it is denied whatever `on_violation` says. The supervisor's decoder
+//! (`supervise/decode.rs`) looks these up; it only refines what depends on the arguments
+//! (`clone` with or without `CLONE_THREAD`, the `ioctl` request, the `fcntl` command).
+
+use std::collections::HashMap;
+
+use super::syscall_table::X86_64;
+use super::syscalls::{self, Category};
+use super::{NetworkMode, Policy, RandomMode, Toggle};
+
+/// How the supervisor checks a notification of one syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// A violation (the filter sends only what the policy does not allow outright).
+    Violation,
+    /// A write-intent file-system call: its paths ([`watched_paths`]) are judged against
+    /// `filesystem.write`; a read-only open is a violation only in a prefork child after
+    /// preload.
+    Writes,
+    /// `flock`: allowed on files under `filesystem.write`.
+    Lock,
+    /// `fcntl`: a record-lock command is judged like [`Check::Lock`], any other one the filter
+    /// sent is a violation.
+    Fcntl,
+    /// `mmap`/`mremap`: a large private mapping is evidence for `limits.memory` and runs; a
+    /// shared one (sent in prefork plans only) is a violation.
+    Mapping,
+    /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
+    Seeded,
+}
+
+/// The compiled decision for one syscall.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub name: &'static str,
+    pub check: Check,
+    /// The category of a violation of it (arguments may refine it).
+    pub category: Category,
+    /// The rule a report quotes for a violation of it.
+    pub rule: String,
+    /// A hint more precise than the category's.
+    pub hint: Option<&'static str>,
+    /// Denied whatever `on_violation` says (privileged calls).
+    pub always_deny: bool,
+    /// The policy's own `[syscalls] deny` lists it (its rule then names that list).
+    pub policy_denies: bool,
+}
+
+/// The decisions of one plan, by syscall number.
+#[derive(Debug, Clone, Default)]
+pub struct Decisions {
+    by_nr: HashMap<u32, Decision>,
+}
+
+/// The write-intent file-system calls the filter sends for checking, and where their paths
+/// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
+/// A hard link's source is judged too: Landlock refuses (EXDEV) a link that would give a
+/// file more rights under its new name.
+pub fn watched_paths(name: &str) -> &'static [(Option<usize>, usize, bool)] {
+    match name {
+        "open" | "creat" | "truncate" => &[(None, 0, true)],
+        "openat" | "openat2" => &[(Some(0), 1, true)],
+        "mkdir" | "rmdir" | "unlink" => &[(None, 0, false)],
+        "mkdirat" | "unlinkat" => &[(Some(0), 1, false)],
+        "rename" | "link" => &[(None, 0, false), (None, 1, false)],
+        "renameat" | "renameat2" | "linkat" => &[(Some(0), 1, false), (Some(2), 3, false)],
+        "symlink" => &[(None, 1, false)],
+        "symlinkat" => &[(Some(1), 2, false)],
+        _ => &[],
+    }
+}
+
+const SYSV_IPC: &[&str] = &[
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+];
+
+const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
+const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
+const IPC_HINT: &str =
+    "inter-process channels are not allowed in workflow code (prefork sessions would share them)";
+const SHARED_MAP_HINT: &str = "shared memory is not allowed in prefork (zygote) mode: a mapping made before a fork would carry one session's data to the next; use ordinary objects";
+
+impl Decisions {
+    /// Compiles the decision for every syscall of the table under `policy`.
+    pub fn compile(policy: &Policy) -> Self {
+        let by_nr = X86_64
+            .iter()
+            .map(|&(name, nr)| (nr, decide(policy, name)))
+            .collect();
+        Decisions { by_nr }
+    }
+
+    /// The decision for syscall `nr` (`None`: a number without a name).
+    pub fn get(&self, nr: u32) -> Option<&Decision> {
+        self.by_nr.get(&nr)
+    }
+}
+
+fn decide(policy: &Policy, name: &'static str) -> Decision {
+    let policy_denies = policy.syscalls.denies(name);
+    let mut category = syscalls::category(name);
+    let mut always_deny = syscalls::always_denied(name);
+    let mut hint = None;
+    let net_rule = || {
+        let mode = match policy.network.mode {
+            NetworkMode::None => "none",
+            NetworkMode::Allow => "allow",
+        };
+        format!("network.mode = \"{mode}\"")
+    };
+    // Calls whose rule the policy's deny list does not replace (checked before the generic
+    // arms, as the decoder refines them).
+    let guarded = !policy_denies;
+    let rule: String = match name {
+        "socket" | "connect" | "bind" | "sendto" | "listen" | "accept" | "accept4" => net_rule(),
+        "socketpair" => "only AF_UNIX stream socket pairs are allowed".into(),
+        // Refined by CLONE_THREAD in the decoder.
+        "clone" => "process.subprocess = \"deny\"".into(),
+        "fork" | "vfork" => "process.subprocess = \"deny\"".into(),
+        "execve" | "execveat" => "process.exec = \"deny\"".into(),
+        "nanosleep" | "clock_nanosleep" | "alarm" => "time.sleep = \"deny\"".into(),
+        "getrandom" => "random.getrandom = \"deny\"".into(),
+        "ioctl" if guarded => {
+            always_deny = true;
+            hint = Some(IOCTL_HINT);
+            "ioctl requests are an allowlist (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX...)"
+                .into()
+        }
+        "seccomp" => {
+            always_deny = true;
+            category = Category::Privilege;
+            "creating a seccomp listener is always denied".into()
+        }
+        "mount" | "unshare" | "setns" => generic_rule(policy, name, true),
+        "kill" | "tgkill" | "tkill" if guarded => {
+            category = Category::Privilege;
+            always_deny = true;
+            "signals only to itself".into()
+        }
+        "prlimit64" if guarded => {
+            category = Category::Privilege;
+            always_deny = true;
+            "only a process's own limits (pid 0) may be changed".into()
+        }
+        // Refined by the command in the decoder.
+        "fcntl" if guarded => {
+            always_deny = true;
+            "fcntl commands are an allowlist (descriptor flags, duplication, lock queries; locks under --rw)"
+                .into()
+        }
+        "memfd_create" if guarded => {
+            hint = Some(MEMFD_HINT);
+            "memory files are denied: they are not counted by limits.memory".into()
+        }
+        n if guarded && SYSV_IPC.contains(&n) => {
+            hint = Some(IPC_HINT);
+            "System V IPC and POSIX message queues are denied".into()
+        }
+        "mmap" if guarded => {
+            always_deny = true;
+            hint = Some(SHARED_MAP_HINT);
+            "no shared anonymous memory in a zygote".into()
+        }
+        _ => generic_rule(policy, name, always_deny),
+    };
+    // The policy's own deny list names the rule, unless the call is denied whatever it says.
+    let rule = if policy_denies && !always_deny {
+        format!("syscalls.deny = [\"{name}\"]")
+    } else {
+        rule
+    };
+    let check = if policy_denies {
+        Check::Violation
+    } else if !watched_paths(name).is_empty() {
+        Check::Writes
+    } else {
+        match name {
+            "flock" => Check::Lock,
+            "fcntl" => Check::Fcntl,
+            "mmap" | "mremap" => Check::Mapping,
+            "getrandom" if policy.random.getrandom == RandomMode::Seeded => Check::Seeded,
+            _ => Check::Violation,
+        }
+    };
+    Decision {
+        name,
+        check,
+        category,
+        rule,
+        hint,
+        always_deny,
+        policy_denies,
+    }
+}
+
+/// The rule of a call with no rule of its own.
+fn generic_rule(policy: &Policy, name: &str, always_deny: bool) -> String {
+    if always_deny {
+        "always denied: could weaken the sandbox".into()
+    } else if policy.syscalls.denies(name) {
+        format!("syscalls.deny = [\"{name}\"]")
+    } else if syscalls::SLEEP.contains(&name) && policy.time.sleep == Toggle::Deny {
+        "time.sleep = \"deny\"".into()
+    } else {
+        "not on the allowlist".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nr(name: &str) -> u32 {
+        syscalls::number(name).unwrap()
+    }
+
+    #[test]
+    fn every_named_syscall_has_a_decision() {
+        let d = Decisions::compile(&crate::policy::load("default").unwrap());
+        for &(name, n) in X86_64 {
+            assert_eq!(d.get(n).map(|d| d.name), Some(name));
+        }
+    }
+
+    #[test]
+    fn checks_follow_the_policy() {
+        let p = crate::policy::load("default").unwrap();
+        let d = Decisions::compile(&p);
+        assert_eq!(d.get(nr("openat")).unwrap().check, Check::Writes);
+        assert_eq!(d.get(nr("flock")).unwrap().check, Check::Lock);
+        assert_eq!(d.get(nr("fcntl")).unwrap().check, Check::Fcntl);
+        assert_eq!(d.get(nr("mmap")).unwrap().check, Check::Mapping);
+        assert_eq!(d.get(nr("getrandom")).unwrap().check, Check::Violation);
+        let connect = d.get(nr("connect")).unwrap();
+        assert_eq!(
+            (connect.category, connect.rule.as_str(), connect.always_deny),
+            (Category::Network, "network.mode = \"none\"", false)
+        );
+        let ptrace = d.get(nr("ptrace")).unwrap();
+        assert!(ptrace.always_deny);
+        assert_eq!(ptrace.rule, "always denied: could weaken the sandbox");
+
+        // A policy's own deny list: a violation, named by that list.
+        let p = crate::policy::from_source(
+            "t.toml",
+            "extends = \"strict\"\n[syscalls]\ndeny = [\"openat\", \"uname\"]\n[random]\ngetrandom = \"seeded\"\n",
+        )
+        .unwrap();
+        let d = Decisions::compile(&p);
+        let openat = d.get(nr("openat")).unwrap();
+        assert_eq!(openat.check, Check::Violation);
+        assert_eq!(openat.rule, "syscalls.deny = [\"openat\"]");
+        assert_eq!(
+            d.get(nr("uname")).unwrap().rule,
+            "syscalls.deny = [\"uname\"]"
+        );
+        assert_eq!(d.get(nr("getrandom")).unwrap().check, Check::Seeded);
+    }
+}
