@@ -7,7 +7,10 @@
 //! per zygote (control, notifications, the zygote's own output).
 
 pub mod control;
+pub mod launch;
+pub mod phases;
 pub mod session;
+pub mod worker_conn;
 pub mod zygote;
 
 use std::os::fd::{AsFd, OwnedFd};
