@@ -69,7 +69,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
     let io = match GuestIo::open(policy, opts) {
         Ok(io) => io,
-        Err((msg, code)) => return fail(msg, code),
+        Err(e) => return fail(e.to_string(), e.exit_code()),
     };
     let GuestIo {
         stdin,
@@ -172,16 +172,49 @@ struct GuestIo {
     proto: Option<ProtoIo>,
 }
 
+/// Why the guest's descriptors could not be set up.
+#[derive(Debug, thiserror::Error)]
+enum GuestIoError {
+    #[error("pipe: {0}")]
+    Pipe(#[source] Errno),
+    #[error("/dev/null: {0}")]
+    DevNull(#[source] std::io::Error),
+    #[error("--input {}: {source}", .path.display())]
+    Input {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading the request: {0}")]
+    Request(#[source] std::io::Error),
+    #[error("the request is larger than the {0}-byte frame cap (limits.output)")]
+    RequestTooLarge(usize),
+}
+
+impl GuestIoError {
+    /// wfjail's exit status: 2 for the caller's input, 125 for wfjail's own failures.
+    fn exit_code(&self) -> i32 {
+        match self {
+            GuestIoError::Pipe(_) | GuestIoError::DevNull(_) => 125,
+            GuestIoError::Input { .. }
+            | GuestIoError::Request(_)
+            | GuestIoError::RequestTooLarge(_) => 2,
+        }
+    }
+}
+
 impl GuestIo {
     /// Raw: stdin is the request. Framed: the request is read whole (bounded) and written to
-    /// the protocol pipe; stdin is /dev/null. Errors are (message, exit status).
-    fn open(policy: &Policy, opts: &RunOptions) -> Result<GuestIo, (String, i32)> {
-        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| (format!("pipe: {e}"), 125));
-        let null = || dev_null().map_err(|e| (format!("/dev/null: {e}"), 125));
+    /// the protocol pipe; stdin is /dev/null.
+    fn open(policy: &Policy, opts: &RunOptions) -> Result<GuestIo, GuestIoError> {
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(GuestIoError::Pipe);
+        let null = || dev_null().map_err(GuestIoError::DevNull);
         let input = match &opts.input {
             Some(path) => std::fs::File::open(path)
                 .map(OwnedFd::from)
-                .map_err(|e| (format!("--input {}: {e}", path.display()), 2))?,
+                .map_err(|source| GuestIoError::Input {
+                    path: path.clone(),
+                    source,
+                })?,
             None => match std::io::stdin().as_fd().try_clone_to_owned() {
                 Ok(fd) => fd,
                 Err(_) => null()?,
@@ -221,12 +254,9 @@ impl GuestIo {
         std::fs::File::from(input)
             .take(cap as u64 + 1)
             .read_to_end(&mut request)
-            .map_err(|e| (format!("reading the request: {e}"), 2))?;
+            .map_err(GuestIoError::Request)?;
         if request.len() > cap {
-            return Err((
-                format!("the request is larger than the {cap}-byte frame cap (limits.output)"),
-                2,
-            ));
+            return Err(GuestIoError::RequestTooLarge(cap));
         }
         let proto = ProtoIo {
             to_guest: pipe()?,

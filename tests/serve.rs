@@ -317,6 +317,59 @@ print(json.dumps({"during": during - base, "after": ours() - base, "seconds": ro
 }
 
 #[test]
+fn a_worker_that_floods_calls_without_reading_answers_gets_its_session_failed() {
+    // 200 CALLs to a guest that never answers, no answer read: at most 64 wait behind the
+    // call in progress (serve/phases.rs), so the session ends with FAILED and says why, and
+    // the server goes on serving.
+    let worker = r#"
+import socket, struct
+from wfjail import client as wc
+def read_exactly(conn, n):
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the server closed the connection")
+        data += chunk
+    return data
+def read_frame(conn):
+    length, kind = struct.unpack("<IB", read_exactly(conn, 5))
+    return kind, read_exactly(conn, length - 1)
+conn = socket.socket(socket.AF_UNIX); conn.connect(os.environ["WFJAIL_SOCKET"])
+conn.sendall(wc._frame(wc.OPEN, json.dumps({"handler": MOD + ":hang", "timeout": "60s"})))
+assert read_frame(conn)[0] == wc.OPENED
+conn.sendall(wc._frame(wc.CALL, b"spin") * 200)
+kind, body = read_frame(conn)
+report = json.loads(body)
+out = {"kind": wc._NAMES.get(kind), "status": report["status"], "signal": report.get("signal"),
+       "error": report.get("error"), "then": conn.recv(1)}
+with Client().session(handler=MOD + ":mutate") as s:
+    out["still serves"] = s.call(b"x").decode()
+out["then"] = out["then"].decode()
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("callflood", worker, "");
+    let out = serve(&s, &module, true, &["-q"]);
+    let r = worker_json(&out);
+    assert_eq!(
+        r,
+        serde_json::json!({
+            "kind": "FAILED",
+            "status": "crashed",
+            "signal": "SIGKILL",
+            "error": format!(
+                "the worker queued more than 64 calls or {} bytes of requests without waiting \
+                 for their answers",
+                32 << 20
+            ),
+            "then": "",
+            "still serves": "1:x",
+        }),
+        "the session ended with FAILED (its guest killed), the connection closed after it"
+    );
+}
+
+#[test]
 fn a_dead_zygote_is_reported_and_restarted() {
     let worker = r#"
 import signal, time

@@ -1,27 +1,26 @@
-//! The zygote control channel (`serve::zygote::parse`): one SOCK_SEQPACKET packet from the
-//! zygote (READY, FORKED, EXITED), then the fields the server reads from it.
+//! The zygote control channel (`serve::control::parse`): one SOCK_SEQPACKET packet from the
+//! zygote (READY, FORKED, EXITED), parsed into its typed message or refused.
 //!
 //! Checked: no panic; a packet is accepted only if its length prefix counts exactly the rest
-//! of the packet; the field reads the server does (session, pid, status, cpu_ms, max_rss_kb,
-//! error) never panic on any JSON.
+//! of the packet and its kind is one the zygote sends; an accepted message has the packet's
+//! kind and parses back to itself from the packet it encodes to; a refusal names the frame's
+//! kind exactly when the packet was a frame.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wfjail::serve::zygote::parse;
+use wfjail::serve::control::{EXITED, FORKED, READY, parse};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((kind, doc)) = parse(data) else {
-        return;
-    };
-    let len = u32::from_le_bytes(data[..4].try_into().unwrap()) as usize;
-    assert_eq!(len + 4, data.len());
-    assert_eq!(kind, data[4]);
-    // What read_control reads, for each kind.
-    let _ = doc.get("error").is_none();
-    let _ = doc["session"].as_u64().unwrap_or(u64::MAX);
-    let _ = doc["pid"].as_i64().map(|p| p as i32);
-    let _ = doc["error"].as_str().unwrap_or("fork failed");
-    let _ = doc["status"].as_i64().map(|s| s as i32);
-    let _ = doc["cpu_ms"].as_f64().unwrap_or(0.0);
-    let _ = doc["max_rss_kb"].as_u64().unwrap_or(0);
+    let framed = data.len() >= 5
+        && u32::from_le_bytes(data[..4].try_into().unwrap()) as usize + 4 == data.len();
+    match parse(data) {
+        Ok(msg) => {
+            assert!(framed);
+            assert_eq!(msg.kind(), data[4]);
+            assert!([READY, FORKED, EXITED].contains(&msg.kind()));
+            let again = parse(&msg.to_packet()).expect("a message parses from its own packet");
+            assert_eq!(again, msg);
+        }
+        Err(e) => assert_eq!(e.kind(), framed.then(|| data[4]), "{e}"),
+    }
 });

@@ -6,7 +6,11 @@
 //! (re)starts zygotes; one thread per session (which also reads its guest's output); three
 //! per zygote (control, notifications, the zygote's own output).
 
+pub mod control;
+pub mod launch;
+pub mod phases;
 pub mod session;
+pub mod worker_conn;
 pub mod zygote;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -27,7 +31,7 @@ use crate::policy::Policy;
 use crate::supervise::LineEcho;
 use crate::supervise::violations::Violations;
 use crate::sys;
-use zygote::{ChildExit, Zygote, ZygoteConfig};
+use zygote::{ChildExit, Zygote, ZygoteConfig, ZygoteError};
 
 /// What `wfjail serve` was asked to do.
 #[derive(Debug, Clone)]
@@ -54,12 +58,25 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
-    #[error("starting zygote {index}: {message}")]
-    Zygote { index: usize, message: String },
+    #[error("starting zygote {index}: {source}")]
+    Zygote { index: usize, source: ZygoteError },
     #[error("starting the worker `{cmd}`: {source}")]
     Worker { cmd: String, source: std::io::Error },
+    #[error("blocking signals: {0}")]
+    BlockSignals(#[source] Errno),
+    #[error("signalfd: {0}")]
+    SignalFd(#[source] Errno),
+    /// The listening socket could not be made non-blocking.
     #[error("{0}")]
-    Setup(String),
+    Nonblocking(#[source] std::io::Error),
+    #[error("pipe: {0}")]
+    Pipe(#[source] Errno),
+    #[error("pidfd_open: {0}")]
+    WorkerPidfd(#[source] std::io::Error),
+    #[error("poll: {0}")]
+    Poll(#[source] Errno),
+    #[error("waiting for the worker: {0}")]
+    WaitWorker(#[source] std::io::Error),
 }
 
 impl ServeError {
@@ -71,7 +88,14 @@ impl ServeError {
                 127
             }
             ServeError::Worker { .. } => 126,
-            ServeError::Zygote { .. } | ServeError::Setup(_) => 125,
+            ServeError::Zygote { .. }
+            | ServeError::BlockSignals(_)
+            | ServeError::SignalFd(_)
+            | ServeError::Nonblocking(_)
+            | ServeError::Pipe(_)
+            | ServeError::WorkerPidfd(_)
+            | ServeError::Poll(_)
+            | ServeError::WaitWorker(_) => 125,
         }
     }
 }
@@ -257,10 +281,9 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         mask.add(s);
     }
-    mask.thread_block()
-        .map_err(|e| ServeError::Setup(format!("blocking signals: {e}")))?;
+    mask.thread_block().map_err(ServeError::BlockSignals)?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| ServeError::Setup(format!("signalfd: {e}")))?;
+        .map_err(ServeError::SignalFd)?;
 
     let path = opts.socket.clone().unwrap_or_else(default_socket);
     if path.exists() {
@@ -291,12 +314,12 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     }
     listener
         .set_nonblocking(true)
-        .map_err(|e| ServeError::Setup(e.to_string()))?;
+        .map_err(ServeError::Nonblocking)?;
     let _unlink = Unlink(path.clone());
 
     let policy = Arc::new(policy);
-    let (restart_r, restart_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
-        .map_err(|e| ServeError::Setup(format!("pipe: {e}")))?;
+    let (restart_r, restart_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(ServeError::Pipe)?;
     let restart_w = Arc::new(restart_w);
     let on_death: Arc<dyn Fn(usize) + Send + Sync> = {
         let w = restart_w.clone();
@@ -309,12 +332,15 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             let mut list = Vec::new();
             for i in 0..(*count).max(1) {
                 let z = Zygote::start(i, policy.clone(), cfg, on_death.clone())
-                    .map_err(|message| ServeError::Zygote { index: i, message })?;
+                    .map_err(|source| ServeError::Zygote { index: i, source })?;
                 if opts.echo {
                     eprintln!(
                         "wfjail: zygote {i} ready (pid {}): {}",
                         z.pid,
-                        z.ready.get().cloned().unwrap_or_default()
+                        z.ready
+                            .get()
+                            .and_then(|r| serde_json::to_string(r).ok())
+                            .unwrap_or_default()
                     );
                 }
                 list.push(Some(z));
@@ -347,8 +373,8 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         cmd: opts.worker.join(" "),
         source,
     })?;
-    let worker_pidfd = sys::pidfd_open(worker.id() as libc::pid_t)
-        .map_err(|e| ServeError::Setup(format!("pidfd_open: {e}")))?;
+    let worker_pidfd =
+        sys::pidfd_open(worker.id() as libc::pid_t).map_err(ServeError::WorkerPidfd)?;
 
     let mut terminating: Option<std::time::Instant> = None;
     let mut paused: Option<std::time::Instant> = None;
@@ -369,14 +395,12 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         };
         match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(ServeError::Setup(format!("poll: {e}"))),
+            Err(e) => return Err(ServeError::Poll(e)),
         }
         let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
         let (accept, exited, signalled, restart) = (ready(0), ready(1), ready(2), ready(3));
         if exited {
-            break worker
-                .wait()
-                .map_err(|e| ServeError::Setup(format!("waiting for the worker: {e}")))?;
+            break worker.wait().map_err(ServeError::WaitWorker)?;
         }
         if signalled {
             while let Ok(Some(info)) = sfd.read_signal() {

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,13 +32,12 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
     AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair,
 };
-use serde_json::{Value, json};
 
-use crate::plan::{self, ExtraGrant, PlanRequest};
+use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
 use crate::policy::syscalls;
 use crate::policy::{Policy, Toggle};
 use crate::process::channel::{self as chan, ChildMsg, Received};
-use crate::process::{self, Spawned};
+use crate::process::{self, SpawnError, Spawned};
 use crate::report::Layers;
 use crate::supervise::notify;
 use crate::supervise::paths::WriteGrants;
@@ -47,19 +46,14 @@ use crate::supervise::violations::Violations;
 use crate::sys::{self, NotifBuf};
 
 use super::SessionShared;
-
-/// Control frame kinds (see python/wfjail/zygote.py).
-const FORK: u8 = 0x31;
-const READY: u8 = 0x32;
-const FORKED: u8 = 0x33;
-const EXITED: u8 = 0x34;
-
-/// The control channel's version (python/wfjail/zygote.py `CONTROL_VERSION`); a zygote
-/// whose READY says another (or none: version 1) is refused with what to install.
-const CONTROL_VERSION: u64 = 2;
+use super::control::{
+    self, CONTROL_VERSION, Control, ControlError, Exited, Fork, ForkOutcome, NoDomain, Ready,
+};
 
 /// How long a zygote may take to preload.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a FORK may wait for its FORKED.
+const FORK_WAIT: Duration = Duration::from_secs(30);
 
 /// How to start zygotes.
 #[derive(Debug, Clone)]
@@ -80,7 +74,111 @@ pub struct ChildExit {
     pub max_rss_kb: u64,
 }
 
-type ForkReply = Result<i32, String>;
+impl From<Exited> for ChildExit {
+    fn from(e: Exited) -> Self {
+        ChildExit {
+            status: Some(e.status),
+            cpu_ms: e.cpu_ms,
+            max_rss_kb: e.max_rss_kb,
+        }
+    }
+}
+
+/// Why a zygote could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("control socket: {0}")]
+    ControlSocket(#[source] std::io::Error),
+    #[error("/dev/null: {0}")]
+    DevNull(#[source] std::io::Error),
+    #[error("log pipe: {0}")]
+    LogPipe(#[source] std::io::Error),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// Its set-up failed before or at its exec.
+    #[error(transparent)]
+    Exec(#[from] StartupError),
+    #[error("{0}")]
+    Thread(#[source] std::io::Error),
+    #[error(
+        "the zygote did not get ready within {}s; {}",
+        READY_TIMEOUT.as_secs(),
+        importable(.python)
+    )]
+    NotReady { python: PathBuf },
+    #[error(
+        "the zygote exited before it was ready (its error is above); {}",
+        importable(.python)
+    )]
+    ExitedEarly { python: PathBuf },
+    #[error("the zygote sent a bad control message: {0}")]
+    BadReady(#[source] ControlError),
+    #[error(
+        "the zygote's `wfjail` Python package speaks control version {got}, this wfjail \
+         {CONTROL_VERSION}: install the package of this wfjail (`pip install ./python` from its \
+         source) into the environment of {}",
+        .python.display()
+    )]
+    ControlVersion { got: u64, python: PathBuf },
+    #[error("the zygote could not preload: {0}")]
+    Preload(String),
+    #[error(
+        "the zygote cannot give each session a Landlock domain of its own ({0}); sessions \
+         would reach each other through /proc/PID/fd, so wfjail refuses to serve. Nesting \
+         needs Landlock in the kernel (5.13 or later, with `landlock` in the `lsm=` boot \
+         parameter or CONFIG_LSM) and landlock_create_ruleset, landlock_add_rule and \
+         landlock_restrict_self allowed by any seccomp filter wfjail runs under (a container \
+         profile); use exec mode (no --zygote) otherwise"
+    )]
+    NoSessionDomain(#[source] NoDomain),
+    #[error(
+        "wfjail cannot read the zygote's memory ({0}); the session children's calls could \
+         not be judged, so wfjail refuses to serve"
+    )]
+    NotInspectable(#[source] InspectError),
+}
+
+/// The hint of a zygote that never got ready.
+fn importable(python: &std::path::Path) -> String {
+    format!(
+        "is the `wfjail` Python package importable by {} under the policy (installed in its \
+         environment, or on a PYTHONPATH the policy sets and grants)?",
+        python.display()
+    )
+}
+
+/// Why wfjail cannot inspect a process the way it inspects session children.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("/proc/{pid}/cwd: {source}")]
+    Cwd { pid: i32, source: std::io::Error },
+    #[error("/proc/{pid}/maps: {source}")]
+    Maps { pid: i32, source: std::io::Error },
+    #[error("/proc/{0}/maps lists no readable mapping")]
+    NoMapping(i32),
+    #[error("process_vm_readv: {0}")]
+    Memory(#[source] std::io::Error),
+}
+
+/// Why a FORK gave no child.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForkError {
+    #[error("the zygote is restarting")]
+    Restarting,
+    #[error("asking the zygote to fork: {0}")]
+    Send(#[source] Errno),
+    #[error("the zygote did not answer FORK")]
+    NoAnswer,
+    #[error("the zygote died")]
+    Died,
+    /// The zygote's own reason (FORKED with an error).
+    #[error("{0}")]
+    Refused(String),
+}
+
+type ForkReply = Result<i32, ForkError>;
 /// A FORK waiting for its FORKED: the session, and where to send the answer.
 type PendingFork = (Arc<SessionShared>, Sender<ForkReply>);
 /// What a guest's exec left: its listener (if any) and the steps that degraded.
@@ -105,21 +203,7 @@ pub struct Zygote {
     /// The server is stopping it: its death is expected, not restarted.
     stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
-    pub ready: std::sync::OnceLock<Value>,
-}
-
-fn frame(kind: u8, doc: &Value) -> Vec<u8> {
-    crate::protocol::frame::encode_raw(kind, doc.to_string().as_bytes())
-}
-
-/// Parses one control-channel packet: a frame whose JSON payload is the whole packet.
-/// Public for the fuzz targets (fuzz/).
-pub fn parse(packet: &[u8]) -> Option<(u8, Value)> {
-    let len = u32::from_le_bytes(packet.get(..4)?.try_into().ok()?) as usize;
-    if len + 4 != packet.len() || len == 0 {
-        return None;
-    }
-    Some((packet[4], serde_json::from_slice(&packet[5..]).ok()?))
+    pub ready: std::sync::OnceLock<Ready>,
 }
 
 impl Zygote {
@@ -130,7 +214,7 @@ impl Zygote {
         policy: Arc<Policy>,
         cfg: &ZygoteConfig,
         on_death: Arc<dyn Fn(usize) + Send + Sync>,
-    ) -> Result<Arc<Zygote>, String> {
+    ) -> Result<Arc<Zygote>, ZygoteError> {
         let mut argv = vec![
             cfg.python.display().to_string(),
             "-m".into(),
@@ -155,26 +239,26 @@ impl Zygote {
             },
             zygote: true,
         };
-        let plan = plan::build(&policy, &req).map_err(|e| e.to_string())?;
+        let plan = plan::build(&policy, &req)?;
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .map_err(|e| format!("control socket: {e}"))?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        .map_err(|e| ZygoteError::ControlSocket(e.into()))?;
+        let null = std::fs::File::open("/dev/null").map_err(ZygoteError::DevNull)?;
         // The zygote's own stdout and stderr (its children get their session's): a pipe
         // copied to ours, each line behind "[zygote i] ".
         let log = super::log_pipe(format!("zygote{index}"), format!("[zygote {index}] "))
-            .map_err(|e| format!("log pipe: {e}"))?;
+            .map_err(ZygoteError::LogPipe)?;
         let targets = [
             (null.as_raw_fd(), 0),
             (log.as_raw_fd(), 1),
             (log.as_raw_fd(), 2),
             (theirs.as_raw_fd(), 3),
         ];
-        let spawned = process::spawn(&plan, &targets).map_err(|e| e.to_string())?;
+        let spawned = process::spawn(&plan, &targets)?;
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
@@ -183,14 +267,12 @@ impl Zygote {
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
                 let _ = sys::wait4(pid);
-                return Err(e.to_string());
+                return Err(e.into());
             }
         };
         let layers = crate::run::layers(&plan, &base, &degraded, listener.is_some());
         let Spawned { pidfd, .. } = spawned;
-        let reader = ours
-            .try_clone()
-            .map_err(|e| format!("control socket: {e}"))?;
+        let reader = ours.try_clone().map_err(ZygoteError::ControlSocket)?;
         let (ready_tx, ready_rx) = channel();
         let zygote = Arc::new(Zygote {
             index,
@@ -211,7 +293,7 @@ impl Zygote {
             std::thread::Builder::new()
                 .name(format!("zygote{index}-ctl"))
                 .spawn(move || z.read_control(reader, ready_tx, on_death))
-                .map_err(|e| e.to_string())?;
+                .map_err(ZygoteError::Thread)?;
         }
         if let Some(listener) = listener {
             let z = zygote.clone();
@@ -230,67 +312,52 @@ impl Zygote {
                     };
                     z.route_notifications(listener, rules)
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(ZygoteError::Thread)?;
         }
-        let ready = match ready_rx.recv_timeout(READY_TIMEOUT) {
-            Ok(doc) => doc,
-            Err(e) => {
-                zygote.kill();
-                let what = match e {
-                    std::sync::mpsc::RecvTimeoutError::Timeout => {
-                        format!("did not get ready within {}s", READY_TIMEOUT.as_secs())
-                    }
-                    std::sync::mpsc::RecvTimeoutError::Disconnected => {
-                        "exited before it was ready (its error is above)".into()
-                    }
-                };
-                return Err(format!(
-                    "the zygote {what}; is the `wfjail` Python package importable by {} under the policy \
-                     (installed in its environment, or on a PYTHONPATH the policy sets and grants)?",
-                    cfg.python.display()
-                ));
+        if let Err(e) = zygote.check_ready(ready_rx.recv_timeout(READY_TIMEOUT), cfg) {
+            zygote.kill();
+            return Err(e);
+        }
+        Ok(zygote)
+    }
+
+    /// Whether the zygote that sent `ready` (or none) can serve: it got ready, speaks this
+    /// wfjail's control version, preloaded, gives each session a Landlock domain of its own,
+    /// and wfjail can see into it.
+    fn check_ready(
+        &self,
+        ready: Result<Result<Ready, ControlError>, RecvTimeoutError>,
+        cfg: &ZygoteConfig,
+    ) -> Result<(), ZygoteError> {
+        let python = cfg.python.clone();
+        let ready = match ready {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(ZygoteError::BadReady(e)),
+            Err(RecvTimeoutError::Timeout) => return Err(ZygoteError::NotReady { python }),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ZygoteError::ExitedEarly { python });
             }
         };
-        let control = ready.get("control").and_then(Value::as_u64).unwrap_or(1);
-        if control != CONTROL_VERSION {
-            zygote.kill();
-            return Err(format!(
-                "the zygote's `wfjail` Python package speaks control version {control}, this \
-                 wfjail {CONTROL_VERSION}: install the package of this wfjail (`pip install \
-                 ./python` from its source) into the environment of {}",
-                cfg.python.display()
-            ));
+        if ready.control != CONTROL_VERSION {
+            return Err(ZygoteError::ControlVersion {
+                got: ready.control,
+                python,
+            });
         }
-        if let Some(err) = ready.get("error").and_then(Value::as_str) {
-            zygote.kill();
-            return Err(format!("the zygote could not preload: {err}"));
+        if let Some(err) = ready.error {
+            return Err(ZygoteError::Preload(err));
         }
         // Sessions share a uid and see the host's /proc: only a Landlock domain of each
         // session's own keeps one out of another's (or the zygote's) /proc/PID/fd, mem and
         // environ, and its signals and abstract sockets in.
-        if let Err(why) = session_domain(&ready) {
-            zygote.kill();
-            return Err(format!(
-                "the zygote cannot give each session a Landlock domain of its own ({why}); \
-                 sessions would reach each other through /proc/PID/fd, so wfjail refuses to \
-                 serve. Nesting needs Landlock in the kernel (5.13 or later, with `landlock` in \
-                 the `lsm=` boot parameter or CONFIG_LSM) and landlock_create_ruleset, \
-                 landlock_add_rule and landlock_restrict_self allowed by any seccomp filter \
-                 wfjail runs under (a container profile); use exec mode (no --zygote) otherwise"
-            ));
-        }
+        ready
+            .session_domain()
+            .map_err(ZygoteError::NoSessionDomain)?;
         // wfjail must still see into it (resolve a session's paths through /proc/PID/cwd and
         // fd, read its call arguments). The zygote is dumpable and in a domain nested in
         // wfjail's, so this holds as the same user or root; something else (an LSM, Yama's
         // ptrace_scope 3) could still forbid it: then sessions would be judged blind.
-        if let Err(why) = inspectable(pid) {
-            zygote.kill();
-            return Err(format!(
-                "wfjail cannot read the zygote's memory ({why}); the session children's calls \
-                 could not be judged, so wfjail refuses to serve"
-            ));
-        }
-        Ok(zygote)
+        inspectable(self.pid).map_err(ZygoteError::NotInspectable)
     }
 
     /// Whether the zygote is still running.
@@ -327,14 +394,18 @@ impl Zygote {
         output: OwnedFd,
     ) -> ForkReply {
         if !self.alive() {
-            return Err("the zygote is restarting".into());
+            return Err(ForkError::Restarting);
         }
         let (tx, rx) = channel();
         self.pending
             .lock()
             .unwrap()
             .insert(shared.id, (shared.clone(), tx));
-        let msg = frame(FORK, &json!({"session": shared.id, "handler": handler}));
+        let msg = Fork {
+            session: shared.id,
+            handler,
+        }
+        .to_packet();
         let fds = [session_end.as_raw_fd(), output.as_raw_fd()];
         let sent = {
             let ctl = self.ctl.lock().unwrap();
@@ -350,10 +421,10 @@ impl Zygote {
         drop((session_end, output));
         if let Err(e) = sent {
             self.pending.lock().unwrap().remove(&shared.id);
-            return Err(format!("asking the zygote to fork: {e}"));
+            return Err(ForkError::Send(e));
         }
-        rx.recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| Err("the zygote did not answer FORK".into()))
+        rx.recv_timeout(FORK_WAIT)
+            .unwrap_or(Err(ForkError::NoAnswer))
     }
 
     /// Forgets a finished session.
@@ -378,7 +449,7 @@ impl Zygote {
     fn read_control(
         self: Arc<Self>,
         ctl: OwnedFd,
-        ready: Sender<Value>,
+        ready: Sender<Result<Ready, ControlError>>,
         on_death: Arc<dyn Fn(usize) + Send + Sync>,
     ) {
         let mut buf = vec![0u8; 64 * 1024];
@@ -389,46 +460,42 @@ impl Zygote {
                 Err(Errno::EINTR) => continue,
                 Err(_) => break,
             };
-            let Some((kind, doc)) = parse(&buf[..n]) else {
-                continue;
-            };
-            match kind {
-                READY => {
+            match control::parse(&buf[..n]) {
+                Ok(Control::Ready(doc)) => {
                     // A zygote that could not preload exits next: that death is not a restart.
-                    if doc.get("error").is_none() {
+                    if doc.error.is_none() {
                         let _ = self.ready.set(doc.clone());
                     }
-                    let _ = ready.send(doc);
+                    let _ = ready.send(Ok(doc));
                 }
-                FORKED => {
-                    let id = doc["session"].as_u64().unwrap_or(u64::MAX);
-                    let Some((shared, tx)) = self.pending.lock().unwrap().remove(&id) else {
+                Ok(Control::Forked(forked)) => {
+                    let Some((shared, tx)) = self.pending.lock().unwrap().remove(&forked.session)
+                    else {
                         continue;
                     };
-                    let reply = match doc["pid"].as_i64() {
-                        Some(p) => {
-                            self.by_ns_pid.lock().unwrap().insert(p as i32, shared);
-                            Ok(p as i32)
+                    let reply = match forked.child {
+                        ForkOutcome::Pid { pid } => {
+                            self.by_ns_pid.lock().unwrap().insert(pid, shared);
+                            Ok(pid)
                         }
-                        None => Err(doc["error"].as_str().unwrap_or("fork failed").to_string()),
+                        ForkOutcome::Error { error } => Err(ForkError::Refused(error)),
                     };
                     let _ = tx.send(reply);
                 }
-                EXITED => {
-                    let Some(p) = doc["pid"].as_i64() else {
-                        continue;
-                    };
-                    let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&(p as i32)) else {
+                Ok(Control::Exited(exited)) => {
+                    let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&exited.pid) else {
                         continue;
                     };
                     self.by_pid.lock().unwrap().retain(|_, s| s.id != shared.id);
-                    shared.set_exit(ChildExit {
-                        status: doc["status"].as_i64().map(|s| s as i32),
-                        cpu_ms: doc["cpu_ms"].as_f64().unwrap_or(0.0),
-                        max_rss_kb: doc["max_rss_kb"].as_u64().unwrap_or(0),
-                    });
+                    shared.set_exit(exited.into());
                 }
-                _ => {}
+                // Start-up waits for READY: a malformed one fails it at once.
+                Err(e) if e.kind() == Some(control::READY) && self.ready.get().is_none() => {
+                    let _ = ready.send(Err(e));
+                }
+                // The zygote runs trusted code only (preload code, wfjail's package): a bad
+                // packet is a bug there, said and skipped.
+                Err(e) => eprintln!("wfjail: zygote {}: {e}; ignored", self.index),
             }
         }
         // The zygote is gone: so are its children.
@@ -452,7 +519,7 @@ impl Zygote {
             s.set_exit(gone);
         }
         for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
-            let _ = tx.send(Err("the zygote died".into()));
+            let _ = tx.send(Err(ForkError::Died));
         }
         if !expected {
             on_death(self.index);
@@ -557,25 +624,13 @@ impl Zygote {
     }
 }
 
-/// The Landlock ABI the zygote nests its session children's domains with, from its READY
-/// (`"session_domain"`: the ABI, or a string saying why it cannot).
-fn session_domain(ready: &Value) -> Result<u64, String> {
-    match ready.get("session_domain") {
-        Some(Value::String(why)) => Err(why.clone()),
-        Some(v) => match v.as_u64() {
-            Some(abi) if abi >= 1 => Ok(abi),
-            _ => Err(format!("its READY says \"session_domain\": {v}")),
-        },
-        None => Err("its READY does not say it can".into()),
-    }
-}
-
 /// Whether wfjail can read what it needs of process `pid` (its cwd link, its maps, a byte of
 /// its memory), the way it does for a session child's calls.
-fn inspectable(pid: libc::pid_t) -> Result<(), String> {
-    std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(|e| format!("/proc/{pid}/cwd: {e}"))?;
+fn inspectable(pid: libc::pid_t) -> Result<(), InspectError> {
+    std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .map_err(|source| InspectError::Cwd { pid, source })?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
+        .map_err(|source| InspectError::Maps { pid, source })?;
     let addr = maps
         .lines()
         .find(|l| {
@@ -585,10 +640,10 @@ fn inspectable(pid: libc::pid_t) -> Result<(), String> {
         })
         .and_then(|l| l.split('-').next())
         .and_then(|a| u64::from_str_radix(a, 16).ok())
-        .ok_or_else(|| format!("/proc/{pid}/maps lists no readable mapping"))?;
+        .ok_or(InspectError::NoMapping(pid))?;
     sys::read_process_memory(pid, addr, &mut [0u8; 1])
         .map(|_| ())
-        .map_err(|e| format!("process_vm_readv: {e}"))
+        .map_err(InspectError::Memory)
 }
 
 /// The pid of global `pid` in its own (innermost) PID namespace.
@@ -686,30 +741,5 @@ pub fn await_exec(
                 Route::HoldExec | Route::Guest => {}
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_domain_is_an_abi_or_the_reason_it_is_not() {
-        let ready = |v: Value| json!({"pid": 1, "session_domain": v});
-        assert_eq!(session_domain(&ready(json!(7))), Ok(7));
-        assert_eq!(session_domain(&ready(json!(1))), Ok(1));
-        assert_eq!(
-            session_domain(&ready(json!(
-                "landlock_create_ruleset: Function not implemented"
-            ))),
-            Err("landlock_create_ruleset: Function not implemented".into())
-        );
-        for bad in [json!(0), json!(-1), json!(true), json!(null), json!(6.5)] {
-            assert!(session_domain(&ready(bad.clone())).is_err(), "{bad}");
-        }
-        assert_eq!(
-            session_domain(&json!({"pid": 1, "dumpable": false})),
-            Err("its READY does not say it can".into())
-        );
     }
 }

@@ -1,0 +1,251 @@
+//! A session's guest, started: forked from a zygote (prefork mode) or planned and spawned like
+//! `wfjail run` does (exec mode), with the session socket on its fds 3 and 4 and a pipe of the
+//! session's own as its stdout and stderr.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
+
+use crate::plan::{self, Plan, PlanError, PlanRequest};
+use crate::policy::Dur;
+use crate::process::SpawnError;
+use crate::protocol::worker::OpenRequest;
+use crate::run::{Applied, LayersBase};
+use crate::supervise::paths::WriteGrants;
+use crate::supervise::set_nonblocking;
+use crate::supervise::startup::Startup;
+use crate::sys::{NotifBuf, Reaped};
+
+use super::zygote::{ForkError, Zygote};
+use super::{Server, SessionShared};
+
+/// Why a session could not start its guest (the worker gets FAILED with this).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("OPEN timeout: {0}")]
+    Timeout(String),
+    /// The pipe that wakes the session when the zygote reports the guest's exit.
+    #[error("pipe: {0}")]
+    Wake(#[source] std::io::Error),
+    #[error("output pipe: {0}")]
+    OutputPipe(#[source] Errno),
+    #[error("session socket: {0}")]
+    Socket(#[source] Errno),
+    #[error("SO_PASSCRED: {0}")]
+    PassCred(#[source] Errno),
+    #[error("no zygote is running (restarting?)")]
+    NoZygote,
+    #[error("zygote fork: {0}")]
+    Fork(#[source] ForkError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(
+        "this server runs in zygote mode: open a session with {{\"handler\": \"module:function\"}}"
+    )]
+    ZygoteMode,
+    #[error(
+        "this server runs in exec mode: open a session with {{\"argv\": [\"/path/to/guest\", \
+         ...]}} (or start it with --zygote)"
+    )]
+    ExecMode,
+}
+
+/// Why an exec-mode guest could not be spawned.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("/dev/null: {0}")]
+    DevNull(#[source] std::io::Error),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+}
+
+/// How the guest was started.
+pub enum Child {
+    Zygote {
+        zygote: Arc<Zygote>,
+        ns_pid: i32,
+        /// Learned from the credentials on the guest's first message.
+        pid: Option<libc::pid_t>,
+        pidfd: Option<OwnedFd>,
+    },
+    Exec(Box<ExecChild>),
+}
+
+/// An exec-mode guest: the session thread supervises its start-up and its notifications.
+pub struct ExecChild {
+    pub plan: Plan,
+    pub base: LayersBase,
+    pub pid: libc::pid_t,
+    pub pidfd: Arc<OwnedFd>,
+    pub chan: Option<OwnedFd>,
+    pub listener: Option<OwnedFd>,
+    pub buf: Option<NotifBuf>,
+    pub grants: WriteGrants,
+    pub startup: Startup,
+    pub reaped: Option<Reaped>,
+}
+
+/// A guest started for a session, and what the session holds of it.
+pub struct Launched {
+    pub shared: Arc<SessionShared>,
+    pub child: Child,
+    /// The guest's command (exec mode) or handler (zygote mode), for the report.
+    pub command: Vec<String>,
+    pub applied: Applied,
+    /// The session's end of the guest's socket (the guest has the other on fds 3 and 4).
+    pub guest: OwnedFd,
+    /// The read end of the guest's stdout and stderr.
+    pub output: OwnedFd,
+    /// Each call's wall-clock limit.
+    pub timeout: Option<Duration>,
+}
+
+/// Starts the guest of session `id` as `open` asks. On failure: why, and the command (if it
+/// was known) for the report.
+pub fn launch(
+    id: u64,
+    server: &Server,
+    open: OpenRequest,
+) -> Result<Launched, (StartError, Vec<String>)> {
+    let timeout = match open.timeout.as_deref().map(Dur::parse) {
+        Some(Ok(d)) => Some(d.0),
+        Some(Err(e)) => return Err((StartError::Timeout(e), vec![])),
+        None => server.timeout,
+    };
+    let shared = SessionShared::new(id, server.echo).map_err(|e| (StartError::Wake(e), vec![]))?;
+    // The guest's stdout and stderr: a pipe of this session's own, so that one guest cannot
+    // block (O_NONBLOCK), flood or read another's.
+    let (out_r, out_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| (StartError::OutputPipe(e), vec![]))?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| (StartError::Socket(e), vec![]))?;
+    let (child, command, applied) = match (&server.pool, open) {
+        (
+            Some(pool),
+            OpenRequest {
+                handler: Some(handler),
+                argv: None,
+                ..
+            },
+        ) => {
+            let command = vec![handler.clone()];
+            if let Err(e) = setsockopt(&ours, sockopt::PassCred, &true) {
+                return Err((StartError::PassCred(e), command));
+            }
+            let Some(zygote) = pool.pick() else {
+                return Err((StartError::NoZygote, command));
+            };
+            match zygote.fork(shared.clone(), &handler, theirs, out_w) {
+                Ok(ns_pid) => {
+                    let applied = zygote.applied.clone();
+                    let child = Child::Zygote {
+                        zygote,
+                        ns_pid,
+                        pid: None,
+                        pidfd: None,
+                    };
+                    (child, command, applied)
+                }
+                Err(e) => return Err((StartError::Fork(e), command)),
+            }
+        }
+        (
+            None,
+            OpenRequest {
+                argv: Some(argv),
+                handler: None,
+                ..
+            },
+        ) => match start_exec(server, &argv, theirs, out_w) {
+            Ok(c) => {
+                server.children.lock().unwrap().insert(id, c.pidfd.clone());
+                let applied = Applied::of(&c.plan);
+                (Child::Exec(Box::new(c)), argv, applied)
+            }
+            Err(e) => return Err((e.into(), argv)),
+        },
+        (Some(_), _) => return Err((StartError::ZygoteMode, vec![])),
+        (None, _) => return Err((StartError::ExecMode, vec![])),
+    };
+    set_nonblocking(&ours);
+    set_nonblocking(&out_r);
+    Ok(Launched {
+        shared,
+        child,
+        command,
+        applied,
+        guest: ours,
+        output: out_r,
+        timeout,
+    })
+}
+
+/// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4.
+fn start_exec(
+    server: &Server,
+    argv: &[String],
+    theirs: OwnedFd,
+    log: OwnedFd,
+) -> Result<ExecChild, ExecError> {
+    let policy = &server.policy;
+    let req = PlanRequest {
+        argv: argv.to_vec(),
+        grants: server.grants.clone(),
+        extra_env: crate::run::protocol_env(policy),
+        zygote: false,
+    };
+    let plan = plan::build(policy, &req)?;
+    let null = std::fs::File::open("/dev/null").map_err(ExecError::DevNull)?;
+    let targets = [
+        (null.as_raw_fd(), 0),
+        (log.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
+        (theirs.as_raw_fd(), 3),
+        (theirs.as_raw_fd(), 4),
+    ];
+    let spawned = crate::process::spawn(&plan, &targets)?;
+    drop((null, theirs, log));
+    let base = LayersBase::of(&spawned);
+    set_nonblocking(&spawned.chan);
+    let grants = WriteGrants::new(&plan.write);
+    Ok(ExecChild {
+        base,
+        pid: spawned.pid,
+        pidfd: Arc::new(spawned.pidfd),
+        chan: Some(spawned.chan),
+        listener: None,
+        buf: None,
+        grants,
+        startup: Startup::new(),
+        reaped: None,
+        plan,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wrong_mode_says_how_to_open_a_session() {
+        assert_eq!(
+            StartError::ZygoteMode.to_string(),
+            r#"this server runs in zygote mode: open a session with {"handler": "module:function"}"#
+        );
+        assert_eq!(
+            StartError::ExecMode.to_string(),
+            r#"this server runs in exec mode: open a session with {"argv": ["/path/to/guest", ...]} (or start it with --zygote)"#
+        );
+    }
+}
