@@ -53,6 +53,8 @@ use super::{Server, SessionShared};
 const PENDING_CAP: usize = 1 << 20;
 /// How long a guest has to stop (SIGSTOP) after answering, before the session fails.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// How often the loop looks whether a guest sent SIGSTOP has stopped, until it has.
+const STOP_CHECK: Duration = Duration::from_millis(1);
 
 /// What a descriptor in the session's poll set is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +90,10 @@ struct Session {
     /// The guest is stopped (SIGSTOP) between calls: it runs only while a call is in
     /// progress (or while it starts, or exits after CLOSE).
     stopped: bool,
+    /// When SIGSTOP was sent, while the kernel does not show the guest stopped yet: the
+    /// answer went on without waiting, and the loop confirms the stop (or fails the session
+    /// after [`STOP_WAIT`]).
+    stop_unconfirmed: Option<Instant>,
     /// Each violation's count when the current call began: the violations of a call are the
     /// new ones and those counted again since.
     counts_at_call: Vec<u32>,
@@ -193,6 +199,7 @@ impl Session {
             output_bytes: 0,
             output_exceeded: false,
             stopped: false,
+            stop_unconfirmed: None,
             counts_at_call: Vec::new(),
             guest_out,
             guest_open: true,
@@ -386,32 +393,53 @@ impl Session {
     }
 
     /// Stops the guest after it answered, so that it runs no code between calls (a guest
-    /// could answer and go on working, from code after its reply or a signal handler), and
-    /// waits until the kernel shows it stopped. SIGSTOP cannot be caught or ignored, and as
-    /// it comes from an ancestor PID namespace it stops a guest that is PID 1 too.
+    /// could answer and go on working, from code after its reply or a signal handler).
+    /// SIGSTOP cannot be caught or ignored, and as it comes from an ancestor PID namespace it
+    /// stops a guest that is PID 1 too. The kernel stops it as soon as it runs (a running
+    /// guest is interrupted at once); the answer does not wait for that, the event loop
+    /// confirms it ([`Session::confirm_stop`]).
     fn stop_guest(&mut self) -> Result<(), Failure> {
         if self.stopped || self.ended() {
             return Ok(());
         }
-        let Some((pid, pidfd)) = self.guest_process() else {
+        let Some((_, pidfd)) = self.guest_process() else {
             return Err(Failure::NoPid);
         };
         if sys::pidfd_send_signal(pidfd, libc::SIGSTOP).is_err() {
             return Ok(()); // it is gone: its exit is on the way
         }
         self.stopped = true;
-        let until = Instant::now() + STOP_WAIT;
-        loop {
-            match proc_state(pid) {
-                Some(b'T' | b't' | b'Z' | b'X') | None => return Ok(()),
-                Some(_) if Instant::now() >= until => return Err(Failure::NoStop(STOP_WAIT)),
-                Some(_) => std::thread::sleep(Duration::from_micros(50)),
+        self.stop_unconfirmed = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Whether the stop sent last is confirmed by the kernel (or moot: the guest runs again,
+    /// or is gone); a guest still not stopped [`STOP_WAIT`] after SIGSTOP fails the session.
+    fn confirm_stop(&mut self) -> Result<(), Failure> {
+        let (Some(sent), true) = (self.stop_unconfirmed, self.stopped) else {
+            self.stop_unconfirmed = None;
+            return Ok(());
+        };
+        let Some((pid, _)) = self.guest_process() else {
+            self.stop_unconfirmed = None;
+            return Ok(());
+        };
+        match proc_state(pid) {
+            Some(b'T' | b't' | b'Z' | b'X') | None => {
+                self.stop_unconfirmed = None;
+                Ok(())
             }
+            Some(_) if sent.elapsed() >= STOP_WAIT => {
+                self.stop_unconfirmed = None;
+                Err(Failure::NoStop(STOP_WAIT))
+            }
+            Some(_) => Ok(()),
         }
     }
 
     /// Lets a stopped guest run again (a call begins, or it is to exit).
     fn resume_guest(&mut self) {
+        self.stop_unconfirmed = None;
         if !std::mem::take(&mut self.stopped) {
             return;
         }
@@ -719,6 +747,9 @@ impl Session {
             if self.sampling() {
                 wait = Some(wait.map_or(VM_SAMPLE_WAIT, |w| w.min(VM_SAMPLE_WAIT)));
             }
+            if self.stop_unconfirmed.is_some() {
+                wait = Some(wait.map_or(STOP_CHECK, |w| w.min(STOP_CHECK)));
+            }
             let wait = wait.map_or(PollTimeout::NONE, poll_timeout);
             match poll(&mut fds, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -731,6 +762,10 @@ impl Session {
                 .filter(|(_, r)| !r.is_empty())
                 .collect();
             drop(fds);
+            if let Err(why) = self.confirm_stop() {
+                let acts = self.phases.fail(why);
+                self.act(acts);
+            }
             if self.sampling() {
                 self.sample_memory(false);
             }
