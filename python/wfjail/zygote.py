@@ -51,6 +51,10 @@ FORK, READY, FORKED, EXITED = 0x31, 0x32, 0x33, 0x34
 # The control channel's version, said in READY: wfjail refuses a zygote of another version
 # (a package installed from another wfjail). 2: FORK carries the session's output pipe.
 CONTROL_VERSION = 2
+# The next spare is forked once the zygote has had nothing to do for this long: not while a
+# session's child starts or exits, which a fork would compete with for the CPUs
+# (docs/benchmarks.md, "Prefork latency").
+SPARE_IDLE = 0.001
 
 
 def _frame(kind, doc):
@@ -320,7 +324,8 @@ def main(argv=None):
     while True:
         try:
             # A timeout too: children are reaped even if the wake-up pipe stayed silent.
-            readable, _, _ = select.select([ctl, wake[0]], [], [], 1.0)
+            wait = SPARE_IDLE if (spare is None and forking_ahead) else 1.0
+            readable, _, _ = select.select([ctl, wake[0]], [], [], wait)
         except InterruptedError:
             continue
         if wake[0] in readable:
@@ -355,11 +360,6 @@ def main(argv=None):
             for f in fds:
                 os.close(f)
             ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "pid": pid}))
-        if spare is None and forking_ahead:
-            try:
-                spare = _spare(ctl, wake)  # after the answer: off the session's path
-            except OSError:
-                spare = None
         # Reap every child that ended, and tell the supervisor how.
         while True:
             try:
@@ -377,6 +377,13 @@ def main(argv=None):
                 "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
                 "max_rss_kb": usage.ru_maxrss,
             }))
+        # The next spare is forked off the sessions' path: once the zygote is idle (a FORK
+        # that finds no spare forks at once).
+        if spare is None and forking_ahead and not readable:
+            try:
+                spare = _spare(ctl, wake)
+            except OSError:
+                spare = None
 
 
 if __name__ == "__main__":
