@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::syscall_table::X86_64;
-use super::syscalls::{self, Category};
+use super::syscalls::{self, Args, Category};
 use super::{NetworkMode, Policy, RandomMode, Toggle};
 
 /// How the supervisor checks a notification of one syscall.
@@ -49,6 +49,9 @@ pub struct Decision {
     pub always_deny: bool,
     /// The policy's own `[syscalls] deny` lists it (its rule then names that list).
     pub policy_denies: bool,
+    /// How its arguments are shown (`syscalls::args`; the raw values when the policy's own
+    /// deny list refuses a call that is otherwise allowed with checks).
+    pub args: Args,
 }
 
 /// The decisions of one plan, by syscall number.
@@ -204,6 +207,19 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             _ => Check::Violation,
         }
     };
+    let args = match syscalls::args(name) {
+        Args::Ioctl
+        | Args::Fcntl
+        | Args::Signal { .. }
+        | Args::Prlimit
+        | Args::Memfd
+        | Args::Mmap
+            if policy_denies =>
+        {
+            Args::Hex
+        }
+        a => a,
+    };
     Decision {
         name,
         check,
@@ -212,6 +228,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
         hint,
         always_deny,
         policy_denies,
+        args,
     }
 }
 

@@ -97,6 +97,91 @@ pub fn closest(wrong: &str, n: usize) -> Vec<&'static str> {
     scored.into_iter().take(n).map(|(_, name)| name).collect()
 }
 
+/// How a denied call's arguments are shown in a report (decoded by `supervise/decode.rs`;
+/// argument indexes are the syscall's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Args {
+    /// The first three arguments in hex.
+    Hex,
+    /// Nothing (fork, vfork).
+    None,
+    /// `socket`/`socketpair`: address family and type.
+    SocketKind,
+    /// A socket address at argument `addr` of length argument `len`.
+    Sockaddr { addr: usize, len: usize },
+    /// A descriptor at argument 0.
+    Fd,
+    /// `clone` flags at argument 0 (which also tell a thread from a subprocess).
+    CloneFlags,
+    /// `unshare`/`setns` namespace flags at argument `at`.
+    NamespaceFlags { at: usize },
+    /// An exec: path at `path`, argv at `argv`.
+    Exec { path: usize, argv: usize },
+    /// `nanosleep`'s timespec.
+    Timespec,
+    /// `clock_nanosleep`'s clock and duration.
+    ClockSleep,
+    /// Seconds at argument 0 (`alarm`).
+    Seconds,
+    /// A byte count at argument 1 (`getrandom`).
+    Bytes,
+    /// A path string at argument `at`.
+    Path { at: usize },
+    /// `mount`: source on target.
+    Mount,
+    /// `ioctl`: descriptor and request (which also sets the category).
+    Ioctl,
+    /// `fcntl`: descriptor, command and argument (the command sets category and rule).
+    Fcntl,
+    /// `seccomp`: operation and flags.
+    SeccompOp,
+    /// `kill`/`tkill` (signal at 1) or `tgkill` (signal at 2), with the target pid.
+    Signal { sig: usize },
+    /// `prlimit64`: pid and resource.
+    Prlimit,
+    /// `memfd_create`: name and flags.
+    Memfd,
+    /// `mmap`: mapping flags and length.
+    Mmap,
+}
+
+/// How a denied call of `name` shows its arguments.
+pub fn args(name: &str) -> Args {
+    match name {
+        "socket" | "socketpair" => Args::SocketKind,
+        "connect" | "bind" => Args::Sockaddr { addr: 1, len: 2 },
+        "sendto" => Args::Sockaddr { addr: 4, len: 5 },
+        "listen" | "accept" | "accept4" => Args::Fd,
+        "clone" => Args::CloneFlags,
+        "fork" | "vfork" => Args::None,
+        "execve" => Args::Exec { path: 0, argv: 1 },
+        "execveat" => Args::Exec { path: 1, argv: 2 },
+        "nanosleep" => Args::Timespec,
+        "clock_nanosleep" => Args::ClockSleep,
+        "alarm" => Args::Seconds,
+        "getrandom" => Args::Bytes,
+        "ioctl" => Args::Ioctl,
+        "seccomp" => Args::SeccompOp,
+        "inotify_add_watch" => Args::Path { at: 1 },
+        "open" | "creat" | "chmod" | "chown" | "lchown" | "mknod" | "utime" | "utimes"
+        | "setxattr" | "lsetxattr" | "removexattr" | "lremovexattr" | "truncate" | "unlink"
+        | "mkdir" | "rmdir" | "readlink" | "stat" | "lstat" | "access" => Args::Path { at: 0 },
+        "openat" | "openat2" | "fchmodat" | "fchmodat2" | "fchownat" | "mknodat" | "utimensat"
+        | "futimesat" | "unlinkat" | "mkdirat" | "newfstatat" | "faccessat" | "faccessat2"
+        | "readlinkat" | "name_to_handle_at" => Args::Path { at: 1 },
+        "mount" => Args::Mount,
+        "unshare" => Args::NamespaceFlags { at: 0 },
+        "setns" => Args::NamespaceFlags { at: 1 },
+        "kill" | "tkill" => Args::Signal { sig: 1 },
+        "tgkill" => Args::Signal { sig: 2 },
+        "prlimit64" => Args::Prlimit,
+        "fcntl" => Args::Fcntl,
+        "memfd_create" => Args::Memfd,
+        "mmap" => Args::Mmap,
+        _ => Args::Hex,
+    }
+}
+
 /// The category a syscall belongs to when it is denied (arguments can refine this: `clone`
 /// with `CLONE_THREAD` is a thread, without it a subprocess).
 pub fn category(name: &str) -> Category {

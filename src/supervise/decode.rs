@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::policy::bpf;
 use crate::policy::decisions::{Check, Decision, Decisions, watched_paths};
-use crate::policy::syscalls::{self, Category};
+use crate::policy::syscalls::{self, Args, Category};
 use crate::sys::Notif;
 
 use std::path::PathBuf;
@@ -501,6 +501,7 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
                 hint: None,
                 always_deny: false,
                 policy_denies: false,
+                args: Args::Hex,
             };
             &fallback
         }
@@ -516,12 +517,13 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
     // What the arguments show; `clone`, `ioctl` and `fcntl` also refine category and rule
     // (unless the policy's own deny list names the call).
     let refine = !d.policy_denies;
-    let args = match name {
-        "socket" | "socketpair" => format!("{} {}", family_name(a[0]), socket_type(a[1])),
-        "connect" | "bind" => sockaddr_arg(mem, a[1], a[2]),
-        "sendto" => sockaddr_arg(mem, a[4], a[5]),
-        "listen" | "accept" | "accept4" => format!("fd {}", a[0] as i32),
-        "clone" => {
+    let args = match d.args {
+        Args::Hex => hex_args(a, 3),
+        Args::None => String::new(),
+        Args::SocketKind => format!("{} {}", family_name(a[0]), socket_type(a[1])),
+        Args::Sockaddr { addr, len } => sockaddr_arg(mem, a[addr], a[len]),
+        Args::Fd => format!("fd {}", a[0] as i32),
+        Args::CloneFlags => {
             let thread = a[0] & libc::CLONE_THREAD as u64 != 0;
             category = if thread {
                 Category::Thread
@@ -538,11 +540,10 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
             }
             format_clone_flags(a[0])
         }
-        "fork" | "vfork" => String::new(),
-        "execve" => exec_arg(mem, a[0], a[1]),
-        "execveat" => exec_arg(mem, a[1], a[2]),
-        "nanosleep" => timespec_arg(mem, a[0]),
-        "clock_nanosleep" => {
+        Args::NamespaceFlags { at } => format_clone_flags(a[at]),
+        Args::Exec { path, argv } => exec_arg(mem, a[path], a[argv]),
+        Args::Timespec => timespec_arg(mem, a[0]),
+        Args::ClockSleep => {
             let absolute = a[1] & libc::TIMER_ABSTIME as u64 != 0;
             format!(
                 "{} {}",
@@ -550,9 +551,9 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
                 sleep_duration(mem, a[0], a[2], absolute)
             )
         }
-        "alarm" => format!("{}s", a[0]),
-        "getrandom" => format!("{} bytes", a[1]),
-        "ioctl" if refine => {
+        Args::Seconds => format!("{}s", a[0]),
+        Args::Bytes => format!("{} bytes", a[1]),
+        Args::Ioctl => {
             let req = a[1] & 0xffff_ffff; // the kernel reads an unsigned int
             category = match (req >> 8) & 0xff {
                 // 'f', 'X', 'v' and 0x94: inode flags, fsxattr, versions, reflinks.
@@ -564,34 +565,20 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
                 syscalls::ioctl_name(req).map_or_else(|| format!("{req:#x}"), str::to_string);
             format!("fd {}, {shown}", a[0] as i32)
         }
-        "seccomp" => format!("op {}, flags {:#x}", a[0], a[1]),
-        "open" | "creat" | "chmod" | "chown" | "lchown" | "mknod" | "utime" | "utimes"
-        | "setxattr" | "lsetxattr" | "removexattr" | "lremovexattr" | "inotify_add_watch"
-        | "truncate" | "unlink" | "mkdir" | "rmdir" | "readlink" | "stat" | "lstat" | "access" => {
-            let idx = if name == "inotify_add_watch" { 1 } else { 0 };
-            mem.read_string(a[idx]).unwrap_or_else(|| hex_args(a, 3))
-        }
-        "openat" | "openat2" | "fchmodat" | "fchmodat2" | "fchownat" | "mknodat" | "utimensat"
-        | "futimesat" | "unlinkat" | "mkdirat" | "newfstatat" | "faccessat" | "faccessat2"
-        | "readlinkat" | "name_to_handle_at" => {
-            mem.read_string(a[1]).unwrap_or_else(|| hex_args(a, 3))
-        }
-        "mount" => format!(
+        Args::SeccompOp => format!("op {}, flags {:#x}", a[0], a[1]),
+        Args::Path { at } => mem.read_string(a[at]).unwrap_or_else(|| hex_args(a, 3)),
+        Args::Mount => format!(
             "{} on {}",
             mem.read_string(a[0]).unwrap_or_else(|| "?".into()),
             mem.read_string(a[1]).unwrap_or_else(|| "?".into())
         ),
-        "unshare" | "setns" => format_clone_flags(a[if name == "setns" { 1 } else { 0 }]),
-        "kill" | "tgkill" | "tkill" if refine => {
-            let sig = if name == "tgkill" { a[2] } else { a[1] };
-            format!(
-                "pid {}, {}",
-                a[0] as i32,
-                crate::report::signal_name(sig as i32)
-            )
-        }
-        "prlimit64" if refine => format!("pid {}, resource {}", a[0] as i32, a[1]),
-        "fcntl" if refine => {
+        Args::Signal { sig } => format!(
+            "pid {}, {}",
+            a[0] as i32,
+            crate::report::signal_name(a[sig] as i32)
+        ),
+        Args::Prlimit => format!("pid {}, resource {}", a[0] as i32, a[1]),
+        Args::Fcntl => {
             let cmd = syscalls::fcntl_name(a[1]);
             if let Some((cat, why)) = fcntl_rule(cmd) {
                 category = cat;
@@ -602,13 +589,12 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
             let shown = cmd.map_or_else(|| format!("cmd {:#x}", a[1]), str::to_string);
             format!("fd {}, {shown}, arg {}", a[0] as i32, a[2] as i64)
         }
-        "memfd_create" if refine => format!(
+        Args::Memfd => format!(
             "{:?}, flags {:#x}",
             mem.read_string(a[0]).unwrap_or_default(),
             a[1]
         ),
-        "mmap" if refine => format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
-        _ => hex_args(a, 3),
+        Args::Mmap => format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
     };
     Decoded {
         category,
