@@ -82,7 +82,8 @@ pub struct ServeArgs {
     /// The Unix socket to serve on (default: $XDG_RUNTIME_DIR or /tmp, wfjail-PID.sock).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// At most this many sessions at once; more wait for a free slot.
+    /// At most this many sessions at once (each holds a slot until it ends); an OPEN that
+    /// finds none free is answered BUSY at once. Size it to the sessions a worker keeps open.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_executions: usize,
     /// Prefork mode: fork each session from a preloaded Python zygote.

@@ -43,6 +43,12 @@ def signal_self(req):
     signal.signal(signal.SIGUSR1, lambda *a: None)
     os.kill(os.getpid(), signal.SIGUSR1)
     return b"self ok"
+def swallow(req):
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        pass
+    return b"swallowed"
 def slow(req):
     t = time.monotonic()
     while time.monotonic() - t < 0.3:
@@ -467,4 +473,114 @@ fn the_worker_status_is_wfjails_and_sigterm_ends_everything() {
         processes_with(&module).is_empty(),
         "no zygote or child survives"
     );
+}
+
+#[test]
+fn a_full_server_answers_busy_at_once_and_says_its_capacity() {
+    let worker = r#"
+c = Client()
+out = {"status0": c.status()}
+s1 = c.session(handler=MOD + ":mutate").open()
+out["status1"] = c.status()
+t = time.monotonic()
+try:
+    c.session(handler=MOD + ":mutate").open()
+    out["busy"] = "opened"
+except Busy as b:
+    out["busy"] = [b.capacity, b.open, str(b)]
+out["busy_fast"] = time.monotonic() - t < 1.0
+out["first"] = s1.call(b"a").decode()
+s1.close()
+with c.session(handler=MOD + ":mutate") as s2:
+    out["after"] = s2.call(b"b").decode()
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("busy", worker, "");
+    let out = serve(
+        &s,
+        &module,
+        true,
+        &["--max-executions", "1", "--zygotes", "1"],
+    );
+    let r = worker_json(&out);
+    let status = |k: &str| {
+        (
+            r[k]["capacity"].clone(),
+            r[k]["open"].clone(),
+            r[k]["mode"].clone(),
+        )
+    };
+    assert_eq!(status("status0"), (1.into(), 0.into(), "zygote".into()));
+    assert_eq!(status("status1"), (1.into(), 1.into(), "zygote".into()));
+    assert_eq!(r["busy"][0], 1);
+    assert_eq!(r["busy"][1], 1);
+    assert!(
+        r["busy"][2]
+            .as_str()
+            .unwrap()
+            .contains("raise --max-executions"),
+        "{}",
+        r["busy"]
+    );
+    assert_eq!(r["busy_fast"], true, "BUSY without waiting for a slot");
+    assert_eq!(r["first"], "1:a", "the open session was not disturbed");
+    assert_eq!(
+        r["after"], "1:b",
+        "a slot freed by CLOSE serves the next session"
+    );
+}
+
+#[test]
+fn a_denial_the_workflow_swallowed_still_reaches_the_worker_with_the_result() {
+    // The same worker in both modes: OPEN names the handler (zygote) or a guest command that
+    // runs it (exec).
+    let worker = r#"
+c = Client()
+def session(name):
+    if os.environ.get("EXEC_MODE"):
+        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name])
+    return c.session(handler=MOD + ":" + name)
+out = {}
+with session("swallow") as s:
+    out["reply"] = s.call(b"x").decode()
+    out["violations"] = [[v["category"], v["syscall"], v["args"]] for v in s.violations]
+    out["again"] = s.call(b"y").decode()
+    out["second"] = [v["syscall"] for v in s.violations]
+with session("mutate") as s:
+    s.call(b"z")
+    out["clean"] = s.violations
+print(json.dumps(out))
+"#;
+    for zygote in [true, false] {
+        let (s, module) = fixture("swallow", worker, "");
+        s.write(
+            "guest.py",
+            &format!(
+                "import sys\nsys.path.insert(0, {dir:?})\nimport {module} as m\nfrom wfjail import guest\nguest.run(getattr(m, sys.argv[1]))\n",
+                dir = s.0.display().to_string()
+            ),
+        );
+        let all = serve_args(&s, &module, zygote, &[]);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = wfjail_with(&all, |c| {
+            c.current_dir(&s.0);
+            if !zygote {
+                c.env("EXEC_MODE", "1");
+            }
+        });
+        let r = worker_json(&out);
+        assert_eq!(r["reply"], "swallowed", "zygote={zygote}: {}", out.stderr);
+        assert_eq!(
+            r["violations"],
+            serde_json::json!([["network", "socket", "AF_INET SOCK_STREAM|SOCK_CLOEXEC"]]),
+            "the call's violation comes with its result (zygote={zygote})"
+        );
+        assert_eq!(r["again"], "swallowed");
+        assert_eq!(
+            r["second"],
+            serde_json::json!(["socket"]),
+            "counted again in the second call"
+        );
+        assert_eq!(r["clean"], serde_json::json!([]), "a clean call has none");
+    }
 }

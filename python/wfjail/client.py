@@ -12,9 +12,12 @@
 
 The socket comes from ``WFJAIL_SOCKET`` (set by ``wfjail serve``) unless given. A call that
 fails in the guest raises ``GuestError`` (``wfjail.Violation`` when the guest hit a denied
-call); a session that ends abnormally (killed for a violation, crashed, timed out) raises
-``SessionFailed`` with the session's report. Standard library only; the wire is in
-docs/protocol.md ("The worker wire").
+call); a call that succeeded leaves what was denied during it in ``session.violations``
+(code may have swallowed the error); a session that ends abnormally (killed for a
+violation, crashed, timed out) raises ``SessionFailed`` with the session's report; an open
+on a server whose every slot is taken raises ``Busy`` at once. ``Client.status()`` says the
+server's capacity. Standard library only; the wire is in docs/protocol.md ("The worker
+wire").
 """
 
 import asyncio
@@ -26,10 +29,11 @@ import struct
 from . import protocol as P
 from .errors import ProtocolError, Violation
 
-OPEN, CALL, CLOSE = 0x11, 0x12, 0x13
+OPEN, CALL, CLOSE, STATUS = 0x11, 0x12, 0x13, 0x14
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
+BUSY, SERVER, VIOLATIONS = 0x26, 0x27, 0x28
 _NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
-          CLOSED: "CLOSED"}
+          CLOSED: "CLOSED", BUSY: "BUSY", SERVER: "SERVER", VIOLATIONS: "VIOLATIONS"}
 _SERVER_KINDS = frozenset(_NAMES)
 CAP = P.MAX_CAP
 _LENGTH = struct.Struct("<I")
@@ -47,6 +51,19 @@ class GuestError(Exception):
         self.message = doc.get("message", "")
         self.traceback = doc.get("traceback", "")
         self.violations = doc.get("violations", [])
+
+
+class Busy(Exception):
+    """The server runs as many sessions as it may (``--max-executions``); nothing was
+    started. ``capacity`` and ``open`` say how many."""
+
+    __module__ = "wfjail"
+
+    def __init__(self, doc):
+        self.capacity = doc.get("capacity")
+        self.open = doc.get("open")
+        super().__init__("wfjail serve is full: %s of %s sessions open (raise --max-executions)"
+                         % (self.open, self.capacity))
 
 
 class SessionFailed(Exception):
@@ -84,12 +101,15 @@ def _check_header(length, kind):
 
 
 def _expect(kind, payload, want):
-    """The payload of a reply of kind ``want``; a call's ERROR raises the guest's error, any
-    other kind is a protocol error. (FAILED is the session's to handle: it ends it.)"""
+    """The payload of a reply of kind ``want``; a call's ERROR raises the guest's error, BUSY
+    answering OPEN raises ``Busy``, any other kind is a protocol error. (FAILED is the
+    session's to handle: it ends it.)"""
     if kind == want:
         return payload
     if kind == ERROR and want == RESULT:
         _raise_call_error(json.loads(payload))
+    if kind == BUSY and want == OPENED:
+        raise Busy(json.loads(payload))
     raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
 
 
@@ -134,6 +154,17 @@ class Client:
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``."""
         return Session(self.path, _open_doc(handler, argv, timeout))
 
+    def status(self):
+        """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(self.path)
+            sock.sendall(_frame(STATUS))
+            s = Session(self.path, "")
+            s._sock = sock
+            kind, payload = s._read()
+            s._sock = None
+        return json.loads(_expect(kind, payload, SERVER))
+
 
 class Session:
     def __init__(self, path, open_doc):
@@ -142,6 +173,9 @@ class Session:
         self.id = None
         self.mode = None
         self.report = None
+        # What wfjail denied during the last call that returned a result (dicts, the report's
+        # violation entries); empty when nothing was.
+        self.violations = []
 
     def open(self):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,6 +219,10 @@ class Session:
 
     def _answer(self, want):
         kind, payload = self._read()
+        self.violations = []
+        if kind == VIOLATIONS and want == RESULT:
+            self.violations = json.loads(payload)
+            kind, payload = self._read()
         if kind == FAILED:
             self._finish(payload)
             raise SessionFailed(self.report)
@@ -233,6 +271,7 @@ class AsyncSession:
         self._path, self._open_doc = path, open_doc
         self._reader = self._writer = None
         self.id = self.mode = self.report = None
+        self.violations = []
 
     async def open(self):
         self._reader, self._writer = await asyncio.open_unix_connection(self._path)
@@ -274,6 +313,10 @@ class AsyncSession:
 
     async def _answer(self, want):
         kind, payload = await self._read()
+        self.violations = []
+        if kind == VIOLATIONS and want == RESULT:
+            self.violations = json.loads(payload)
+            kind, payload = await self._read()
         if kind == FAILED:
             await self._finish(payload)
             raise SessionFailed(self.report)

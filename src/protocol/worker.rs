@@ -12,6 +12,8 @@ pub const OPEN: u8 = 0x11;
 pub const CALL: u8 = 0x12;
 /// Client → server: end the session (the server answers CLOSED with the report).
 pub const CLOSE: u8 = 0x13;
+/// Client → server, instead of OPEN: what is the server's capacity? Answered by SERVER.
+pub const STATUS: u8 = 0x14;
 /// Server → client: the session is ready. JSON [`Opened`].
 pub const OPENED: u8 = 0x21;
 /// Server → client: a call's result.
@@ -23,12 +25,30 @@ pub const ERROR: u8 = 0x23;
 pub const FAILED: u8 = 0x24;
 /// Server → client: answer to CLOSE. JSON report; the server closes the connection.
 pub const CLOSED: u8 = 0x25;
+/// Server → client: answer to OPEN when every session slot is taken. JSON [`Capacity`]; the
+/// server closes the connection. Nothing was started.
+pub const BUSY: u8 = 0x26;
+/// Server → client: answer to STATUS. JSON [`Capacity`]; the server closes the connection.
+pub const SERVER: u8 = 0x27;
+/// Server → client, before a call's RESULT: the violations recorded during that call (JSON
+/// list of report violation entries), sent only when there are some.
+pub const VIOLATIONS: u8 = 0x28;
 
 /// Whether `k` is a kind of this wire.
 pub fn known(k: u8) -> bool {
     matches!(
         k,
-        OPEN | CALL | CLOSE | OPENED | RESULT | ERROR | FAILED | CLOSED
+        OPEN | CALL
+            | CLOSE
+            | STATUS
+            | OPENED
+            | RESULT
+            | ERROR
+            | FAILED
+            | CLOSED
+            | BUSY
+            | SERVER
+            | VIOLATIONS
     )
 }
 
@@ -43,6 +63,10 @@ pub fn name(k: u8) -> &'static str {
         ERROR => "ERROR",
         FAILED => "FAILED",
         CLOSED => "CLOSED",
+        STATUS => "STATUS",
+        BUSY => "BUSY",
+        SERVER => "SERVER",
+        VIOLATIONS => "VIOLATIONS",
         _ => "unknown",
     }
 }
@@ -71,6 +95,19 @@ pub struct OpenRequest {
     /// Wall-clock limit for each call (`"500ms"`, `"30s"`); default: the policy's timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+}
+
+/// How many sessions the server runs at once and how many are open (BUSY, SERVER).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// `--max-executions`.
+    pub capacity: usize,
+    /// Sessions holding a slot now.
+    pub open: usize,
+    /// `zygote` or `exec`.
+    pub mode: String,
+    /// The policy's name.
+    pub policy: String,
 }
 
 /// The server's answer to OPEN.

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -100,28 +100,39 @@ impl ServeError {
     }
 }
 
-/// A counting semaphore for `--max-executions`.
+/// The `--max-executions` session slots. A session takes one for its whole life; an OPEN
+/// that finds none is answered BUSY at once (a worker thread must never hang on it).
 pub struct Slots {
     free: Mutex<usize>,
-    cv: Condvar,
+    capacity: usize,
 }
 
 impl Slots {
     fn new(n: usize) -> Self {
         Slots {
             free: Mutex::new(n.max(1)),
-            cv: Condvar::new(),
+            capacity: n.max(1),
         }
     }
 
-    /// Waits for a free slot; it is released when the guard drops.
-    pub fn acquire(&self) -> SlotGuard<'_> {
+    /// A free slot, released when the guard drops; `None` when every slot is taken.
+    pub fn try_acquire(&self) -> Option<SlotGuard<'_>> {
         let mut free = self.free.lock().unwrap();
-        while *free == 0 {
-            free = self.cv.wait(free).unwrap();
+        if *free == 0 {
+            return None;
         }
         *free -= 1;
-        SlotGuard(self)
+        Some(SlotGuard(self))
+    }
+
+    /// `--max-executions`.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sessions holding a slot now.
+    pub fn open(&self) -> usize {
+        self.capacity - *self.free.lock().unwrap()
     }
 }
 
@@ -130,7 +141,6 @@ pub struct SlotGuard<'a>(&'a Slots);
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         *self.0.free.lock().unwrap() += 1;
-        self.0.cv.notify_one();
     }
 }
 

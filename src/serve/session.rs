@@ -27,7 +27,7 @@ use serde_json::json;
 
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::protocol::guest::{self as gp, Conversation, Outbox};
-use crate::protocol::worker::{self, Opened};
+use crate::protocol::worker::{self, Capacity, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::Report;
 use crate::run::Applied;
@@ -42,7 +42,7 @@ use crate::sys::{self, NotifBuf};
 
 use super::launch::{Child, Launched, launch};
 use super::phases::{Action, Failure, Phases};
-use super::worker_conn::{OPEN_WAIT, READ_TURN, WorkerConn};
+use super::worker_conn::{OPEN_WAIT, OpenError, READ_TURN, WorkerConn};
 use super::zygote::ChildExit;
 use super::{Server, SessionShared};
 
@@ -133,13 +133,25 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     let mut client = WorkerConn::new(conn);
     let (open, early) = match client.read_open(OPEN_WAIT) {
         Ok(o) => o,
+        // STATUS instead of OPEN: the capacity, and nothing else on this connection.
+        Err(OpenError::NotOpen(worker::STATUS)) => {
+            let doc = serde_json::to_vec(&capacity(&server)).unwrap_or_default();
+            client.send_last(worker::SERVER, &doc);
+            return;
+        }
         Err(e) => {
             let report = failure_report(&server, vec![], e.to_string());
             client.send_last(worker::FAILED, report.to_json().as_bytes());
             return;
         }
     };
-    let _slot = server.slots.acquire();
+    // A session holds its slot for its whole life. With none free the worker hears so at
+    // once (BUSY), instead of waiting on a thread that may have a deadline of its own.
+    let Some(_slot) = server.slots.try_acquire() else {
+        let doc = serde_json::to_vec(&capacity(&server)).unwrap_or_default();
+        client.send_last(worker::BUSY, &doc);
+        return;
+    };
     let launched = match launch(id, &server, open) {
         Ok(l) => l,
         Err((e, command)) => {
@@ -156,6 +168,21 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     session.act(acts);
     session.event_loop();
     session.finish();
+}
+
+/// The server's capacity, for STATUS and BUSY.
+fn capacity(server: &Server) -> Capacity {
+    Capacity {
+        capacity: server.slots.capacity(),
+        open: server.slots.open(),
+        mode: if server.pool.is_some() {
+            "zygote"
+        } else {
+            "exec"
+        }
+        .into(),
+        policy: server.policy.name.clone(),
+    }
 }
 
 /// Answers a connection that cannot be served with FAILED and `why`, without reading it.
@@ -265,21 +292,20 @@ impl Session {
                     let doc = serde_json::to_vec(&opened).unwrap_or_default();
                     self.client.send(worker::OPENED, &doc);
                 }
-                Action::Result(bytes) => self.client.send(worker::RESULT, &bytes),
+                Action::Result(bytes) => {
+                    // A call that succeeded may still have been denied something (code that
+                    // swallowed the error): the worker hears of it before the result.
+                    let during = self.call_violations();
+                    if !during.is_empty() {
+                        let doc = serde_json::to_vec(&during).unwrap_or_default();
+                        self.client.send(worker::VIOLATIONS, &doc);
+                    }
+                    self.client.send(worker::RESULT, &bytes)
+                }
                 Action::CallError(e) => {
                     // The violations of this call only: a guest's ERROR typed
                     // `wfjail.Violation` cannot borrow one from an earlier call.
-                    let during: Vec<_> = {
-                        let v = self.shared.violations.lock().unwrap();
-                        v.list
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, v)| {
-                                self.counts_at_call.get(*i).is_none_or(|&c| v.count > c)
-                            })
-                            .map(|(_, v)| v.clone())
-                            .collect()
-                    };
+                    let during = self.call_violations();
                     let doc = json!({
                         "type": e.kind, "message": e.message, "traceback": e.traceback,
                         "violations": during,
@@ -390,6 +416,18 @@ impl Session {
     /// calls) and `limits.memory` is set.
     fn sampling(&self) -> bool {
         self.applied.memory.is_some() && !self.stopped && self.guest_process().is_some()
+    }
+
+    /// The violations recorded during the current call: the new entries, and those counted
+    /// again since it began.
+    fn call_violations(&self) -> Vec<crate::report::Violation> {
+        let v = self.shared.violations.lock().unwrap();
+        v.list
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| self.counts_at_call.get(*i).is_none_or(|&c| v.count > c))
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Stops the guest after it answered, so that it runs no code between calls (a guest

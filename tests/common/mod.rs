@@ -267,7 +267,7 @@ pub fn serve_scratch(
             "import sys, os, json, time, threading, ctypes\n\
              ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n\
              sys.path.insert(0, {lib:?})\n\
-             from wfjail.client import Client, AsyncClient, GuestError, SessionFailed\n\
+             from wfjail.client import Client, AsyncClient, Busy, GuestError, SessionFailed\n\
              from wfjail import Violation\nMOD = {module:?}\nDIR = {dir:?}\n{worker}"
         ),
     );
