@@ -49,6 +49,16 @@ def swallow(req):
     except OSError:
         pass
     return b"swallowed"
+def factory(init):
+    prefix = init["prefix"]
+    def handle(req):
+        return (prefix + req.decode() + "|" + json_dumps(init)).encode()
+    return handle
+def json_dumps(v):
+    import json
+    from wfjail import guest
+    assert guest.init_value() == v
+    return json.dumps(v, sort_keys=True)
 def slow(req):
     t = time.monotonic()
     while time.monotonic() - t < 0.3:
@@ -582,5 +592,61 @@ print(json.dumps(out))
             "counted again in the second call"
         );
         assert_eq!(r["clean"], serde_json::json!([]), "a clean call has none");
+    }
+}
+
+#[test]
+fn open_carries_the_sessions_arguments_in_both_modes() {
+    let worker = r#"
+c = Client()
+init = {"prefix": "wf-", "args": [1, "two", None], "nested": {"k": True}}
+out = {}
+if os.environ.get("EXEC_MODE"):
+    s = c.session(argv=["/usr/bin/python3", DIR + "/guest.py"], init=init)
+else:
+    s = c.session(handler=MOD + ":factory", init=init)
+with s:
+    out["reply"] = s.call(b"a").decode()
+try:
+    with c.session(handler=MOD + ":factory", argv=None, init={"big": "x" * 40000}) as s:
+        s.call(b"a")
+    out["big"] = "opened"
+except SessionFailed as e:
+    out["big"] = e.report["error"]
+print(json.dumps(out))
+"#;
+    for zygote in [true, false] {
+        let (s, module) = fixture("init", worker, "");
+        // Exec mode: a guest that builds its handler the same way, from WFJAIL_INIT.
+        s.write(
+            "guest.py",
+            &format!(
+                "import sys\nsys.path.insert(0, {dir:?})\nimport {module} as m\nfrom wfjail import guest\nguest.run(m.factory(guest.init_value()))\n",
+                dir = s.0.display().to_string()
+            ),
+        );
+        let all = serve_args(&s, &module, zygote, &[]);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = wfjail_with(&all, |c| {
+            c.current_dir(&s.0);
+            if !zygote {
+                c.env("EXEC_MODE", "1");
+            }
+        });
+        let r = worker_json(&out);
+        assert_eq!(
+            r["reply"],
+            r#"wf-a|{"args": [1, "two", null], "nested": {"k": true}, "prefix": "wf-"}"#,
+            "zygote={zygote}: {}",
+            out.stderr
+        );
+        assert!(
+            r["big"]
+                .as_str()
+                .unwrap()
+                .contains("at most 32768 are accepted"),
+            "an init over the bound is refused before anything starts: {}",
+            r["big"]
+        );
     }
 }

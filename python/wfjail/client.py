@@ -129,7 +129,10 @@ def _raise_call_error(doc):
     raise GuestError(doc)
 
 
-def _open_doc(handler, argv, timeout):
+_NO_INIT = object()
+
+
+def _open_doc(handler, argv, timeout, init=_NO_INIT):
     doc = {}
     if handler is not None:
         doc["handler"] = handler
@@ -137,6 +140,8 @@ def _open_doc(handler, argv, timeout):
         doc["argv"] = list(argv)
     if timeout is not None:
         doc["timeout"] = timeout
+    if init is not _NO_INIT:
+        doc["init"] = init
     return json.dumps(doc)
 
 
@@ -149,10 +154,13 @@ class Client:
             raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
                                "or pass the path")
 
-    def session(self, handler=None, argv=None, timeout=None):
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT):
         """A session (use it as a context manager). ``handler`` in zygote mode,
-        ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``."""
-        return Session(self.path, _open_doc(handler, argv, timeout))
+        ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
+        value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
+        is then called once with it and returns the session's handler; an exec'd guest
+        reads it with ``wfjail.guest.init_value()``."""
+        return Session(self.path, _open_doc(handler, argv, timeout, init))
 
     def status(self):
         """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
@@ -262,8 +270,8 @@ class Session:
 class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
 
-    def session(self, handler=None, argv=None, timeout=None):
-        return AsyncSession(self.path, _open_doc(handler, argv, timeout))
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT):
+        return AsyncSession(self.path, _open_doc(handler, argv, timeout, init))
 
 
 class AsyncSession:

@@ -41,6 +41,28 @@ class _Session:
 _session = None
 
 
+_NO_INIT = object()
+_init_value = _NO_INIT
+
+
+def init_value(default=None):
+    """The session's arguments: the ``init`` of the worker's OPEN (any JSON value), or
+    ``default`` when it sent none. In an exec'd guest it comes from ``WFJAIL_INIT``; in a
+    zygote session the handler factory also receives it."""
+    global _init_value
+    if _init_value is _NO_INIT:
+        text = os.environ.get("WFJAIL_INIT")
+        if text is None:
+            return default
+        _init_value = json.loads(text)
+    return _init_value
+
+
+def _set_init_value(value):
+    global _init_value
+    _init_value = value
+
+
 def run(handler, *, fds=None):
     """Serve requests with ``handler(request: bytes) -> bytes | str`` until the supervisor
     closes the pipe, then exit 0 (one request under ``wfjail run``, several in a session).

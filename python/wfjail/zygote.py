@@ -106,10 +106,12 @@ def _leave_zygote(ctl, wake):
     return refused
 
 
-def _child(session_fd, out_fd, handler_spec, refused=None):
+def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
     """In a session child: become a guest on the session socket, with the session's own
     output pipe as stdout and stderr, and never return. ``refused``: why the child has no
-    Landlock domain of its own; then it answers ERROR instead of HELLO and exits."""
+    Landlock domain of its own; then it answers ERROR instead of HELLO and exits. ``init``:
+    ``(value,)`` when OPEN carried one: the handler is a factory, called once with it, and
+    what it returns handles the session's calls."""
     from . import guest
     from . import protocol as P
 
@@ -132,6 +134,12 @@ def _child(session_fd, out_fd, handler_spec, refused=None):
             raise RuntimeError("the session child could not enter a Landlock domain of its "
                                "own, so it does not run the session: %s" % refused)
         handler = _resolve(handler_spec)
+        if init is not None:
+            guest._set_init_value(init[0])
+            handler = handler(init[0])
+            if not callable(handler):
+                raise TypeError("handler %r called with the session's init returned %r, "
+                                "not a callable" % (handler_spec, type(handler).__name__))
     except BaseException as exc:  # the session cannot start: say why instead of HELLO
         try:
             P.write_frame(4, P.ERROR, guest._error_payload(exc))
@@ -155,17 +163,22 @@ def _spare(ctl, wake):
         theirs.close()
         if not msg or len(fds) != 2:
             os._exit(0)  # the zygote is gone, or sent nonsense
-        _child(fds[0], fds[1], json.loads(msg.decode("utf-8")).get("handler", ""), refused)
+        doc = json.loads(msg.decode("utf-8"))
+        init = (doc["init"],) if "init" in doc else None
+        _child(fds[0], fds[1], doc.get("handler", ""), refused, init)
     theirs.close()
     return pid, ours
 
 
-def _hand_over(spare, session_fds, handler):
-    """Give a session (its socket and output pipe) to a spare child; False if the spare is
-    gone."""
+def _hand_over(spare, session_fds, handler, init=None):
+    """Give a session (its socket and output pipe, its handler and ``init``, a 1-tuple when
+    there is one) to a spare child; False if the spare is gone."""
     pid, sock = spare
+    doc = {"handler": handler}
+    if init is not None:
+        doc["init"] = init[0]
     try:
-        socket.send_fds(sock, [json.dumps({"handler": handler}).encode("utf-8")], session_fds)
+        socket.send_fds(sock, [json.dumps(doc).encode("utf-8")], session_fds)
         return True
     except OSError:
         return False
@@ -344,7 +357,8 @@ def main(argv=None):
                     os.close(f)
                 continue
             handler = str(doc.get("handler", ""))
-            if spare is not None and _hand_over(spare, fds, handler):
+            init = (doc["init"],) if "init" in doc else None
+            if spare is not None and _hand_over(spare, fds, handler, init):
                 pid = spare[0]
             else:
                 try:
@@ -355,7 +369,7 @@ def main(argv=None):
                     ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
                     continue
                 if pid == 0:
-                    _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake))
+                    _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake), init)
             spare = None
             for f in fds:
                 os.close(f)

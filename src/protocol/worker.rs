@@ -95,7 +95,16 @@ pub struct OpenRequest {
     /// Wall-clock limit for each call (`"500ms"`, `"30s"`); default: the policy's timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// The session's arguments, any JSON value of at most [`MAX_INIT`] bytes encoded: the
+    /// zygote calls the handler once with it and uses what it returns as the session's
+    /// handler; an exec'd guest reads it from `WFJAIL_INIT` (`wfjail.guest.init_value()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<serde_json::Value>,
 }
+
+/// The largest `init` of an OPEN, encoded as JSON: it travels in one zygote control packet
+/// (and in an environment variable in exec mode).
+pub const MAX_INIT: usize = 32 * 1024;
 
 /// How many sessions the server runs at once and how many are open (BUSY, SERVER).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

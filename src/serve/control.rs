@@ -33,6 +33,9 @@ pub const CONTROL_VERSION: u64 = 2;
 pub struct Fork<'a> {
     pub session: u64,
     pub handler: &'a str,
+    /// The session's arguments (OPEN's `init`): the handler is then a factory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<&'a serde_json::Value>,
 }
 
 impl Fork<'_> {
@@ -355,6 +358,7 @@ mod tests {
         let fork = Fork {
             session: 1,
             handler: "wf:run",
+            init: None,
         }
         .to_packet();
         let err = parse(&fork).unwrap_err();
@@ -404,11 +408,24 @@ mod tests {
         let p = Fork {
             session: 3,
             handler: "wf:run",
+            init: None,
         }
         .to_packet();
         assert_eq!(p[4], FORK);
         let doc: serde_json::Value = serde_json::from_slice(&p[5..]).unwrap();
         assert_eq!(doc, serde_json::json!({"session": 3, "handler": "wf:run"}));
+        let init = serde_json::json!({"workflow": "wf.Greeting", "args": [1, "x"]});
+        let p = Fork {
+            session: 4,
+            handler: "wf:factory",
+            init: Some(&init),
+        }
+        .to_packet();
+        let doc: serde_json::Value = serde_json::from_slice(&p[5..]).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({"session": 4, "handler": "wf:factory", "init": init})
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@ use super::{Server, SessionShared};
 pub enum StartError {
     #[error("OPEN timeout: {0}")]
     Timeout(String),
+    #[error("OPEN's init is {0} bytes as JSON; at most {max} are accepted", max = crate::protocol::worker::MAX_INIT)]
+    InitTooLarge(usize),
     /// The pipe that wakes the session when the zygote reports the guest's exit.
     #[error("pipe: {0}")]
     Wake(#[source] std::io::Error),
@@ -118,6 +120,16 @@ pub fn launch(
         Some(Err(e)) => return Err((StartError::Timeout(e), vec![])),
         None => server.timeout,
     };
+    let init = match &open.init {
+        Some(v) => {
+            let text = v.to_string();
+            if text.len() > crate::protocol::worker::MAX_INIT {
+                return Err((StartError::InitTooLarge(text.len()), vec![]));
+            }
+            Some(text)
+        }
+        None => None,
+    };
     let shared = SessionShared::new(id, server.echo).map_err(|e| (StartError::Wake(e), vec![]))?;
     // The guest's stdout and stderr: a pipe of this session's own, so that one guest cannot
     // block (O_NONBLOCK), flood or read another's.
@@ -136,6 +148,7 @@ pub fn launch(
             OpenRequest {
                 handler: Some(handler),
                 argv: None,
+                init: init_value,
                 ..
             },
         ) => {
@@ -146,7 +159,7 @@ pub fn launch(
             let Some(zygote) = pool.pick() else {
                 return Err((StartError::NoZygote, command));
             };
-            match zygote.fork(shared.clone(), &handler, theirs, out_w) {
+            match zygote.fork(shared.clone(), &handler, init_value.as_ref(), theirs, out_w) {
                 Ok(ns_pid) => {
                     let applied = zygote.applied.clone();
                     let child = Child::Zygote {
@@ -167,7 +180,7 @@ pub fn launch(
                 handler: None,
                 ..
             },
-        ) => match start_exec(server, &argv, theirs, out_w) {
+        ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
             Ok(c) => {
                 server.children.lock().unwrap().insert(id, c.pidfd.clone());
                 let applied = Applied::of(&c.plan);
@@ -195,14 +208,19 @@ pub fn launch(
 fn start_exec(
     server: &Server,
     argv: &[String],
+    init: Option<&str>,
     theirs: OwnedFd,
     log: OwnedFd,
 ) -> Result<ExecChild, ExecError> {
     let policy = &server.policy;
+    let mut extra_env = crate::run::protocol_env(policy);
+    if let Some(init) = init {
+        extra_env.push(("WFJAIL_INIT".into(), init.to_string()));
+    }
     let req = PlanRequest {
         argv: argv.to_vec(),
         grants: server.grants.clone(),
-        extra_env: crate::run::protocol_env(policy),
+        extra_env,
         zygote: false,
     };
     let plan = plan::build(policy, &req)?;

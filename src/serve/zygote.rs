@@ -390,6 +390,7 @@ impl Zygote {
         &self,
         shared: Arc<SessionShared>,
         handler: &str,
+        init: Option<&serde_json::Value>,
         session_end: OwnedFd,
         output: OwnedFd,
     ) -> ForkReply {
@@ -404,6 +405,7 @@ impl Zygote {
         let msg = Fork {
             session: shared.id,
             handler,
+            init,
         }
         .to_packet();
         let fds = [session_end.as_raw_fd(), output.as_raw_fd()];
