@@ -57,6 +57,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         protocol_env(policy)
     };
     let req = PlanRequest {
+        session: false,
         argv: opts.argv.clone(),
         grants: opts.grants.clone(),
         extra_env,
@@ -556,6 +557,8 @@ pub fn build_report(
         timed_out: o.timed_out,
         protocol_error: o.protocol_error.is_some(),
         output_exceeded: o.output_exceeded,
+        // `run`'s CPU limit is RLIMIT_CPU over the one execution.
+        call_cpu_exceeded: false,
         killed_by_supervisor: o.timed_out
             || o.killed_for_violation
             || o.output_exceeded

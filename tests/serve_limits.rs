@@ -24,6 +24,12 @@ def write_big(req):
     with open(os.path.join(RW, "big"), "wb") as f:
         f.write(b"x" * (2 << 20))
     return b"written"
+def burn(req):
+    import time
+    t = time.process_time()
+    while time.process_time() - t < 0.6:
+        pass
+    return b"burnt"
 def flood(req):
     while True:
         os.write(1, b"x" * 4096)
@@ -33,16 +39,18 @@ def flood(req):
 /// handler) and calls it once, then prints the session's report (CLOSED or FAILED).
 const WORKER: &str = r#"
 mode, name = sys.argv[1], sys.argv[2]
+calls = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 if mode == "zygote":
     how = {"handler": MOD + ":" + name}
 else:
     how = {"argv": [sys.executable, os.path.join(DIR, "guest.py"), name]}
 try:
     with Client().session(timeout="60s", **how) as s:
-        try:
-            s.call(b"x")
-        except GuestError:
-            pass
+        for _ in range(calls):
+            try:
+                s.call(b"x")
+            except GuestError:
+                pass
     report = s.report
 except SessionFailed as e:
     report = e.report
@@ -88,6 +96,11 @@ fn run(s: &Scratch, handler: &str) -> Outcome {
 
 /// The report of one `wfjail serve` session calling `handler` (`zygote`: prefork mode).
 fn session(s: &Scratch, module: &str, zygote: bool, handler: &str) -> Value {
+    session_calls(s, module, zygote, handler, 1)
+}
+
+/// [`session`] with `calls` calls of `handler`.
+fn session_calls(s: &Scratch, module: &str, zygote: bool, handler: &str, calls: u32) -> Value {
     let policy = s.path("policy.toml").display().to_string();
     let rw = s.path("rw").display().to_string();
     let worker = s.path("worker.py").display().to_string();
@@ -97,7 +110,8 @@ fn session(s: &Scratch, module: &str, zygote: bool, handler: &str) -> Value {
         args.extend(["--zygote", "--python", PY, "--preload", module]);
         args.extend(["--zygotes", "1"]);
     }
-    args.extend(["--", PY, &worker, mode, handler]);
+    let calls = calls.to_string();
+    args.extend(["--", PY, &worker, mode, handler, &calls]);
     let out = wfjail_with(&args, |c| {
         c.current_dir(&s.0);
     });
@@ -153,4 +167,32 @@ fn a_session_that_writes_past_the_file_size_reports_the_file_size_limit_as_run_d
 #[test]
 fn a_session_that_floods_its_output_reports_the_output_limit_as_run_does() {
     same_limit_everywhere("out", "[limits]\noutput = \"64KiB\"\n", "flood", "output");
+}
+
+#[test]
+fn limits_cpu_is_each_calls_budget_and_session_cpu_the_sessions() {
+    // Three calls of 0.6 s of CPU each: within a 1 s budget per call, so the session of
+    // 1.8 s ends ok...
+    let (s, module) = fixture("cpu-per-call", "[limits]\ncpu = \"1s\"\n");
+    for zygote in [false, true] {
+        let report = session_calls(&s, &module, zygote, "burn", 3);
+        assert_eq!(
+            report["status"], "ok",
+            "three calls under the per-call budget (zygote: {zygote}): {report:#}"
+        );
+        assert!(report["cpu_ms"].as_f64().unwrap() >= 1500.0, "{report:#}");
+    }
+    // ...but not within a 1 s budget for the session's whole life.
+    let (s, module) = fixture(
+        "cpu-per-session",
+        "[limits]\ncpu = \"1s\"\nsession_cpu = \"1s\"\n",
+    );
+    for zygote in [false, true] {
+        let report = session_calls(&s, &module, zygote, "burn", 3);
+        assert_eq!(
+            (report["status"].clone(), report["limit"].clone()),
+            ("limit".into(), "cpu".into()),
+            "the session's CPU over limits.session_cpu (zygote: {zygote}): {report:#}"
+        );
+    }
 }

@@ -48,6 +48,9 @@ pub struct PlanRequest {
     /// The guest is a prefork zygote: it must fork (RLIMIT_NPROC is not applied; the
     /// supervisor allows only its forks), and opens may be watched after preload.
     pub zygote: bool,
+    /// The guest is a `serve` session's (exec mode): RLIMIT_CPU is `limits.session_cpu`, the
+    /// session's whole life; `limits.cpu` is each call's, which the session measures.
+    pub session: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -424,8 +427,9 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         (Resource::RLIMIT_AS, l.memory.map(|m| m.0)),
         (
             Resource::RLIMIT_CPU,
-            // A zygote lives as long as the server: each child takes the limit after its fork.
-            l.cpu
+            // A zygote lives as long as the server: each child takes the session's limit after
+            // its fork.
+            if req.session { l.session_cpu } else { l.cpu }
                 .filter(|_| !req.zygote)
                 .map(|c| c.0.as_secs_f64().ceil() as u64),
         ),

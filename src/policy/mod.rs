@@ -131,8 +131,12 @@ pub struct Limits {
     pub timeout: Option<Dur>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<Size>,
+    /// CPU time of one execution (`run`), or of one call (`serve` sessions).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Dur>,
+    /// CPU time of a `serve` session over its whole life (RLIMIT_CPU of its guest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_cpu: Option<Dur>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open_files: Option<At<u64>>,
     pub output: Size,
@@ -203,6 +207,7 @@ impl Policy {
                 timeout: None,
                 memory: None,
                 cpu: None,
+                session_cpu: None,
                 open_files: None,
                 output: Size(DEFAULT_OUTPUT),
                 file_size: None,
@@ -677,6 +682,7 @@ fn apply(
         t.timeout = l.timeout.or(t.timeout);
         t.memory = l.memory.or(t.memory);
         t.cpu = l.cpu.or(t.cpu);
+        t.session_cpu = l.session_cpu.or(t.session_cpu);
         if let Some(n) = &l.open_files {
             t.open_files = Some(At {
                 value: *n.get_ref(),

@@ -186,6 +186,7 @@ pub struct Limits {
     pub timeout: Option<Dur>,
     pub memory: Option<Size>,
     pub cpu: Option<Dur>,
+    pub session_cpu: Option<Dur>,
     pub open_files: Option<Spanned<u64>>,
     pub output: Option<Size>,
     pub file_size: Option<Size>,

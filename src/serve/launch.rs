@@ -218,6 +218,7 @@ fn start_exec(
         extra_env.push(("WFJAIL_INIT".into(), init.to_string()));
     }
     let req = PlanRequest {
+        session: true,
         argv: argv.to_vec(),
         grants: server.grants.clone(),
         extra_env,

@@ -153,6 +153,8 @@ pub enum Failure {
     RequestUnsent(OutboxFull),
     #[error("the guest's output and logs exceeded limits.output ({0} bytes)")]
     Output(u64),
+    #[error("the call used more than limits.cpu ({}) of CPU time", Dur(*.0))]
+    CallCpu(Duration),
     #[error("the guest answered before its pid was known")]
     NoPid,
     #[error("the guest did not stop within {}s after answering", .0.as_secs())]

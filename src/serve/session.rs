@@ -53,6 +53,11 @@ use super::{Server, SessionShared};
 const PENDING_CAP: usize = 1 << 20;
 /// How long a guest has to stop (SIGSTOP) after answering, before the session fails.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// Clock ticks per second in `/proc/PID/stat` (USER_HZ, fixed at 100 in the x86_64 ABI).
+const CLOCK_TICKS: f64 = 100.0;
+/// How often a call's CPU time is read while it runs under `limits.cpu` (the ticks
+/// themselves are 10 ms).
+const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// How often the loop looks whether a guest sent SIGSTOP has stopped, until it has.
 const STOP_CHECK: Duration = Duration::from_millis(1);
 
@@ -87,6 +92,11 @@ struct Session {
     /// Bytes of output and LOG frames so far, against `limits.output`.
     output_bytes: u64,
     output_exceeded: bool,
+    /// The guest's CPU time (ms) when the current call began, while a call runs under
+    /// `limits.cpu` (a call's budget; the session's whole life is `limits.session_cpu`).
+    call_cpu_start: Option<f64>,
+    /// A call went over `limits.cpu` and wfjail killed the guest.
+    call_cpu_exceeded: bool,
     /// The guest is stopped (SIGSTOP) between calls: it runs only while a call is in
     /// progress (or while it starts, or exits after CLOSE).
     stopped: bool,
@@ -225,6 +235,8 @@ impl Session {
             echo: LineEcho::new(format!("[session {id}] ")),
             output_bytes: 0,
             output_exceeded: false,
+            call_cpu_start: None,
+            call_cpu_exceeded: false,
             stopped: false,
             stop_unconfirmed: None,
             counts_at_call: Vec::new(),
@@ -257,6 +269,7 @@ impl Session {
                         return false;
                     }
                     self.conv.begin_call();
+                    self.start_call_cpu(true);
                     self.counts_at_call = self
                         .shared
                         .violations
@@ -293,6 +306,7 @@ impl Session {
                     self.client.send(worker::OPENED, &doc);
                 }
                 Action::Result(bytes) => {
+                    self.start_call_cpu(false);
                     // A call that succeeded may still have been denied something (code that
                     // swallowed the error): the worker hears of it before the result.
                     let during = self.call_violations();
@@ -303,6 +317,7 @@ impl Session {
                     self.client.send(worker::RESULT, &bytes)
                 }
                 Action::CallError(e) => {
+                    self.start_call_cpu(false);
                     // The violations of this call only: a guest's ERROR typed
                     // `wfjail.Violation` cannot borrow one from an earlier call.
                     let during = self.call_violations();
@@ -542,6 +557,46 @@ impl Session {
             self.act(acts);
         }
         self.output_exceeded
+    }
+
+    /// The guest's user + system CPU time in ms (`/proc/PID/stat`), while it runs.
+    fn guest_cpu_ms(&self) -> Option<f64> {
+        let (pid, _) = self.guest_process()?;
+        let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+        let close = stat.iter().rposition(|&b| b == b')')?;
+        let fields: Vec<&[u8]> = stat[close + 2..].split(|&b| b == b' ').collect();
+        // After the command: state is field 3, utime 14 and stime 15 (1-based).
+        let tick = |i: usize| -> Option<f64> { std::str::from_utf8(fields.get(i)?).ok()?.parse().ok() };
+        let ticks = tick(11)? + tick(12)?;
+        Some(ticks * 1000.0 / CLOCK_TICKS)
+    }
+
+    /// A call began (or ended): its CPU budget starts from the guest's CPU time now.
+    fn start_call_cpu(&mut self, calling: bool) {
+        self.call_cpu_start = if calling && self.server.policy.limits.cpu.is_some() {
+            self.guest_cpu_ms()
+        } else {
+            None
+        };
+    }
+
+    /// Checks the current call against `limits.cpu`; over it, the guest is killed.
+    fn check_call_cpu(&mut self) {
+        let (Some(start), Some(limit)) = (self.call_cpu_start, self.server.policy.limits.cpu)
+        else {
+            return;
+        };
+        if self.call_cpu_exceeded {
+            return;
+        }
+        if let Some(now) = self.guest_cpu_ms()
+            && now - start >= limit.0.as_secs_f64() * 1000.0
+        {
+            self.call_cpu_exceeded = true;
+            self.call_cpu_start = None;
+            let acts = self.phases.fail(Failure::CallCpu(limit.0));
+            self.act(acts);
+        }
     }
 
     /// Whether the guest is read from now: not while answers to it or to the worker wait
@@ -788,6 +843,9 @@ impl Session {
             if self.stop_unconfirmed.is_some() {
                 wait = Some(wait.map_or(STOP_CHECK, |w| w.min(STOP_CHECK)));
             }
+            if self.call_cpu_start.is_some() {
+                wait = Some(wait.map_or(CPU_SAMPLE_EVERY, |w| w.min(CPU_SAMPLE_EVERY)));
+            }
             let wait = wait.map_or(PollTimeout::NONE, poll_timeout);
             match poll(&mut fds, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -804,6 +862,7 @@ impl Session {
                 let acts = self.phases.fail(why);
                 self.act(acts);
             }
+            self.check_call_cpu();
             if self.sampling() {
                 self.sample_memory(false);
             }
@@ -939,10 +998,13 @@ impl Session {
             timed_out: self.phases.timed_out(),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,
+            call_cpu_exceeded: self.call_cpu_exceeded,
             // Killed by the session, or by the router for a violation.
             killed_by_supervisor: self.killed || self.shared.killed(),
             cpu_ms,
-            cpu_limit: self.server.policy.limits.cpu.map(|c| c.0),
+            // The kernel's CPU limit in a session is its whole life's (RLIMIT_CPU); a call's
+            // own budget is measured here (`call_cpu_exceeded`).
+            cpu_limit: self.server.policy.limits.session_cpu.map(|c| c.0),
             memory_limit: self.applied.memory,
             vm_peak: self.vm_peak,
             memory_refused: self.memory_refused,

@@ -225,11 +225,14 @@ impl Zygote {
             argv.push(cfg.preload.join(","));
         }
         let req = PlanRequest {
+            session: false,
             argv,
             grants: cfg.grants.clone(),
             extra_env: {
                 let mut env = vec![("WFJAIL_ZYGOTE_FD".into(), "3".into())];
-                if let Some(c) = policy.limits.cpu {
+                // Each session child's whole life (the zygote takes none: it lives as long as
+                // the server); a call's own budget (limits.cpu) is measured by its session.
+                if let Some(c) = policy.limits.session_cpu {
                     env.push((
                         "WFJAIL_CPU_LIMIT".into(),
                         (c.0.as_secs_f64().ceil() as u64).to_string(),

@@ -81,6 +81,9 @@ pub struct Facts {
     pub cpu_ms: f64,
     /// `limits.cpu`.
     pub cpu_limit: Option<Duration>,
+    /// wfjail killed the guest because one call used more than `limits.cpu` (serve sessions
+    /// measure each call's CPU time).
+    pub call_cpu_exceeded: bool,
     /// RLIMIT_AS as applied to the guest, in bytes.
     pub memory_limit: Option<u64>,
     /// The largest peak address space (`VmPeak`) read while the guest ran, in bytes.
@@ -228,12 +231,13 @@ pub fn classify(f: &Facts) -> Verdict {
     // A SIGKILL we did not send comes from the kernel's RLIMIT_CPU (a guest that is PID 1
     // ignores the SIGXCPU before it). rusage times are tick-sampled and may read lower than
     // the kernel's precise count, hence the loose lower bound.
-    let cpu_hit = f.cpu_limit.is_some_and(|c| {
-        signal == Some(libc::SIGXCPU)
-            || (signal == Some(libc::SIGKILL)
-                && !f.killed_by_supervisor
-                && f.cpu_ms >= c.as_secs_f64() * 500.0)
-    });
+    let cpu_hit = f.call_cpu_exceeded
+        || f.cpu_limit.is_some_and(|c| {
+            signal == Some(libc::SIGXCPU)
+                || (signal == Some(libc::SIGKILL)
+                    && !f.killed_by_supervisor
+                    && f.cpu_ms >= c.as_secs_f64() * 500.0)
+        });
     let file_size_hit = signal == Some(libc::SIGXFSZ) || (failed && f.file_at_limit);
     let limit = |l: Limit| verdict(Status::Limit, Some(l), stopped());
 
