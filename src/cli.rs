@@ -70,6 +70,10 @@ protocol, and each is exec'd fresh.
 When the worker exits, wfjail ends every guest and exits with the worker's status. SIGTERM or
 SIGINT to wfjail is passed to the worker (SIGKILL after 10s).
 
+Without a worker command, wfjail serves --socket PATH for workers started otherwise (the
+Temporal runner starts it this way, with --exit-with-parent) until SIGTERM or SIGINT, then
+ends every guest and exits 0. `STATUS` on the socket answers once it is ready.
+
 Example:
   wfjail serve -p temporal-python --zygote --python .venv/bin/python \\
       --preload temporalio,my_workflows -- .venv/bin/python my_worker.py";
@@ -110,8 +114,13 @@ pub struct ServeArgs {
     /// Do not print violations and guest logs.
     #[arg(short, long)]
     pub quiet: bool,
-    /// The worker command and its arguments.
-    #[arg(last = true, required = true, value_name = "WORKER_CMD")]
+    /// End when the process that started wfjail ends (a worker that started the server
+    /// itself, like the Temporal runner, takes it along when it goes).
+    #[arg(long)]
+    pub exit_with_parent: bool,
+    /// The worker command and its arguments. Without one, wfjail only serves the socket
+    /// (`--socket` is then required) until SIGTERM or SIGINT, for a worker started otherwise.
+    #[arg(last = true, value_name = "WORKER_CMD")]
     pub worker: Vec<String>,
 }
 

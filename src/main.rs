@@ -148,6 +148,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         grants,
         timeout: args.timeout.map(|d| d.0),
         worker: args.worker,
+        exit_with_parent: args.exit_with_parent,
         echo: !args.quiet,
     };
     match wfjail::serve::serve(policy, opts) {

@@ -650,3 +650,128 @@ print(json.dumps(out))
         );
     }
 }
+
+/// `wfjail serve` without a worker command, serving `sock` in zygote mode.
+fn socket_server_args(s: &Scratch, module: &str, sock: &str, extra: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = ["serve", "-q", "-p"].map(String::from).to_vec();
+    all.push(s.path("policy.toml").display().to_string());
+    all.extend(["--socket".to_string(), sock.to_string()]);
+    all.extend(
+        [
+            "--zygote",
+            "--python",
+            PY,
+            "--preload",
+            module,
+            "--zygotes",
+            "1",
+        ]
+        .map(String::from),
+    );
+    all.extend(extra.iter().map(|a| a.to_string()));
+    all
+}
+
+#[test]
+fn without_a_worker_command_wfjail_serves_its_socket_until_sigterm_or_its_parent_ends() {
+    // A worker started on its own: it waits for the server (STATUS), opens a session, calls.
+    let worker = r#"
+for _ in range(600):
+    try:
+        status = Client().status()
+        break
+    except OSError:
+        time.sleep(0.05)
+with Client().session(handler=MOD + ":mutate") as s:
+    reply = s.call(b"a").decode()
+print(json.dumps({"status": status, "reply": reply, "report": s.report["status"]}))
+"#;
+    let (s, module) = fixture("socket-only", worker, "");
+    let sock = s.path("serve.sock").display().to_string();
+    let mut server = Command::new(wfjail_bin())
+        .current_dir(&s.0)
+        .args(socket_server_args(&s, &module, &sock, &[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Command::new(PY)
+        .arg(s.path("worker.py"))
+        .env("WFJAIL_SOCKET", &sock)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(r["status"]["mode"], "zygote");
+    assert_eq!(
+        (r["reply"].clone(), r["report"].clone()),
+        ("1:a".into(), "ok".into())
+    );
+    Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    let status = server.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIGTERM ends a server without a worker with 0"
+    );
+    assert!(
+        !std::path::Path::new(&sock).exists(),
+        "the socket is removed"
+    );
+    assert!(processes_with(&module).is_empty(), "no zygote survives");
+
+    // A worker that starts the server itself with --exit-with-parent takes it along.
+    let runner = format!(
+        r#"
+import subprocess
+server = subprocess.Popen({args:?}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os.environ["WFJAIL_SOCKET"] = {sock:?}
+for _ in range(600):
+    try:
+        Client().status()
+        break
+    except OSError:
+        time.sleep(0.05)
+with Client().session(handler=MOD + ":mutate") as s:
+    reply = s.call(b"b").decode()
+print(json.dumps({{"server": server.pid, "reply": reply}}))
+"#,
+        args = std::iter::once(wfjail_bin().display().to_string())
+            .chain(socket_server_args(
+                &s,
+                &module,
+                &sock,
+                &["--exit-with-parent"]
+            ))
+            .collect::<Vec<_>>(),
+    );
+    let path = s.path("runner.py");
+    let prelude = std::fs::read_to_string(s.path("worker.py")).unwrap();
+    let prelude = &prelude[..prelude.find("for _ in range").unwrap()];
+    std::fs::write(&path, format!("{prelude}{runner}")).unwrap();
+    let out = Command::new(PY)
+        .arg(&path)
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(r["reply"], "1:b");
+    let pid = r["server"].as_u64().unwrap();
+    // The runner has exited: the server follows (waited for, up to 30 s, not timed).
+    let gone = (0..600).any(|_| {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| !st.contains(") Z "));
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        !alive
+    });
+    assert!(gone, "the server ended with the process that started it");
+    assert!(processes_with(&module).is_empty(), "no zygote survives");
+}

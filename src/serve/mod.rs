@@ -44,14 +44,20 @@ pub struct ServeOptions {
     pub grants: Vec<ExtraGrant>,
     /// Per-call wall-clock limit (default: the policy's `limits.timeout`).
     pub timeout: Option<Duration>,
+    /// The worker command; empty: serve the socket alone until SIGTERM/SIGINT.
     pub worker: Vec<String>,
+    /// End when wfjail's parent process ends.
+    pub exit_with_parent: bool,
     /// Print violations and guest logs on stderr.
     pub echo: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("no worker command given: write it after `--`")]
+    #[error(
+        "no worker command and no --socket: give the worker command after `--`, or serve a \
+         socket the worker knows with --socket PATH"
+    )]
     NoWorker,
     #[error("socket {path}: {source}")]
     Socket {
@@ -280,11 +286,19 @@ fn default_socket() -> PathBuf {
     dir.join(format!("wfjail-{}.sock", std::process::id()))
 }
 
-/// Runs the server until the worker exits; returns the worker's exit status.
+/// Runs the server until the worker exits; returns the worker's exit status. Without a
+/// worker command, until SIGTERM or SIGINT (or the parent's end, with `exit_with_parent`);
+/// then 0.
 pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
-    if opts.worker.is_empty() {
+    if opts.worker.is_empty() && opts.socket.is_none() {
         return Err(ServeError::NoWorker);
     }
+    // The parent first, before it can go: a pidfd that becomes readable when it exits.
+    let parent = if opts.exit_with_parent {
+        Some(sys::pidfd_open(nix::unistd::getppid().as_raw()).map_err(ServeError::WorkerPidfd)?)
+    } else {
+        None
+    };
     raise_fd_limit();
     // Signals arrive on a signalfd; block them first so every thread inherits the mask.
     let mut mask = SigSet::empty();
@@ -376,15 +390,26 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     });
 
     // The worker, unconfined: it must reach its server.
-    let mut worker = std::process::Command::new(&opts.worker[0]);
-    worker.args(&opts.worker[1..]).env("WFJAIL_SOCKET", &path);
-    sys::unblock_signals_on_exec(&mut worker);
-    let mut worker = worker.spawn().map_err(|source| ServeError::Worker {
-        cmd: opts.worker.join(" "),
-        source,
-    })?;
-    let worker_pidfd =
-        sys::pidfd_open(worker.id() as libc::pid_t).map_err(ServeError::WorkerPidfd)?;
+    let mut worker = match opts.worker.split_first() {
+        Some((cmd, args)) => {
+            let mut worker = std::process::Command::new(cmd);
+            worker.args(args).env("WFJAIL_SOCKET", &path);
+            sys::unblock_signals_on_exec(&mut worker);
+            let worker = worker.spawn().map_err(|source| ServeError::Worker {
+                cmd: opts.worker.join(" "),
+                source,
+            })?;
+            let pidfd =
+                sys::pidfd_open(worker.id() as libc::pid_t).map_err(ServeError::WorkerPidfd)?;
+            Some((worker, pidfd))
+        }
+        None => {
+            if opts.echo {
+                eprintln!("wfjail: serving {} (no worker command)", path.display());
+            }
+            None
+        }
+    };
 
     let mut terminating: Option<std::time::Instant> = None;
     let mut paused: Option<std::time::Instant> = None;
@@ -392,12 +417,17 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     // A descriptor held in reserve, released to accept (and refuse) a session when none is left.
     let mut spare_fd = std::fs::File::open("/dev/null").ok();
     let status = loop {
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-            PollFd::new(worker_pidfd.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
             PollFd::new(restart_r.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some((_, pidfd)) = &worker {
+            fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(p) = &parent {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
         let timeout = if terminating.is_some() || paused.is_some() {
             PollTimeout::from(ACCEPT_PAUSE.as_millis() as u16)
         } else {
@@ -407,26 +437,57 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(ServeError::Poll(e)),
         }
-        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
-        let (accept, exited, signalled, restart) = (ready(0), ready(1), ready(2), ready(3));
-        if exited {
-            break worker.wait().map_err(ServeError::WaitWorker)?;
+        let ready = |i: usize| {
+            fds.get(i)
+                .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()))
+        };
+        let (accept, signalled, restart) = (ready(0), ready(1), ready(2));
+        let exited = worker.is_some() && ready(3);
+        let parent_gone = parent.is_some() && ready(if worker.is_some() { 4 } else { 3 });
+        drop(fds);
+        if let Some((w, _)) = worker.as_mut()
+            && exited
+        {
+            let status = w.wait().map_err(ServeError::WaitWorker)?;
+            use std::os::unix::process::ExitStatusExt;
+            break status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        }
+        if parent_gone {
+            if opts.echo {
+                eprintln!("wfjail: the process that started wfjail ended: stopping");
+            }
+            if let Some((_, pidfd)) = &worker {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            }
+            break 0;
         }
         if signalled {
             while let Ok(Some(info)) = sfd.read_signal() {
+                let Some((_, pidfd)) = &worker else {
+                    if opts.echo {
+                        eprintln!("wfjail: signal {}: stopping", info.ssi_signo);
+                    }
+                    break;
+                };
                 if terminating.is_none() {
                     if opts.echo {
                         eprintln!("wfjail: signal {}: stopping the worker", info.ssi_signo);
                     }
-                    let _ = sys::pidfd_send_signal(worker_pidfd.as_fd(), libc::SIGTERM);
+                    let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGTERM);
                     terminating = Some(std::time::Instant::now());
                 }
+            }
+            if worker.is_none() {
+                break 0;
             }
         }
         if let Some(t) = terminating
             && t.elapsed() > Duration::from_secs(10)
+            && let Some((_, pidfd)) = &worker
         {
-            let _ = sys::pidfd_send_signal(worker_pidfd.as_fd(), libc::SIGKILL);
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
         }
         if restart {
             let mut b = [0u8; 16];
@@ -477,10 +538,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         }
     };
     shutdown(&server);
-    use std::os::unix::process::ExitStatusExt;
-    Ok(status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status)
 }
 
 /// Replaces dead zygote `i` (from the main thread, so that the new zygote's parent-death

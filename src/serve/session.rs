@@ -566,7 +566,8 @@ impl Session {
         let close = stat.iter().rposition(|&b| b == b')')?;
         let fields: Vec<&[u8]> = stat[close + 2..].split(|&b| b == b' ').collect();
         // After the command: state is field 3, utime 14 and stime 15 (1-based).
-        let tick = |i: usize| -> Option<f64> { std::str::from_utf8(fields.get(i)?).ok()?.parse().ok() };
+        let tick =
+            |i: usize| -> Option<f64> { std::str::from_utf8(fields.get(i)?).ok()?.parse().ok() };
         let ticks = tick(11)? + tick(12)?;
         Some(ticks * 1000.0 / CLOCK_TICKS)
     }
