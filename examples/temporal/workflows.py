@@ -1,0 +1,118 @@
+"""Workflows for the JailedWorkflowRunner example and tests: clean ones, and one that
+misbehaves per category (each must fail its workflow task, naming the syscall)."""
+
+from datetime import timedelta
+
+from temporalio import activity, workflow
+
+
+@activity.defn
+async def greet(name: str) -> str:
+    return "Hello, %s!" % name
+
+
+@workflow.defn
+class Greeting:
+    @workflow.run
+    async def run(self, name: str) -> str:
+        greeting = await workflow.execute_activity(
+            greet, name, start_to_close_timeout=timedelta(seconds=10))
+        await workflow.sleep(0.01)
+        return greeting
+
+
+@workflow.defn
+class Lucky:
+    """Randomness the workflow way: seeded from history, the same on replay."""
+
+    @workflow.run
+    async def run(self) -> list:
+        return [workflow.random().randint(0, 1000) for _ in range(3)] + [str(workflow.uuid4())]
+
+
+@workflow.defn
+class Counter:
+    """Signals, a query and an update against state that lives in the confined process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.done = False
+
+    @workflow.run
+    async def run(self) -> int:
+        await workflow.wait_condition(lambda: self.done)
+        return self.count
+
+    @workflow.signal
+    def add(self, n: int) -> None:
+        self.count += n
+
+    @workflow.query
+    def value(self) -> int:
+        return self.count
+
+    @workflow.update
+    def finish(self) -> int:
+        self.done = True
+        return self.count
+
+
+@workflow.defn
+class Network:
+    """Reaches for the network, and swallows the error: the task must fail anyway."""
+
+    @workflow.run
+    async def run(self) -> str:
+        import socket
+
+        try:
+            socket.create_connection(("127.0.0.1", 7233), timeout=1)
+        except OSError:
+            pass
+        return "pretended it worked"
+
+
+@workflow.defn
+class Thread:
+    """Starts a thread: denied (threads would escape the workflow's determinism)."""
+
+    @workflow.run
+    async def run(self) -> str:
+        import threading
+
+        threading.Thread(target=print).start()
+        return "started"
+
+
+@workflow.defn
+class ReadFile:
+    """Reads a host file outside the policy."""
+
+    @workflow.run
+    async def run(self) -> str:
+        with open("/etc/hostname") as f:
+            return f.read()
+
+
+@workflow.defn
+class Subprocess:
+    """Runs a program through C (posix.system): denied."""
+
+    @workflow.run
+    async def run(self) -> int:
+        import posix
+
+        return posix.system("true")
+
+
+@workflow.defn
+class Leaky:
+    """Keeps state in a module global: in a process per run, no other run sees it."""
+
+    @workflow.run
+    async def run(self, tag: str) -> list:
+        _SEEN.append(tag)
+        return list(_SEEN)
+
+
+_SEEN = []

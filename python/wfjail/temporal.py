@@ -1,0 +1,364 @@
+"""Temporal: run each cached workflow run in a confined process of its own.
+
+    from wfjail.temporal import JailedWorkflowRunner
+
+    worker = Worker(client, task_queue="q", workflows=[MyWorkflow], activities=[...],
+                    workflow_runner=JailedWorkflowRunner())
+
+``JailedWorkflowRunner`` is a ``temporalio.worker.WorkflowRunner``. It starts a ``wfjail
+serve`` of its own (prefork mode, the worker's interpreter, the policy ``temporal-python``
+unless told otherwise) that preloads ``temporalio`` and the worker's workflow modules once;
+each workflow run the worker caches is one session forked from it, confined by the kernel
+(no network, files, threads, subprocesses), and every activation is one call carrying the
+activation's protobuf bytes. Eviction closes the session.
+
+What crosses from a child to the worker is protobuf and JSON only: the worker never
+unpickles anything a (possibly hostile) workflow sends. A call during which wfjail denied
+something fails the workflow task with what was denied (the syscall, its arguments, the rule
+and a hint), even when the workflow caught the error.
+
+Importing this module needs ``temporalio``; the rest of the ``wfjail`` package does not.
+What is not done yet (docs/temporal.md): extern functions (interceptors' unsafe extern
+functions, ``workflow.metric_meter()``, which gets a no-op meter), ``patch_activation_callback``,
+serialization contexts of commands (payload codecs get the workflow's context), stack dumps
+on deadlock (the child is killed instead).
+"""
+
+import asyncio
+import base64
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import temporalio.converter
+import temporalio.workflow
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.worker import (
+    UnsandboxedWorkflowRunner,
+    WorkflowInstance,
+    WorkflowInstanceDetails,
+    WorkflowRunner,
+)
+
+from .client import Busy, Client, GuestError, SessionFailed
+from .errors import ProtocolError
+
+# The session handler the zygote resolves: a factory called with the run's recipe.
+_FACTORY = "wfjail.temporal:_instance_factory"
+# Completion bytes, then the JSON side channel (the violations of the call are the server's).
+_LEN = 4
+
+
+def _class_path(cls, what):
+    """``module:qualname`` of ``cls``, which a fresh interpreter must be able to import."""
+    module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname:
+        raise ValueError(
+            "%s %r cannot run in a confined process: it is defined in %s; move it to a "
+            "module the worker imports (JailedWorkflowRunner rebuilds it there by its path)"
+            % (what, cls, "the script run as __main__" if module == "__main__" else
+               "a function (<locals>)"))
+    return "%s:%s" % (module, qualname)
+
+
+def _load(path):
+    import importlib
+
+    module, _, qualname = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class JailedWorkflowRunner(WorkflowRunner):
+    """A ``WorkflowRunner`` that runs every cached workflow run in a process of its own,
+    forked from a preloaded zygote and confined by wfjail (Landlock, seccomp, namespaces).
+
+    ``policy``: a built-in policy name or a policy file (default ``temporal-python``).
+    ``max_sessions``: confined runs at once; keep it at least the worker's
+    ``max_cached_workflows`` plus its concurrent workflow tasks (default 1100: the SDK's
+    default cache of 1000 and 100 task slots). ``socket``: serve on this path (default: a
+    temporary directory). ``wfjail``: the ``wfjail`` binary (default: found on ``PATH``).
+    ``preload``: more modules for the zygote to import before forking.
+    """
+
+    def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
+                 preload=(), zygotes=None, call_timeout="30s"):
+        self._policy = policy
+        self._max_sessions = int(max_sessions)
+        self._socket = socket
+        self._wfjail = wfjail or shutil.which("wfjail")
+        self._preload = list(preload)
+        self._zygotes = zygotes
+        self._call_timeout = call_timeout
+        self._modules = []
+        self._lock = threading.Lock()
+        self._server = None
+        self._client = None
+        self._tmp = None
+        self._failure_types = []
+
+    # -- WorkflowRunner ------------------------------------------------------------------------
+
+    def prepare_workflow(self, defn):
+        """Checks that the workflow class can be rebuilt in a confined process by its path, and
+        notes its module for the zygote to preload."""
+        path = _class_path(defn.cls, "workflow class")
+        module = path.partition(":")[0]
+        if module not in self._modules:
+            self._modules.append(module)
+
+    def set_worker_level_failure_exception_types(self, types):
+        self._failure_types = [_class_path(t, "failure exception type") for t in types]
+
+    def create_instance(self, det):
+        """Opens the run's session (on the worker's event-loop thread, not on the timed
+        activation path): the zygote forks a child, which builds the workflow instance."""
+        client = self._ensure_server()
+        recipe = _recipe(det, self._failure_types)
+        try:
+            session = client.session(handler=_FACTORY, init=recipe,
+                                     timeout=self._call_timeout).open()
+        except Busy as e:
+            raise RuntimeError(
+                "wfjail: no room for another confined workflow run (%s of %s open): raise "
+                "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
+                (e.open, e.capacity)) from None
+        return _JailedInstance(session, det)
+
+    # -- the server ----------------------------------------------------------------------------
+
+    def _ensure_server(self):
+        with self._lock:
+            if self._client is not None and self._server is not None \
+                    and self._server.poll() is None:
+                return self._client
+            self._start_server()
+            return self._client
+
+    def _start_server(self):
+        if not self._wfjail:
+            raise RuntimeError("wfjail: the `wfjail` binary is not on PATH; pass "
+                               "JailedWorkflowRunner(wfjail=...)")
+        self._tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
+        sock = self._socket or os.path.join(self._tmp, "serve.sock")
+        policy = self._policy_file()
+        preload = ["temporalio.worker", "wfjail.temporal"] + self._modules + self._preload
+        argv = [self._wfjail, "serve", "-q", "-p", policy, "--socket", sock,
+                "--max-executions", str(self._max_sessions), "--zygote",
+                "--python", sys.executable, "--preload", ",".join(preload),
+                "--exit-with-parent"]
+        if self._zygotes:
+            argv += ["--zygotes", str(self._zygotes)]
+        self._server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self._client = Client(sock)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self._client.status()
+                return
+            except (OSError, ProtocolError):
+                if self._server.poll() is not None:
+                    raise RuntimeError("wfjail serve exited with status %s before it was "
+                                       "ready (its messages are above)"
+                                       % self._server.returncode) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("wfjail serve was not ready within 120 s") from None
+                time.sleep(0.02)
+
+    def _policy_file(self):
+        """A policy extending the chosen one that lets the zygote import what the worker
+        imports: the worker's import path, read-only, and as PYTHONPATH."""
+        base = self._policy
+        if "/" in base or base.endswith(".toml"):
+            base = os.path.abspath(base)
+        paths = [os.path.abspath(p or ".") for p in sys.path]
+        paths = [p for i, p in enumerate(paths) if os.path.exists(p) and p not in paths[:i]]
+        text = "extends = %s\n[filesystem]\nread = [%s]\n[env]\nset = { PYTHONPATH = %s }\n" % (
+            json.dumps(base), ", ".join(json.dumps(p) for p in paths),
+            json.dumps(os.pathsep.join(paths)))
+        path = os.path.join(self._tmp, "policy.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def close(self):
+        """Stops the server (it also ends with the worker's process)."""
+        with self._lock:
+            if self._server is not None and self._server.poll() is None:
+                self._server.terminate()
+                try:
+                    self._server.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._server.kill()
+            self._server = self._client = None
+
+
+def _recipe(det, failure_types):
+    """What a child needs to rebuild the instance: class paths, and the details that are plain
+    data (pickled: the child unpickles what the worker sends, never the other way round)."""
+    factory = det.payload_converter_factory
+    converter = getattr(factory, "__self__", None)
+    converter_class = getattr(converter, "payload_converter_class", None)
+    data = {
+        "info": det.info,
+        "randomness_seed": det.randomness_seed,
+        "disable_eager_activity_execution": det.disable_eager_activity_execution,
+        "last_completion_result": det.last_completion_result.SerializeToString(),
+        "last_failure": (det.last_failure.SerializeToString()
+                         if det.last_failure is not None else None),
+        "default_workflow_logic_flags": det.default_workflow_logic_flags,
+    }
+    return {
+        "workflow": _class_path(det.defn.cls, "workflow class"),
+        "payload_converter": (_class_path(converter_class, "payload converter class")
+                              if converter_class is not None else None),
+        "failure_converter": _class_path(det.failure_converter_class, "failure converter class"),
+        "interceptors": [_class_path(c, "interceptor class") for c in det.interceptor_classes],
+        "failure_types": list(failure_types),
+        "data": base64.b64encode(pickle.dumps(data)).decode("ascii"),
+    }
+
+
+class _JailedInstance(WorkflowInstance):
+    """The worker's side of one confined run: each activation is one call."""
+
+    def __init__(self, session, det):
+        self._session = session
+        self._det = det
+        self._context = temporalio.converter.WorkflowSerializationContext(
+            namespace=det.info.namespace, workflow_id=det.info.workflow_id)
+
+    def activate(self, act):
+        evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
+        try:
+            reply = self._session.call(act.SerializeToString())
+            completion = WorkflowActivationCompletion.FromString(reply)
+            violations = self._session.violations
+            if violations and not evicting:
+                return _failed(act, _violations_text(self._det, violations))
+            return completion
+        except GuestError as e:
+            if evicting:
+                return _evicted(act)
+            return _failed(act, "%s: %s\n%s" % (e.type, e.message, e.traceback))
+        except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
+            if evicting:
+                return _evicted(act)
+            report = getattr(e, "report", None) or {}
+            return _failed(act, _report_text(self._det, report, e))
+        finally:
+            if evicting:
+                self._session.close()
+
+    def get_serialization_context(self, command_info):
+        return self._context
+
+    def get_external_store_context(self, command_info):
+        from temporalio.converter._extstore import StorageDriverStoreContext
+
+        return StorageDriverStoreContext()
+
+    def get_info(self):
+        return self._det.info
+
+
+def _failed(act, message):
+    """A completion that fails the workflow task with ``message`` (the worker retries it)."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    completion.failed.failure.message = message
+    completion.failed.failure.source = "wfjail"
+    return completion
+
+
+def _evicted(act):
+    """An eviction always completes, whatever became of the child."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    completion.successful.SetInParent()
+    return completion
+
+
+def _violations_text(det, violations):
+    lines = ["wfjail denied workflow %s (run %s) what workflow code may not do:" % (
+        det.info.workflow_type, det.info.run_id)]
+    for v in violations:
+        lines.append("  %s %s(%s) %s [%s]: %s" % (
+            v.get("category"), v.get("syscall"), v.get("args"), v.get("action"), v.get("rule"),
+            v.get("hint")))
+    return "\n".join(lines)
+
+
+def _report_text(det, report, exc):
+    if report.get("violations"):
+        return _violations_text(det, report["violations"])
+    return "wfjail: the confined run of workflow %s ended: %s: %s" % (
+        det.info.workflow_type, report.get("status", type(exc).__name__),
+        report.get("error") or exc)
+
+
+# -- in the confined child ------------------------------------------------------------------------
+
+
+def _instance_factory(recipe):
+    """Session factory (runs in the child): rebuilds the run's details from the recipe, builds
+    the workflow instance inside a running event loop, and returns the per-activation
+    handler (protobuf bytes in, protobuf bytes out)."""
+    import temporalio.converter
+    from temporalio.api.common.v1 import Payloads
+    from temporalio.api.failure.v1 import Failure
+
+    data = pickle.loads(base64.b64decode(recipe["data"]))
+    defn = temporalio.workflow._Definition.must_from_class(_load(recipe["workflow"]))
+    converter_class = (_load(recipe["payload_converter"]) if recipe.get("payload_converter")
+                       else temporalio.converter.DefaultPayloadConverter)
+    converter = temporalio.converter.DataConverter(payload_converter_class=converter_class)
+    last_failure = None
+    if data["last_failure"] is not None:
+        last_failure = Failure.FromString(data["last_failure"])
+    det = WorkflowInstanceDetails(
+        payload_converter_factory=converter._new_payload_converter,
+        failure_converter_class=_load(recipe["failure_converter"]),
+        interceptor_classes=[_load(p) for p in recipe["interceptors"]],
+        defn=defn,
+        info=data["info"],
+        randomness_seed=data["randomness_seed"],
+        extern_functions=_local_extern_functions(),
+        disable_eager_activity_execution=data["disable_eager_activity_execution"],
+        worker_level_failure_exception_types=[_load(p) for p in recipe["failure_types"]],
+        patch_activation_callback=None,
+        last_completion_result=Payloads.FromString(data["last_completion_result"]),
+        last_failure=last_failure,
+        default_workflow_logic_flags=data["default_workflow_logic_flags"],
+    )
+    # The instance must be built inside a running event loop (it registers itself on it).
+    loop = asyncio.new_event_loop()
+    asyncio._set_running_loop(loop)
+    try:
+        instance = UnsandboxedWorkflowRunner().create_instance(det)
+    finally:
+        asyncio._set_running_loop(None)
+
+    def activate(request):
+        act = WorkflowActivation.FromString(request)
+        return instance.activate(act).SerializeToString()
+
+    return activate
+
+
+def _local_extern_functions():
+    """The worker's built-in extern functions, answered in the child: a no-op metric meter,
+    and local activities taken as valid (the worker checks them when it runs them)."""
+    import temporalio.common
+
+    return {
+        "__temporal_get_metric_meter": lambda: temporalio.common.MetricMeter.noop,
+        "__temporal_assert_local_activity_valid": lambda name: None,
+    }
