@@ -540,6 +540,34 @@ print(json.dumps(out))
     );
 }
 
+/// Runs `worker` under `wfjail serve` in zygote mode, or (`zygote` false) in exec mode with
+/// `EXEC_MODE=1` in the worker's environment and a `guest.py` that imports the fixture's
+/// module as `m` and then runs `guest_line`. The worker's JSON, and the outcome.
+fn in_both_modes(
+    tag: &str,
+    worker: &str,
+    guest_line: &str,
+    zygote: bool,
+) -> (serde_json::Value, Outcome) {
+    let (s, module) = fixture(tag, worker, "");
+    s.write(
+        "guest.py",
+        &format!(
+            "import sys\nsys.path.insert(0, {dir:?})\nimport {module} as m\nfrom wfjail import guest\n{guest_line}\n",
+            dir = s.0.display().to_string()
+        ),
+    );
+    let all = serve_args(&s, &module, zygote, &[]);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let out = wfjail_with(&all, |c| {
+        c.current_dir(&s.0);
+        if !zygote {
+            c.env("EXEC_MODE", "1");
+        }
+    });
+    (worker_json(&out), out)
+}
+
 #[test]
 fn a_denial_the_workflow_swallowed_still_reaches_the_worker_with_the_result() {
     // The same worker in both modes: OPEN names the handler (zygote) or a guest command that
@@ -562,23 +590,12 @@ with session("mutate") as s:
 print(json.dumps(out))
 "#;
     for zygote in [true, false] {
-        let (s, module) = fixture("swallow", worker, "");
-        s.write(
-            "guest.py",
-            &format!(
-                "import sys\nsys.path.insert(0, {dir:?})\nimport {module} as m\nfrom wfjail import guest\nguest.run(getattr(m, sys.argv[1]))\n",
-                dir = s.0.display().to_string()
-            ),
+        let (r, out) = in_both_modes(
+            "swallow",
+            worker,
+            "guest.run(getattr(m, sys.argv[1]))",
+            zygote,
         );
-        let all = serve_args(&s, &module, zygote, &[]);
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        let out = wfjail_with(&all, |c| {
-            c.current_dir(&s.0);
-            if !zygote {
-                c.env("EXEC_MODE", "1");
-            }
-        });
-        let r = worker_json(&out);
         assert_eq!(r["reply"], "swallowed", "zygote={zygote}: {}", out.stderr);
         assert_eq!(
             r["violations"],
@@ -616,24 +633,13 @@ except SessionFailed as e:
 print(json.dumps(out))
 "#;
     for zygote in [true, false] {
-        let (s, module) = fixture("init", worker, "");
         // Exec mode: a guest that builds its handler the same way, from WFJAIL_INIT.
-        s.write(
-            "guest.py",
-            &format!(
-                "import sys\nsys.path.insert(0, {dir:?})\nimport {module} as m\nfrom wfjail import guest\nguest.run(m.factory(guest.init_value()))\n",
-                dir = s.0.display().to_string()
-            ),
+        let (r, out) = in_both_modes(
+            "init",
+            worker,
+            "guest.run(m.factory(guest.init_value()))",
+            zygote,
         );
-        let all = serve_args(&s, &module, zygote, &[]);
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        let out = wfjail_with(&all, |c| {
-            c.current_dir(&s.0);
-            if !zygote {
-                c.env("EXEC_MODE", "1");
-            }
-        });
-        let r = worker_json(&out);
         assert_eq!(
             r["reply"],
             r#"wf-a|{"args": [1, "two", null], "nested": {"k": true}, "prefix": "wf-"}"#,
