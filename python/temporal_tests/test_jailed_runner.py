@@ -29,6 +29,7 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker  # noqa: E402
 
 import workflows as W  # noqa: E402
+from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky]
@@ -85,17 +86,6 @@ class DevServer:
             self.proc.wait()
         self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-async def _task_failure(handle, wait=20.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait
-    while loop.time() < end:
-        async for e in handle.fetch_history_events():
-            if e.HasField("workflow_task_failed_event_attributes"):
-                return e.workflow_task_failed_event_attributes.failure.message
-        await asyncio.sleep(0.2)
-    return None
 
 
 class JailedRunnerTests(unittest.TestCase):
@@ -166,7 +156,7 @@ class JailedRunnerTests(unittest.TestCase):
                 for wf in BAD:
                     h = await client.start_workflow(wf.run, id=str(uuid.uuid4()),
                                                     task_queue=queue)
-                    messages[wf.__name__] = await _task_failure(h)
+                    messages[wf.__name__] = await task_failure(h, wait=20.0)
                     await h.terminate()
                 # The worker goes on serving clean workflows.
                 messages["after"] = await client.execute_workflow(
