@@ -186,6 +186,30 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("defined in the script run as __main__", text)
 
 
+class PolicyFileTests(unittest.TestCase):
+    def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
+        import tomllib
+
+        runner = JailedWorkflowRunner(policy="strict")
+        runner._tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
+        try:
+            with open(runner._policy_file(), "rb") as f:
+                doc = tomllib.load(f)
+        finally:
+            shutil.rmtree(runner._tmp)
+        self.assertEqual(doc["extends"], "strict")
+        reads = doc["filesystem"]["read"]
+        # A venv's python may link to an interpreter elsewhere (pyenv, /opt/python...).
+        real = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+        self.assertIn(real, reads)
+        self.assertIn(os.path.abspath(sys.base_prefix), reads)
+        for p in sys.path:
+            if p and os.path.exists(p):
+                self.assertIn(os.path.abspath(p), reads)
+        self.assertEqual(doc["env"]["set"]["PYTHONPATH"].split(os.pathsep)[0],
+                         os.path.abspath(sys.path[0] or "."))
+
+
 @workflow.defn
 class MainWorkflow:
     @workflow.run

@@ -176,15 +176,20 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def _policy_file(self):
         """A policy extending the chosen one that lets the zygote import what the worker
-        imports: the worker's import path, read-only, and as PYTHONPATH."""
+        imports: the worker's import path, read-only, and as PYTHONPATH; and the interpreter
+        itself where a venv's `python` links to (pyenv, a python.org build...)."""
         base = self._policy
         if "/" in base or base.endswith(".toml"):
             base = os.path.abspath(base)
-        paths = [os.path.abspath(p or ".") for p in sys.path]
-        paths = [p for i, p in enumerate(paths) if os.path.exists(p) and p not in paths[:i]]
+        path = [os.path.abspath(p or ".") for p in sys.path]
+        path = [p for i, p in enumerate(path) if os.path.exists(p) and p not in path[:i]]
+        prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+        reads = path + [p for i, p in enumerate(prefixes)
+                        if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
         text = "extends = %s\n[filesystem]\nread = [%s]\n[env]\nset = { PYTHONPATH = %s }\n" % (
-            json.dumps(base), ", ".join(json.dumps(p) for p in paths),
-            json.dumps(os.pathsep.join(paths)))
+            json.dumps(base), ", ".join(json.dumps(p) for p in reads),
+            json.dumps(os.pathsep.join(path)))
         path = os.path.join(self._tmp, "policy.toml")
         with open(path, "w") as f:
             f.write(text)
