@@ -49,6 +49,27 @@ def _wfjail():
     return os.path.abspath(path)
 
 
+def _kill_session_children(server_pid):
+    """SIGKILLs the zygotes' children (session children and spares) of a `wfjail serve`;
+    returns how many."""
+    def children(pid):
+        try:
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                return [int(c) for c in f.read().split()]
+        except OSError:
+            return []
+
+    killed = 0
+    for zygote in children(server_pid):
+        for child in children(zygote):
+            try:
+                os.kill(child, 9)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 class DevServer:
     """`temporal server start-dev` on a free loopback port, with its own database file."""
 
@@ -170,6 +191,67 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("subprocess clone(", m["Subprocess"])
         self.assertIn("Permission denied: '/etc/hostname'", m["ReadFile"])
         self.assertEqual(m["after"], "Hello, again!")
+
+    def test_two_hundred_concurrent_workflows_complete(self):
+        async def go():
+            client = await self.server.client()
+            queue = "many-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN,
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                return await asyncio.gather(*(
+                    client.execute_workflow(W.Greeting.run, "n%d" % i, id=str(uuid.uuid4()),
+                                            task_queue=queue)
+                    for i in range(200)))
+
+        results = self.run_async(go())
+        self.assertEqual(results, ["Hello, n%d!" % i for i in range(200)])
+
+    def test_a_killed_child_is_evicted_and_the_run_goes_on_in_a_new_one(self):
+        async def go():
+            client = await self.server.client()
+            queue = "killed-" + uuid.uuid4().hex
+            runner = JailedWorkflowRunner()
+            async with Worker(client, task_queue=queue, workflows=CLEAN,
+                              activities=[W.greet], workflow_runner=runner):
+                h = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
+                                                task_queue=queue)
+                await h.signal(W.Counter.add, 5)
+                self.assertEqual(await h.query(W.Counter.value), 5)
+                # Kill every session child of the runner's server (the run's process).
+                killed = _kill_session_children(runner._server.pid)
+                await h.signal(W.Counter.add, 2)
+                result = None
+                update = await h.execute_update(W.Counter.finish)
+                result = await h.result()
+                return killed, update, result
+
+        killed, update, result = self.run_async(go())
+        self.assertGreaterEqual(killed, 1, "a session child was killed")
+        self.assertEqual((update, result), (7, 7), "replayed in a new child, state rebuilt")
+
+    def test_a_full_server_fails_the_task_at_once_and_the_worker_goes_on(self):
+        async def go():
+            client = await self.server.client()
+            queue = "full-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN, activities=[W.greet],
+                              workflow_runner=JailedWorkflowRunner(max_sessions=1)):
+                first = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                await first.signal(W.Counter.add, 1)
+                self.assertEqual(await first.query(W.Counter.value), 1)  # holds the slot
+                second = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
+                                                     task_queue=queue)
+                message = await task_failure(second, wait=20.0)
+                # The first run ends (its slot frees), then the second gets its process.
+                await first.execute_update(W.Counter.finish)
+                await first.result()
+                await second.signal(W.Counter.add, 2)
+                await second.execute_update(W.Counter.finish)
+                return message, await second.result()
+
+        message, second = self.run_async(go())
+        self.assertIn("no room for another confined workflow run (1 of 1 open)", message)
+        self.assertEqual(second, 2)
 
     def test_a_class_that_cannot_be_rebuilt_by_path_is_refused_up_front(self):
         # As if defined in the script run as the worker: a child could not import it.

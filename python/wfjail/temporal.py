@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 import temporalio.converter
 import temporalio.workflow
@@ -159,6 +160,8 @@ class JailedWorkflowRunner(WorkflowRunner):
         if self._zygotes:
             argv += ["--zygotes", str(self._zygotes)]
         self._server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        # The server ends with the worker's process; a runner dropped earlier stops it too.
+        weakref.finalize(self, _stop, self._server, self._tmp)
         self._client = Client(sock)
         deadline = time.monotonic() + 120
         while True:
@@ -196,15 +199,24 @@ class JailedWorkflowRunner(WorkflowRunner):
         return path
 
     def close(self):
-        """Stops the server (it also ends with the worker's process)."""
+        """Stops the server (it also ends with the worker's process, or when the runner is
+        dropped); the next workflow run starts a new one."""
         with self._lock:
-            if self._server is not None and self._server.poll() is None:
-                self._server.terminate()
-                try:
-                    self._server.wait(10)
-                except subprocess.TimeoutExpired:
-                    self._server.kill()
+            if self._server is not None:
+                _stop(self._server, self._tmp)
             self._server = self._client = None
+
+
+def _stop(server, tmp):
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _recipe(det, failure_types):
