@@ -876,3 +876,40 @@ fn command_outside_the_policy_is_126_with_the_fix() {
     o.check(o.code == 126, "126");
     o.check(o.stderr.contains("--ro"), "the error says how to grant it");
 }
+
+#[test]
+fn a_cwd_grant_that_would_open_the_root_or_the_home_directory_is_refused() {
+    let s = Scratch::new("home");
+    let home = s.0.display().to_string();
+    let run_in = |dir: &str| {
+        wfjail_with(
+            &[
+                "run",
+                "-p",
+                "temporal-python",
+                "--raw",
+                "--",
+                PY,
+                "-c",
+                "pass",
+            ],
+            |c| {
+                c.current_dir(dir).env("HOME", &home);
+            },
+        )
+    };
+    let o = run_in("/");
+    o.check(
+        o.code == 2 && o.error_says("would grant /, the whole file system"),
+        "from /: refused",
+    );
+    let o = run_in(&home);
+    o.check(
+        o.code == 2 && o.error_says("the home directory (keys and credentials included)"),
+        "from the home directory: refused",
+    );
+    // Below the home directory (a project directory) is what ${cwd} is for.
+    std::fs::create_dir(s.path("project")).unwrap();
+    let o = run_in(&s.path("project").display().to_string());
+    o.check(o.status() == "ok", "from a project directory: ok");
+}

@@ -295,6 +295,12 @@ fn expand_grants(
         })?;
         match std::fs::canonicalize(&p) {
             Ok(c) => {
+                if let Some(why) = too_wide(&r.value, &c, ctx) {
+                    return Err(PlanError::Variable {
+                        at: r.at.clone(),
+                        message: why,
+                    });
+                }
                 if !out.contains(&c) {
                     out.push(c)
                 }
@@ -303,6 +309,43 @@ fn expand_grants(
         }
     }
     Ok(())
+}
+
+/// Why a grant made from `${cwd}` or `${home}` is refused: it came out as `/`, or as the home
+/// directory or one of its ancestors (a workflow must not read the whole file system, nor
+/// keys and credentials kept at home).
+fn too_wide(template: &policy::PathTemplate, grant: &Path, ctx: &VarContext) -> Option<String> {
+    let var = ["cwd", "home"]
+        .into_iter()
+        .find(|v| template.0.contains(&format!("${{{v}}}")))?;
+    let home = ctx
+        .home
+        .as_deref()
+        .and_then(|h| std::fs::canonicalize(h).ok());
+    let what = if grant == Path::new("/") {
+        "/, the whole file system".to_string()
+    } else if home.as_deref().is_some_and(|h| h.starts_with(grant)) {
+        format!(
+            "{}, {} (keys and credentials included)",
+            grant.display(),
+            if home.as_deref() == Some(grant) {
+                "the home directory"
+            } else {
+                "which holds the home directory"
+            }
+        )
+    } else {
+        return None;
+    };
+    let fix = if var == "cwd" {
+        "run from the directory of the workflow code (cd into it), or name that directory instead of ${cwd}"
+    } else {
+        "name a directory below ${home} instead"
+    };
+    Some(format!(
+        "{:?} would grant {what} to the guest; {fix}",
+        template.0
+    ))
 }
 
 /// The highest capability number of this kernel.
