@@ -15,6 +15,7 @@ async def greet(name: str) -> str:
 class Greeting:
     @workflow.run
     async def run(self, name: str) -> str:
+        workflow.logger.info("greeting %s", name)
         greeting = await workflow.execute_activity(
             greet, name, start_to_close_timeout=timedelta(seconds=10))
         await workflow.sleep(0.01)

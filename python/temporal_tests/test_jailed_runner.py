@@ -192,6 +192,38 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("Permission denied: '/etc/hostname'", m["ReadFile"])
         self.assertEqual(m["after"], "Hello, again!")
 
+    def test_workflow_logs_reach_the_workers_logger_with_the_workflows_context(self):
+        import logging
+
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        logger = logging.getLogger("temporalio.workflow")
+        handler = Keep()
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            async def go():
+                client = await self.server.client()
+                queue = "logs-" + uuid.uuid4().hex
+                async with Worker(client, task_queue=queue, workflows=CLEAN,
+                                  activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                    return await client.execute_workflow(
+                        W.Greeting.run, "logger", id="logs-" + uuid.uuid4().hex,
+                        task_queue=queue)
+
+            self.assertEqual(self.run_async(go()), "Hello, logger!")
+        finally:
+            logger.removeHandler(handler)
+        mine = [r for r in records if getattr(r, "wfjail", False)]
+        self.assertTrue(mine, "a record from the confined run")
+        self.assertIn("greeting logger", mine[0].getMessage())
+        self.assertEqual(mine[0].levelno, logging.INFO)
+        self.assertEqual(mine[0].temporal_workflow["workflow_type"], "Greeting")
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()

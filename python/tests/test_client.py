@@ -78,7 +78,8 @@ def read_frames(data, worker_kinds=True):
 
 
 def client_reads(data):
-    """What Session._read makes of ``data`` sent by wfjail, then end-of-file."""
+    """What Session._read_frame makes of ``data`` sent by wfjail, then end-of-file (_read
+    also hands LOG frames to the session's on_log; see LogTests)."""
     a, b = socket.socketpair()
     try:
         a.sendall(data)  # every vector fits in a socket buffer
@@ -88,7 +89,7 @@ def client_reads(data):
         frames = []
         try:
             while True:
-                frames.append(s._read())
+                frames.append(s._read_frame())
         except ProtocolError as e:
             return frames, e.code
     finally:
@@ -97,7 +98,7 @@ def client_reads(data):
 
 
 def async_client_reads(data):
-    """What AsyncSession._read makes of ``data`` sent by wfjail, then end-of-file."""
+    """What AsyncSession._read_frame makes of ``data`` sent by wfjail, then end-of-file."""
     async def go():
         s = C.AsyncSession("unused", "{}")
         s._reader = asyncio.StreamReader()
@@ -106,7 +107,7 @@ def async_client_reads(data):
         frames = []
         try:
             while True:
-                frames.append(await s._read())
+                frames.append(await s._read_frame())
         except ProtocolError as e:
             return frames, e.code
     return asyncio.run(go())
@@ -128,11 +129,11 @@ class VectorTests(unittest.TestCase):
         self.assertEqual(self.doc["cap"], C.CAP)
         self.assertEqual(_HEADER.size, 5)
         self.assertEqual(C._SERVER_KINDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
-                                           C.BUSY, C.SERVER, C.VIOLATIONS})
+                                           C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG})
         self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS), (0x11, 0x12, 0x13, 0x14))
         self.assertEqual((C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED),
                          (0x21, 0x22, 0x23, 0x24, 0x25))
-        self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS), (0x26, 0x27, 0x28))
+        self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG), (0x26, 0x27, 0x28, 0x29))
         kinds = {k for v in self.vectors for k, _ in expected(v)}
         self.assertEqual(kinds, set(WORKER_KINDS) | C._SERVER_KINDS, "every kind has a vector")
 
@@ -1013,3 +1014,39 @@ class EndToEndTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LogTests(unittest.TestCase):
+    """LOG frames go to the session's on_log, in order, and never reach the caller."""
+
+    def frames(self):
+        v = {x["name"]: bytes.fromhex(x["hex"]) for x in load_vectors()["worker_vectors"]}
+        return v["log"] + v["log"] + v["result"]
+
+    def test_sync(self):
+        got = []
+        s = C.Session("/nonexistent", "", on_log=lambda level, text: got.append((level, text)))
+        a, b = socket.socketpair()
+        s._sock = a
+        b.sendall(self.frames())
+        b.close()
+        kind, _ = s._read()
+        self.assertEqual(kind, C.RESULT)
+        self.assertEqual(len(got), 2)
+        self.assertEqual(got[0][0], 20)
+        self.assertTrue(got[0][1].startswith("greeting wfjail"))
+        a.close()
+
+    def test_async_and_a_bad_record_is_dropped(self):
+        got = []
+
+        async def go():
+            s = C.AsyncSession("/nonexistent", "", on_log=lambda *r: got.append(r))
+            s._reader = asyncio.StreamReader()
+            s._reader.feed_data(C._frame(C.LOG, b"not json") + self.frames())
+            s._reader.feed_eof()
+            return await s._read()
+
+        kind, _ = asyncio.run(go())
+        self.assertEqual(kind, C.RESULT)
+        self.assertEqual([level for level, _ in got], [20, 20])

@@ -31,9 +31,10 @@ from .errors import ProtocolError, Violation
 
 OPEN, CALL, CLOSE, STATUS = 0x11, 0x12, 0x13, 0x14
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
-BUSY, SERVER, VIOLATIONS = 0x26, 0x27, 0x28
+BUSY, SERVER, VIOLATIONS, LOG = 0x26, 0x27, 0x28, 0x29
 _NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
-          CLOSED: "CLOSED", BUSY: "BUSY", SERVER: "SERVER", VIOLATIONS: "VIOLATIONS"}
+          CLOSED: "CLOSED", BUSY: "BUSY", SERVER: "SERVER", VIOLATIONS: "VIOLATIONS",
+          LOG: "LOG"}
 _SERVER_KINDS = frozenset(_NAMES)
 CAP = P.MAX_CAP
 _LENGTH = struct.Struct("<I")
@@ -113,6 +114,19 @@ def _expect(kind, payload, want):
     raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
 
 
+def _deliver_log(on_log, payload):
+    """Hand a LOG frame to the session's ``on_log(level, text)`` (a bad one is dropped: the
+    guest's words never break the worker)."""
+    if on_log is None:
+        return
+    try:
+        doc = json.loads(payload)
+        level, text = int(doc["level"]), str(doc["text"])
+    except (ValueError, KeyError, TypeError):
+        return
+    on_log(level, text)
+
+
 def _raise_call_error(doc):
     """Raise the guest's error: ``wfjail.Violation`` only when the guest's message names a
     violation wfjail recorded during this call (the ERROR's ``violations`` are that call's);
@@ -132,8 +146,10 @@ def _raise_call_error(doc):
 _NO_INIT = object()
 
 
-def _open_doc(handler, argv, timeout, init=_NO_INIT):
+def _open_doc(handler, argv, timeout, init=_NO_INIT, logs=False):
     doc = {}
+    if logs:
+        doc["logs"] = True
     if handler is not None:
         doc["handler"] = handler
     if argv is not None:
@@ -154,13 +170,15 @@ class Client:
             raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
                                "or pass the path")
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT):
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None):
         """A session (use it as a context manager). ``handler`` in zygote mode,
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
         value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
         is then called once with it and returns the session's handler; an exec'd guest
-        reads it with ``wfjail.guest.init_value()``."""
-        return Session(self.path, _open_doc(handler, argv, timeout, init))
+        reads it with ``wfjail.guest.init_value()``. ``on_log(level, text)``: receives the
+        guest's log records (``wfjail.guest.log``) instead of wfjail's stderr."""
+        return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None),
+                       on_log)
 
     def status(self):
         """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
@@ -175,8 +193,9 @@ class Client:
 
 
 class Session:
-    def __init__(self, path, open_doc):
+    def __init__(self, path, open_doc, on_log=None):
         self._path, self._open_doc = path, open_doc
+        self._on_log = on_log
         self._sock = None
         self.id = None
         self.mode = None
@@ -252,6 +271,13 @@ class Session:
         return b"".join(chunks)
 
     def _read(self):
+        while True:
+            kind, payload = self._read_frame()
+            if kind != LOG:
+                return kind, payload
+            _deliver_log(self._on_log, payload)
+
+    def _read_frame(self):
         # The length is checked before the kind byte is awaited (docs/protocol.md).
         (length,) = _LENGTH.unpack(self._read_exact(4))
         _check_length(length)
@@ -270,13 +296,15 @@ class Session:
 class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT):
-        return AsyncSession(self.path, _open_doc(handler, argv, timeout, init))
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None):
+        return AsyncSession(self.path, _open_doc(handler, argv, timeout, init,
+                                                 on_log is not None), on_log)
 
 
 class AsyncSession:
-    def __init__(self, path, open_doc):
+    def __init__(self, path, open_doc, on_log=None):
         self._path, self._open_doc = path, open_doc
+        self._on_log = on_log
         self._reader = self._writer = None
         self.id = self.mode = self.report = None
         self.violations = []
@@ -340,6 +368,13 @@ class AsyncSession:
         self._writer = None
 
     async def _read(self):
+        while True:
+            kind, payload = await self._read_frame()
+            if kind != LOG:
+                return kind, payload
+            _deliver_log(self._on_log, payload)
+
+    async def _read_frame(self):
         try:
             (length,) = _LENGTH.unpack(await self._reader.readexactly(4))
             _check_length(length)

@@ -27,6 +27,7 @@ on deadlock (the child is killed instead).
 import asyncio
 import base64
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -126,8 +127,8 @@ class JailedWorkflowRunner(WorkflowRunner):
         client = self._ensure_server()
         recipe = _recipe(det, self._failure_types)
         try:
-            session = client.session(handler=_FACTORY, init=recipe,
-                                     timeout=self._call_timeout).open()
+            session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
+                                     on_log=_log_to_worker(det.info)).open()
         except Busy as e:
             raise RuntimeError(
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
@@ -241,6 +242,8 @@ def _recipe(det, failure_types):
         "failure_converter": _class_path(det.failure_converter_class, "failure converter class"),
         "interceptors": [_class_path(c, "interceptor class") for c in det.interceptor_classes],
         "failure_types": list(failure_types),
+        # Records below what the worker would show are not sent at all.
+        "log_level": logging.getLogger("temporalio.workflow").getEffectiveLevel(),
         "data": base64.b64encode(pickle.dumps(data)).decode("ascii"),
     }
 
@@ -286,6 +289,23 @@ class _JailedInstance(WorkflowInstance):
 
     def get_info(self):
         return self._det.info
+
+
+def _log_to_worker(info):
+    """The worker side of the run's log records: they go to the worker's own
+    ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
+    ``workflow.logger`` puts it (the text already carries it)."""
+    logger = logging.getLogger("temporalio.workflow")
+    extra = {"temporal_workflow": {
+        "namespace": info.namespace, "task_queue": info.task_queue,
+        "workflow_id": info.workflow_id, "run_id": info.run_id,
+        "workflow_type": info.workflow_type, "attempt": info.attempt,
+    }, "wfjail": True}
+
+    def on_log(level, text):
+        logger.log(level, text, extra=extra)
+
+    return on_log
 
 
 def _failed(act, message):
@@ -355,6 +375,20 @@ def _instance_factory(recipe):
         last_failure=last_failure,
         default_workflow_logic_flags=data["default_workflow_logic_flags"],
     )
+    # workflow.logger's records travel to the worker (LOG frames), not to this child's stderr.
+    from . import guest
+
+    class _ToWorker(logging.Handler):
+        def emit(self, record):
+            try:
+                guest.log(record.getMessage(), record.levelno)
+            except Exception:  # noqa: BLE001  (a log record must never fail the workflow)
+                pass
+
+    wf_logger = logging.getLogger("temporalio.workflow")
+    wf_logger.addHandler(_ToWorker())
+    wf_logger.setLevel(recipe.get("log_level", logging.INFO))
+    wf_logger.propagate = False
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     asyncio._set_running_loop(loop)

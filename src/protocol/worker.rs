@@ -33,6 +33,9 @@ pub const SERVER: u8 = 0x27;
 /// Server → client, before a call's RESULT: the violations recorded during that call (JSON
 /// list of report violation entries), sent only when there are some.
 pub const VIOLATIONS: u8 = 0x28;
+/// Server → client: a log record of the guest (its LOG frame), for sessions opened with
+/// `"logs": true`. JSON `{"level": n, "text": "..."}`; any number, before the call's answer.
+pub const LOG: u8 = 0x29;
 
 /// Whether `k` is a kind of this wire.
 pub fn known(k: u8) -> bool {
@@ -49,6 +52,7 @@ pub fn known(k: u8) -> bool {
             | BUSY
             | SERVER
             | VIOLATIONS
+            | LOG
     )
 }
 
@@ -67,6 +71,7 @@ pub fn name(k: u8) -> &'static str {
         BUSY => "BUSY",
         SERVER => "SERVER",
         VIOLATIONS => "VIOLATIONS",
+        LOG => "LOG",
         _ => "unknown",
     }
 }
@@ -100,6 +105,9 @@ pub struct OpenRequest {
     /// handler; an exec'd guest reads it from `WFJAIL_INIT` (`wfjail.guest.init_value()`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<serde_json::Value>,
+    /// Relay the guest's log records (LOG frames) to the worker instead of wfjail's stderr.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logs: bool,
 }
 
 /// The largest `init` of an OPEN, encoded as JSON: it travels in one zygote control packet

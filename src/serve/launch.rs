@@ -106,6 +106,8 @@ pub struct Launched {
     pub output: OwnedFd,
     /// Each call's wall-clock limit.
     pub timeout: Option<Duration>,
+    /// The guest's log records go to the worker (OPEN's `logs`).
+    pub relay_logs: bool,
 }
 
 /// Starts the guest of session `id` as `open` asks. On failure: why, and the command (if it
@@ -120,6 +122,7 @@ pub fn launch(
         Some(Err(e)) => return Err((StartError::Timeout(e), vec![])),
         None => server.timeout,
     };
+    let relay_logs = open.logs;
     let init = match &open.init {
         Some(v) => {
             let text = v.to_string();
@@ -201,6 +204,7 @@ pub fn launch(
         guest: ours,
         output: out_r,
         timeout,
+        relay_logs,
     })
 }
 

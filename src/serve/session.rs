@@ -97,6 +97,8 @@ struct Session {
     call_cpu_start: Option<f64>,
     /// A call went over `limits.cpu` and wfjail killed the guest.
     call_cpu_exceeded: bool,
+    /// The guest's log records go to the worker (LOG frames), not to wfjail's stderr.
+    relay_logs: bool,
     /// The guest is stopped (SIGSTOP) between calls: it runs only while a call is in
     /// progress (or while it starts, or exits after CLOSE).
     stopped: bool,
@@ -218,6 +220,7 @@ impl Session {
             guest,
             output,
             timeout,
+            relay_logs,
         } = launched;
         let conv = Conversation::new(MAX_FRAME);
         // The read gate (`reading_guest`) keeps it near PENDING_CAP; the bound is a backstop
@@ -245,6 +248,7 @@ impl Session {
             conv,
             child,
             phases: Phases::new(timeout, started),
+            relay_logs,
             started,
             command,
             applied,
@@ -337,7 +341,10 @@ impl Session {
                     self.flush_guest();
                 }
                 Action::Log { level, text } => {
-                    if self.server.echo {
+                    if self.relay_logs {
+                        let doc = json!({"level": level, "text": text});
+                        self.client.send(worker::LOG, doc.to_string().as_bytes());
+                    } else if self.server.echo {
                         // Escaped: a guest's text cannot start a line of its own.
                         eprintln!(
                             "[session {}] log ({}): {}",
