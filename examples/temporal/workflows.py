@@ -117,3 +117,36 @@ class Leaky:
 
 
 _SEEN = []
+
+
+@workflow.defn
+class Parent:
+    """A child workflow and a local activity."""
+
+    @workflow.run
+    async def run(self, name: str) -> list:
+        child = await workflow.execute_child_workflow(Greeting.run, name)
+        local = await workflow.execute_local_activity(
+            greet, "local " + name, start_to_close_timeout=timedelta(seconds=10))
+        return [child, local]
+
+
+@workflow.defn
+class Again:
+    """Continues as new until n reaches 0."""
+
+    @workflow.run
+    async def run(self, n: int) -> str:
+        if n > 0:
+            workflow.continue_as_new(n - 1)
+        return "done"
+
+
+@workflow.defn
+class Spin:
+    """Never yields: the SDK's deadlock detection must fire, and the worker go on."""
+
+    @workflow.run
+    async def run(self) -> None:
+        while True:
+            pass

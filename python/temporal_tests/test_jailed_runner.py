@@ -32,7 +32,7 @@ import workflows as W  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
-CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky]
+CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again]
 BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile]
 
 
@@ -223,6 +223,38 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("greeting logger", mine[0].getMessage())
         self.assertEqual(mine[0].levelno, logging.INFO)
         self.assertEqual(mine[0].temporal_workflow["workflow_type"], "Greeting")
+
+    def test_child_workflows_local_activities_and_continue_as_new(self):
+        async def go():
+            client = await self.server.client()
+            queue = "more-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN, activities=[W.greet],
+                              workflow_runner=JailedWorkflowRunner()):
+                parent = await client.execute_workflow(W.Parent.run, "kid",
+                                                       id=str(uuid.uuid4()), task_queue=queue)
+                again = await client.execute_workflow(W.Again.run, 3, id=str(uuid.uuid4()),
+                                                      task_queue=queue)
+                return parent, again
+
+        self.assertEqual(self.run_async(go()), (["Hello, kid!", "Hello, local kid!"], "done"))
+
+    def test_a_workflow_that_never_yields_gets_the_deadlock_error_and_the_worker_goes_on(self):
+        async def go():
+            client = await self.server.client()
+            queue = "spin-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN + [W.Spin],
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                h = await client.start_workflow(W.Spin.run, id=str(uuid.uuid4()),
+                                                task_queue=queue)
+                message = await task_failure(h, wait=30.0)
+                await h.terminate()
+                after = await client.execute_workflow(W.Greeting.run, "after",
+                                                      id=str(uuid.uuid4()), task_queue=queue)
+                return message, after
+
+        message, after = self.run_async(go())
+        self.assertIn("[TMPRL1101] Potential deadlock detected", message)
+        self.assertEqual(after, "Hello, after!")
 
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():

@@ -244,6 +244,16 @@ class Session:
             self._sock = None
         return self.report
 
+    def abort(self):
+        """Ends the session from any thread without waiting: a call blocked in another
+        thread fails at once (wfjail sees the worker leave and kills the guest)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _answer(self, want):
         kind, payload = self._read()
         self.violations = []

@@ -256,9 +256,18 @@ class _JailedInstance(WorkflowInstance):
         self._det = det
         self._context = temporalio.converter.WorkflowSerializationContext(
             namespace=det.info.namespace, workflow_id=det.info.workflow_id)
+        # An activation in progress (on another executor thread when the SDK gave up on it
+        # as deadlocked and evicts the run).
+        self._calling = False
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
+        if evicting and self._calling:
+            # The child is stuck in an earlier activation: end it now, or the eviction would
+            # wait behind it (and the SDK retries a slow eviction forever).
+            self._session.abort()
+            return _evicted(act)
+        self._calling = True
         try:
             reply = self._session.call(act.SerializeToString())
             completion = WorkflowActivationCompletion.FromString(reply)
@@ -276,6 +285,7 @@ class _JailedInstance(WorkflowInstance):
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
+            self._calling = False
             if evicting:
                 self._session.close()
 
