@@ -150,3 +150,15 @@ class Spin:
     async def run(self) -> None:
         while True:
             pass
+
+
+@workflow.defn
+class Sqlite:
+    """Writes a database file through C (sqlite3): denied and reported."""
+
+    @workflow.run
+    async def run(self) -> str:
+        import sqlite3
+
+        sqlite3.connect("/tmp/wfjail-example.db").execute("create table t (x)")
+        return "written"

@@ -33,7 +33,7 @@ from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again]
-BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile]
+BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile, W.Sqlite]
 
 
 def _free_port():
@@ -129,6 +129,8 @@ class JailedRunnerTests(unittest.TestCase):
                           activities=[W.greet], workflow_runner=runner):
             run = lambda wf, *a: client.execute_workflow(  # noqa: E731
                 wf, *a, id=str(uuid.uuid4()), task_queue=queue)
+            run_id = lambda wf, a, wid: client.execute_workflow(  # noqa: E731
+                wf, a, id=wid, task_queue=queue)
             out["greeting"] = await run(W.Greeting.run, "wfjail")
             h = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
                                             task_queue=queue)
@@ -142,6 +144,9 @@ class JailedRunnerTests(unittest.TestCase):
                                                          task_queue=queue)
             out["lucky_history"] = await client.get_workflow_handle(lucky_id).fetch_history()
             out["leaky"] = [await run(W.Leaky.run, "a"), await run(W.Leaky.run, "b")]
+            greeting_id = str(uuid.uuid4())
+            await run_id(W.Greeting.run, "history", greeting_id)
+            out["greeting_history"] = await client.get_workflow_handle(greeting_id).fetch_history()
         return out
 
     def test_clean_workflows_give_what_the_unsandboxed_runner_gives(self):
@@ -166,6 +171,15 @@ class JailedRunnerTests(unittest.TestCase):
                 result = self.run_async(Replayer(workflows=[W.Lucky], workflow_runner=runner)
                                         .replay_workflow(history))
                 self.assertIsNone(result.replay_failure, repr(runner))
+        # A changed workflow: the SDK still detects the nondeterminism in a confined child.
+        import changed_workflows
+
+        result = self.run_async(
+            Replayer(workflows=[changed_workflows.Greeting],
+                     workflow_runner=JailedWorkflowRunner())
+            .replay_workflow(jailed["greeting_history"], raise_on_replay_failure=False))
+        self.assertIsNotNone(result.replay_failure)
+        self.assertIn("Nondeterminism", "%s" % result.replay_failure)
 
     def test_each_misbehaving_workflow_fails_its_task_naming_what_was_denied(self):
         async def go():
@@ -190,6 +204,7 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("thread clone(", m["Thread"])
         self.assertIn("subprocess clone(", m["Subprocess"])
         self.assertIn("Permission denied: '/etc/hostname'", m["ReadFile"])
+        self.assertIn("filesystem openat(/tmp/wfjail-example.db", m["Sqlite"])
         self.assertEqual(m["after"], "Hello, again!")
 
     def test_workflow_logs_reach_the_workers_logger_with_the_workflows_context(self):
