@@ -102,6 +102,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._zygotes = zygotes
         self._call_timeout = call_timeout
         self._modules = []
+        self._classes = []
         self._lock = threading.Lock()
         self._server = None
         self._client = None
@@ -114,6 +115,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         """Checks that the workflow class can be rebuilt in a confined process by its path, and
         notes its module for the zygote to preload."""
         path = _class_path(defn.cls, "workflow class")
+        self._classes.append(path)
         module = path.partition(":")[0]
         if module not in self._modules:
             self._modules.append(module)
@@ -191,9 +193,10 @@ class JailedWorkflowRunner(WorkflowRunner):
                     os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
         reads = path + [p for i, p in enumerate(prefixes)
                         if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
-        text = "extends = %s\n[filesystem]\nread = [%s]\n[env]\nset = { PYTHONPATH = %s }\n" % (
+        text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\n"
+                "set = { PYTHONPATH = %s, WFJAIL_TEMPORAL_WARM = %s }\n") % (
             json.dumps(base), ", ".join(json.dumps(p) for p in reads),
-            json.dumps(os.pathsep.join(path)))
+            json.dumps(os.pathsep.join(path)), json.dumps(",".join(self._classes)))
         path = os.path.join(self._tmp, "policy.toml")
         with open(path, "w") as f:
             f.write(text)
@@ -414,6 +417,44 @@ def _instance_factory(recipe):
     return activate
 
 
+def _warm_up(paths):
+    """In the zygote, before it forks: build each workflow's instance a few times with
+    made-up details, so that the code a child runs to build its own is already specialised
+    and its objects' pages already written here (a child then copies fewer pages)."""
+    import datetime
+
+    import temporalio.common
+    import temporalio.converter
+    from temporalio.api.common.v1 import Payloads
+
+    info = temporalio.workflow.Info(
+        attempt=1, continued_run_id=None, cron_schedule=None, execution_timeout=None,
+        first_execution_run_id="warm", headers={}, namespace="warm",
+        original_execution_run_id="warm", parent=None, root=None, raw_memo={},
+        retry_policy=None, run_id="warm", run_timeout=None, search_attributes={},
+        start_time=datetime.datetime.fromtimestamp(0, datetime.timezone.utc),
+        workflow_start_time=datetime.datetime.fromtimestamp(0, datetime.timezone.utc),
+        task_queue="warm", task_timeout=datetime.timedelta(),
+        typed_search_attributes=temporalio.common.TypedSearchAttributes.empty,
+        workflow_id="warm", workflow_type="warm", priority=temporalio.common.Priority.default)
+    for path in paths:
+        try:
+            cls = _load(path)
+            det = WorkflowInstanceDetails(
+                payload_converter_factory=temporalio.converter.DataConverter()._new_payload_converter,
+                failure_converter_class=temporalio.converter.DefaultFailureConverter,
+                interceptor_classes=[], defn=temporalio.workflow._Definition.must_from_class(cls),
+                info=info, randomness_seed=0, extern_functions=_local_extern_functions(),
+                disable_eager_activity_execution=False, worker_level_failure_exception_types=[],
+                patch_activation_callback=None, last_completion_result=Payloads(),
+                last_failure=None)
+            recipe = _recipe(det, [])
+            for _ in range(3):
+                _instance_factory(recipe)
+        except Exception:  # noqa: BLE001  (warming is an optimisation; children rebuild anyway)
+            pass
+
+
 def _local_extern_functions():
     """The worker's built-in extern functions, answered in the child: a no-op metric meter,
     and local activities taken as valid (the worker checks them when it runs them)."""
@@ -423,3 +464,7 @@ def _local_extern_functions():
         "__temporal_get_metric_meter": lambda: temporalio.common.MetricMeter.noop,
         "__temporal_assert_local_activity_valid": lambda name: None,
     }
+
+
+if os.environ.get("WFJAIL_TEMPORAL_WARM"):
+    _warm_up(os.environ["WFJAIL_TEMPORAL_WARM"].split(","))
