@@ -271,6 +271,48 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("[TMPRL1101] Potential deadlock detected", message)
         self.assertEqual(after, "Hello, after!")
 
+    def test_the_payload_codec_gets_the_contexts_it_gets_in_process(self):
+        import dataclasses
+
+        from temporalio.converter import DataConverter, PayloadCodec, WithSerializationContext
+
+        class Recording(PayloadCodec, WithSerializationContext):
+            def __init__(self, log, ctx=None):
+                self.log, self.ctx = log, ctx
+
+            def with_context(self, context):
+                return Recording(self.log, context)
+
+            def _note(self):
+                self.log.append((type(self.ctx).__name__,
+                                 getattr(self.ctx, "activity_type", None)))
+
+            async def encode(self, payloads):
+                self._note()
+                return list(payloads)
+
+            async def decode(self, payloads):
+                self._note()
+                return list(payloads)
+
+        async def contexts(runner):
+            log = []
+            converter = dataclasses.replace(DataConverter.default,
+                                            payload_codec=Recording(log))
+            await self.server.client()  # the server is up
+            client = await Client.connect(self.server.target, data_converter=converter)
+            queue = "codec-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN, activities=[W.greet],
+                              workflow_runner=runner):
+                await client.execute_workflow(W.Greeting.run, "codec", id=str(uuid.uuid4()),
+                                              task_queue=queue)
+            return sorted(log, key=repr)
+
+        jailed = self.run_async(contexts(JailedWorkflowRunner()))
+        plain = self.run_async(contexts(UnsandboxedWorkflowRunner()))
+        self.assertEqual(jailed, plain)
+        self.assertIn(("ActivitySerializationContext", "greet"), jailed)
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()

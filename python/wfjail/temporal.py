@@ -20,17 +20,18 @@ and a hint), even when the workflow caught the error.
 Importing this module needs ``temporalio``; the rest of the ``wfjail`` package does not.
 What is not done yet (docs/temporal.md): extern functions (interceptors' unsafe extern
 functions, ``workflow.metric_meter()``, which gets a no-op meter), ``patch_activation_callback``,
-serialization contexts of commands (payload codecs get the workflow's context), stack dumps
-on deadlock (the child is killed instead).
+stack dumps on deadlock (the child is ended instead).
 """
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -259,6 +260,9 @@ class _JailedInstance(WorkflowInstance):
         self._det = det
         self._context = temporalio.converter.WorkflowSerializationContext(
             namespace=det.info.namespace, workflow_id=det.info.workflow_id)
+        # (command type, seq) -> the serialization context the child gave for that command,
+        # sent ahead with each completion (the payload codec asks between activations).
+        self._contexts = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
         # as deadlocked and evicts the run).
         self._calling = False
@@ -273,7 +277,8 @@ class _JailedInstance(WorkflowInstance):
         self._calling = True
         try:
             reply = self._session.call(act.SerializeToString())
-            completion = WorkflowActivationCompletion.FromString(reply)
+            completion, contexts = _split_reply(reply)
+            self._contexts.update(contexts)
             violations = self._session.violations
             if violations and not evicting:
                 return _failed(act, _violations_text(self._det, violations))
@@ -293,7 +298,10 @@ class _JailedInstance(WorkflowInstance):
                 self._session.close()
 
     def get_serialization_context(self, command_info):
-        return self._context
+        if command_info is None:
+            return self._context
+        key = (int(command_info.command_type), int(command_info.command_seq))
+        return self._contexts.get(key, self._context)
 
     def get_external_store_context(self, command_info):
         from temporalio.converter._extstore import StorageDriverStoreContext
@@ -302,6 +310,62 @@ class _JailedInstance(WorkflowInstance):
 
     def get_info(self):
         return self._det.info
+
+
+# The serialization contexts a child may send (plain data: rebuilt field by field, nothing
+# else is ever constructed from what a child says).
+_CONTEXTS = ("WorkflowSerializationContext", "ActivitySerializationContext",
+             "NexusSerializationContext")
+
+
+def _split_reply(reply):
+    """A child's reply: the completion (protobuf) and the contexts of its commands (JSON)."""
+    if len(reply) < 4:
+        raise ProtocolError("truncated", "a reply shorter than its length prefix")
+    (n,) = struct.unpack(">I", reply[:4])
+    completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
+    contexts = {}
+    try:
+        doc = json.loads(reply[4 + n:] or b"[]")
+    except ValueError:
+        doc = []
+    for entry in doc if isinstance(doc, list) else []:
+        try:
+            kind, seq, name, fields = entry
+            if name not in _CONTEXTS or not isinstance(fields, dict):
+                continue
+            cls = getattr(temporalio.converter, name)
+            known = {f.name for f in dataclasses.fields(cls)}
+            if set(fields) - known or not all(
+                    v is None or isinstance(v, (str, bool)) for v in fields.values()):
+                continue
+            contexts[(int(kind), int(seq))] = cls(**fields)
+        except (TypeError, ValueError):
+            continue
+    return completion, contexts
+
+
+def _command_keys(completion):
+    """(command type, seq) of each command in a completion, as the SDK's payload visitor
+    names them (``worker/_command_aware_visitor.py``)."""
+    from temporalio.api.enums.v1 import CommandType
+
+    keys = []
+    for c in completion.successful.commands:
+        which = c.WhichOneof("variant")
+        if which in ("schedule_activity", "schedule_local_activity"):
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK,
+                         getattr(c, which).seq))
+        elif which == "start_child_workflow_execution":
+            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
+                         c.start_child_workflow_execution.seq))
+        elif which == "signal_external_workflow_execution":
+            keys.append((CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION,
+                         c.signal_external_workflow_execution.seq))
+        elif which == "schedule_nexus_operation":
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
+                         c.schedule_nexus_operation.seq))
+    return keys
 
 
 def _log_to_worker(info):
@@ -410,9 +474,24 @@ def _instance_factory(recipe):
     finally:
         asyncio._set_running_loop(None)
 
+    from temporalio.worker._command_aware_visitor import CommandInfo
+
     def activate(request):
         act = WorkflowActivation.FromString(request)
-        return instance.activate(act).SerializeToString()
+        completion = instance.activate(act)
+        # The contexts of its commands, while the instance knows them: the worker's codec
+        # asks for them between activations, when this child cannot be asked.
+        contexts = []
+        for kind, seq in _command_keys(completion):
+            try:
+                ctx = instance.get_serialization_context(CommandInfo(kind, seq))
+            except Exception:  # noqa: BLE001  (the worker falls back to the workflow's)
+                continue
+            if ctx is not None and type(ctx).__name__ in _CONTEXTS:
+                contexts.append([int(kind), int(seq), type(ctx).__name__,
+                                 dataclasses.asdict(ctx)])
+        data = completion.SerializeToString()
+        return struct.pack(">I", len(data)) + data + json.dumps(contexts).encode()
 
     return activate
 
