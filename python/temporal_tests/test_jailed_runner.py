@@ -313,6 +313,29 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertEqual(jailed, plain)
         self.assertIn(("ActivitySerializationContext", "greet"), jailed)
 
+    def test_both_layers_the_sdk_sandbox_inside_the_confined_child(self):
+        async def go():
+            client = await self.server.client()
+            queue = "both-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN + BAD,
+                              activities=[W.greet],
+                              workflow_runner=JailedWorkflowRunner(sandboxed=True)):
+                greeting = await client.execute_workflow(
+                    W.Greeting.run, "both", id=str(uuid.uuid4()), task_queue=queue)
+                leaky = [await client.execute_workflow(W.Leaky.run, t, id=str(uuid.uuid4()),
+                                                       task_queue=queue) for t in "ab"]
+                h = await client.start_workflow(W.Network.run, id=str(uuid.uuid4()),
+                                                task_queue=queue)
+                network = await task_failure(h, wait=20.0)
+                await h.terminate()
+                return greeting, leaky, network
+
+        greeting, leaky, network = self.run_async(go())
+        self.assertEqual(greeting, "Hello, both!")
+        self.assertEqual(leaky, [["a"], ["b"]])
+        # The SDK's sandbox refuses the socket module before the kernel sees a call.
+        self.assertIn("socket", network)
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()

@@ -90,11 +90,13 @@ class JailedWorkflowRunner(WorkflowRunner):
     ``max_cached_workflows`` plus its concurrent workflow tasks (default 1100: the SDK's
     default cache of 1000 and 100 task slots). ``socket``: serve on this path (default: a
     temporary directory). ``wfjail``: the ``wfjail`` binary (default: found on ``PATH``).
-    ``preload``: more modules for the zygote to import before forking.
+    ``preload``: more modules for the zygote to import before forking. ``sandboxed``: run
+    each child's workflow inside Temporal's own sandbox as well (both layers: the SDK's
+    checks in the child, the kernel's around it).
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
-                 preload=(), zygotes=None, call_timeout="30s"):
+                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False):
         self._policy = policy
         self._max_sessions = int(max_sessions)
         self._socket = socket
@@ -102,6 +104,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._preload = list(preload)
         self._zygotes = zygotes
         self._call_timeout = call_timeout
+        self._sandboxed = bool(sandboxed)
         self._modules = []
         self._classes = []
         self._lock = threading.Lock()
@@ -129,6 +132,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         activation path): the zygote forks a child, which builds the workflow instance."""
         client = self._ensure_server()
         recipe = _recipe(det, self._failure_types)
+        recipe["sandboxed"] = self._sandboxed
         try:
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
                                      on_log=_log_to_worker(det.info)).open()
@@ -469,8 +473,14 @@ def _instance_factory(recipe):
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     asyncio._set_running_loop(loop)
+    if recipe.get("sandboxed"):
+        from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+        runner = SandboxedWorkflowRunner()
+    else:
+        runner = UnsandboxedWorkflowRunner()
     try:
-        instance = UnsandboxedWorkflowRunner().create_instance(det)
+        instance = runner.create_instance(det)
     finally:
         asyncio._set_running_loop(None)
 
