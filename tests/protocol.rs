@@ -246,7 +246,7 @@ fn malformed_frames_end_the_execution_as_guest_error() {
             "truncated",
         ),
         (
-            format!("os.write(4, {hello} + struct.pack('<I', 1) + b'\\x09')"),
+            format!("os.write(4, {hello} + struct.pack('<I', 1) + b'\\x0a')"),
             "unknown kind",
         ),
         (

@@ -43,6 +43,16 @@ def signal_self(req):
     signal.signal(signal.SIGUSR1, lambda *a: None)
     os.kill(os.getpid(), signal.SIGUSR1)
     return b"self ok"
+def ask(req):
+    from wfjail import guest
+    return b"|".join([guest.upcall(b"x" + req), guest.upcall(b"y" + req)])
+def ask_unanswered(req):
+    from wfjail import guest
+    try:
+        guest.upcall(b"?")
+    except guest.UpcallError as e:
+        return str(e).encode()
+    return b"answered"
 def swallow(req):
     try:
         socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -482,6 +492,91 @@ fn the_worker_status_is_wfjails_and_sigterm_ends_everything() {
     assert!(
         processes_with(&module).is_empty(),
         "no zygote or child survives"
+    );
+}
+
+#[test]
+fn upcalls_a_guest_asks_the_worker_during_a_call_in_both_modes() {
+    let worker = r#"
+c = Client()
+def session(name, **kw):
+    if os.environ.get("EXEC_MODE"):
+        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name], **kw)
+    return c.session(handler=MOD + ":" + name, **kw)
+asked = []
+def on_upcall(question):
+    asked.append(question.decode())
+    if question.startswith(b"y"):
+        return question.upper()
+    return question[::-1]
+out = {}
+with session("ask", on_upcall=on_upcall) as s:
+    out["first"] = s.call(b"ab").decode()
+    out["second"] = s.call(b"cd").decode()
+with session("ask_unanswered") as s:
+    out["no_handler"] = s.call(b"").decode()
+def boom(question):
+    raise ValueError("not today")
+with session("ask_unanswered", on_upcall=boom) as s:
+    out["handler_failed"] = s.call(b"").decode()
+out["asked"] = asked
+print(json.dumps(out))
+"#;
+    for zygote in [true, false] {
+        let (r, out) = in_both_modes(
+            "upcall",
+            worker,
+            "guest.run(getattr(m, sys.argv[1]))",
+            zygote,
+        );
+        assert_eq!(r["first"], "bax|YAB", "zygote={zygote}: {}", out.stderr);
+        assert_eq!(r["second"], "dcx|YCD");
+        assert_eq!(
+            r["asked"],
+            serde_json::json!(["xab", "yab", "xcd", "ycd"]),
+            "each question once, in order"
+        );
+        assert!(
+            r["no_handler"]
+                .as_str()
+                .unwrap()
+                .contains("this session has no upcall handler"),
+            "{}",
+            r["no_handler"]
+        );
+        assert_eq!(r["handler_failed"], "ValueError: not today");
+    }
+    // `wfjail run` has no worker: the guest hears so (framed, one call).
+    let s = Scratch::new("upcall-run");
+    let lib = common::python_lib(&s);
+    let guest = s.write(
+        "guest.py",
+        &format!(
+            "import sys\nsys.path.insert(0, {lib:?})\nfrom wfjail import guest\n\
+             def h(req):\n    try:\n        guest.upcall(b'?')\n    except guest.UpcallError as e:\n        return str(e)\n    return 'answered'\n\
+             guest.run(h)\n"
+        ),
+    );
+    let input = s.write("request", "");
+    let o = common::wfjail(&[
+        "run",
+        "-p",
+        "temporal-python",
+        "--ro",
+        &lib,
+        "--ro",
+        &s.0.display().to_string(),
+        "--input",
+        &input.display().to_string(),
+        "--",
+        PY,
+        &guest.display().to_string(),
+    ]);
+    o.check(o.status() == "ok", "run: ok");
+    o.check(
+        o.stdout
+            .contains("no worker to ask: UPCALL needs a wfjail serve session"),
+        "run answers an UPCALL with why there is no answer",
     );
 }
 

@@ -336,6 +336,27 @@ class JailedRunnerTests(unittest.TestCase):
         # The SDK's sandbox refuses the socket module before the kernel sees a call.
         self.assertIn("socket", network)
 
+    def test_an_interceptors_extern_function_runs_in_the_worker(self):
+        import interceptors
+
+        async def go(runner):
+            client = await self.server.client()
+            queue = "extern-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN, activities=[W.greet],
+                              interceptors=[interceptors.RecordingInterceptor()],
+                              workflow_runner=runner):
+                return await client.execute_workflow(W.Greeting.run, "extern",
+                                                     id=str(uuid.uuid4()), task_queue=queue)
+
+        interceptors.RECORDED.clear()
+        jailed = self.run_async(go(JailedWorkflowRunner()))
+        recorded = list(interceptors.RECORDED)
+        interceptors.RECORDED.clear()
+        plain = self.run_async(go(UnsandboxedWorkflowRunner()))
+        self.assertEqual(jailed, plain)
+        self.assertEqual(jailed, "Hello, extern! (record 1)")
+        self.assertEqual(recorded, ["started Greeting"], "recorded in the worker's process")
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()

@@ -30,7 +30,7 @@ from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa
 
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")
 ERROR_CODES = {"truncated", "oversized", "empty", "unknown-kind"}
-WORKER_KINDS = (C.OPEN, C.CALL, C.CLOSE, C.STATUS)  # worker -> wfjail; the client's reader refuses them
+WORKER_KINDS = (C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY)  # worker -> wfjail; the client's reader refuses them
 _HEADER = struct.Struct("<IB")  # length, kind
 PATIENCE = 5  # seconds: a hung client or server fails the test instead of hanging it
 
@@ -129,11 +129,13 @@ class VectorTests(unittest.TestCase):
         self.assertEqual(self.doc["cap"], C.CAP)
         self.assertEqual(_HEADER.size, 5)
         self.assertEqual(C._SERVER_KINDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
-                                           C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG})
-        self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS), (0x11, 0x12, 0x13, 0x14))
+                                           C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL})
+        self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY),
+                         (0x11, 0x12, 0x13, 0x14, 0x15))
         self.assertEqual((C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED),
                          (0x21, 0x22, 0x23, 0x24, 0x25))
-        self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG), (0x26, 0x27, 0x28, 0x29))
+        self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL),
+                         (0x26, 0x27, 0x28, 0x29, 0x2A))
         kinds = {k for v in self.vectors for k, _ in expected(v)}
         self.assertEqual(kinds, set(WORKER_KINDS) | C._SERVER_KINDS, "every kind has a vector")
 
@@ -157,7 +159,8 @@ class VectorTests(unittest.TestCase):
         sent = [v for v in self.vectors if v["error"] is None
                 and all(k in WORKER_KINDS for k, _ in expected(v))]
         self.assertEqual({v["name"] for v in sent},
-                         {"open-zygote", "open-exec", "call", "close", "session", "status"})
+                         {"open-zygote", "open-exec", "call", "close", "session", "status",
+                          "reply"})
         for v in sent:
             with self.subTest(v["name"]):
                 frames = expected(v)

@@ -126,7 +126,7 @@ class CodecTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             P.encode_frame(0, b"")
         with self.assertRaises(ValueError):
-            P.encode_frame(8, b"")
+            P.encode_frame(10, b"")
         with self.assertRaises(ProtocolError) as cm:
             P.encode_frame(P.RESULT, b"x" * 11, cap=10)
         self.assertEqual(cm.exception.code, "oversized")
@@ -150,7 +150,7 @@ class CodecTests(unittest.TestCase):
             dec.finish()
 
     def test_frames_before_an_error_come_out(self):
-        stream = P.encode_frame(P.LOG, b"\x14ok") + b"\x01\x00\x00\x00\x09"
+        stream = P.encode_frame(P.LOG, b"\x14ok") + b"\x01\x00\x00\x00\x0a"
         frames, code, _ = decode_stream(stream, P.CAP)
         self.assertEqual((frames, code), ([(P.LOG, b"\x14ok")], "unknown-kind"))
 

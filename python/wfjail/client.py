@@ -29,12 +29,12 @@ import struct
 from . import protocol as P
 from .errors import ProtocolError, Violation
 
-OPEN, CALL, CLOSE, STATUS = 0x11, 0x12, 0x13, 0x14
+OPEN, CALL, CLOSE, STATUS, REPLY = 0x11, 0x12, 0x13, 0x14, 0x15
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
-BUSY, SERVER, VIOLATIONS, LOG = 0x26, 0x27, 0x28, 0x29
+BUSY, SERVER, VIOLATIONS, LOG, UPCALL = 0x26, 0x27, 0x28, 0x29, 0x2A
 _NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
           CLOSED: "CLOSED", BUSY: "BUSY", SERVER: "SERVER", VIOLATIONS: "VIOLATIONS",
-          LOG: "LOG"}
+          LOG: "LOG", UPCALL: "UPCALL"}
 _SERVER_KINDS = frozenset(_NAMES)
 CAP = P.MAX_CAP
 _LENGTH = struct.Struct("<I")
@@ -114,6 +114,18 @@ def _expect(kind, payload, want):
     raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
 
 
+def _upcall_reply(on_upcall, payload):
+    """The REPLY payload for an UPCALL: status 0 and the handler's bytes, or status 1 and
+    why there is none."""
+    if on_upcall is None:
+        return b"\x01this session has no upcall handler (Client.session(on_upcall=...))"
+    try:
+        answer = on_upcall(payload)
+        return b"\x00" + bytes(answer)
+    except Exception as e:  # noqa: BLE001  (the guest hears why; the worker goes on)
+        return b"\x01" + ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")
+
+
 def _deliver_log(on_log, payload):
     """Hand a LOG frame to the session's ``on_log(level, text)`` (a bad one is dropped: the
     guest's words never break the worker)."""
@@ -170,15 +182,19 @@ class Client:
             raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
                                "or pass the path")
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None):
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
+                on_upcall=None):
         """A session (use it as a context manager). ``handler`` in zygote mode,
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
         value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
         is then called once with it and returns the session's handler; an exec'd guest
         reads it with ``wfjail.guest.init_value()``. ``on_log(level, text)``: receives the
-        guest's log records (``wfjail.guest.log``) instead of wfjail's stderr."""
+        guest's log records (``wfjail.guest.log``) instead of wfjail's stderr.
+        ``on_upcall(bytes) -> bytes``: answers the guest's ``wfjail.guest.upcall`` during a
+        call (it runs unconfined: never unpickle or eval what it receives); an exception
+        becomes the guest's ``UpcallError``."""
         return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None),
-                       on_log)
+                       on_log, on_upcall)
 
     def status(self):
         """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
@@ -193,9 +209,10 @@ class Client:
 
 
 class Session:
-    def __init__(self, path, open_doc, on_log=None):
+    def __init__(self, path, open_doc, on_log=None, on_upcall=None):
         self._path, self._open_doc = path, open_doc
         self._on_log = on_log
+        self._on_upcall = on_upcall
         self._sock = None
         self.id = None
         self.mode = None
@@ -256,6 +273,9 @@ class Session:
 
     def _answer(self, want):
         kind, payload = self._read()
+        while kind == UPCALL and want == RESULT:
+            self._sock.sendall(_frame(REPLY, _upcall_reply(self._on_upcall, payload)))
+            kind, payload = self._read()
         self.violations = []
         if kind == VIOLATIONS and want == RESULT:
             self.violations = json.loads(payload)
@@ -306,15 +326,17 @@ class Session:
 class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None):
+    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
+                on_upcall=None):
         return AsyncSession(self.path, _open_doc(handler, argv, timeout, init,
-                                                 on_log is not None), on_log)
+                                                 on_log is not None), on_log, on_upcall)
 
 
 class AsyncSession:
-    def __init__(self, path, open_doc, on_log=None):
+    def __init__(self, path, open_doc, on_log=None, on_upcall=None):
         self._path, self._open_doc = path, open_doc
         self._on_log = on_log
+        self._on_upcall = on_upcall
         self._reader = self._writer = None
         self.id = self.mode = self.report = None
         self.violations = []
@@ -359,6 +381,10 @@ class AsyncSession:
 
     async def _answer(self, want):
         kind, payload = await self._read()
+        while kind == UPCALL and want == RESULT:
+            self._writer.write(_frame(REPLY, _upcall_reply(self._on_upcall, payload)))
+            await self._writer.drain()
+            kind, payload = await self._read()
         self.violations = []
         if kind == VIOLATIONS and want == RESULT:
             self.violations = json.loads(payload)

@@ -99,6 +99,31 @@ def log(text, level=20):
     P.write_frame(session.wfd, P.LOG, bytes((level,)) + data)
 
 
+class UpcallError(Exception):
+    """An UPCALL got no answer: why (no worker handles upcalls, or its handler failed)."""
+
+    __module__ = "wfjail"
+
+
+def upcall(payload):
+    """Ask the worker a question during a call (``bytes`` in, ``bytes`` out): wfjail relays
+    it as UPCALL and the worker's answer back as REPLY. Raises ``UpcallError`` when there is
+    no answer (``wfjail run`` has no worker; the worker's handler failed)."""
+    session = _session
+    if session is None:
+        raise ProtocolError("closed", "UPCALL is only possible inside wfjail.guest.run()")
+    P.write_frame(session.wfd, P.UPCALL, bytes(payload))
+    frame = P.read_frame(session.rfd)
+    if frame is None:
+        raise ProtocolError("closed", "the supervisor closed the pipe instead of answering UPCALL")
+    kind, answer = frame
+    if kind != P.REPLY or not answer:
+        raise ProtocolError("unexpected", "expected REPLY, got %s" % P.NAMES[kind])
+    if answer[0] != 0:
+        raise UpcallError(answer[1:].decode("utf-8", "replace"))
+    return answer[1:]
+
+
 def query_violations():
     """Ask the supervisor what it denied since the last QUERY; return the list of dicts.
 

@@ -34,9 +34,12 @@ ERROR = 4
 LOG = 5
 QUERY = 6
 VIOLATIONS = 7
+UPCALL = 8
+REPLY = 9
 
 NAMES = {HELLO: "HELLO", REQUEST: "REQUEST", RESULT: "RESULT", ERROR: "ERROR",
-         LOG: "LOG", QUERY: "QUERY", VIOLATIONS: "VIOLATIONS"}
+         LOG: "LOG", QUERY: "QUERY", VIOLATIONS: "VIOLATIONS", UPCALL: "UPCALL",
+         REPLY: "REPLY"}
 
 _LEN = struct.Struct("<I")
 _READ_CHUNK = 64 * 1024  # bounds each os.read() buffer, whatever the announced length

@@ -18,9 +18,10 @@ something fails the workflow task with what was denied (the syscall, its argumen
 and a hint), even when the workflow caught the error.
 
 Importing this module needs ``temporalio``; the rest of the ``wfjail`` package does not.
-What is not done yet (docs/temporal.md): extern functions (interceptors' unsafe extern
-functions, ``workflow.metric_meter()``, which gets a no-op meter), ``patch_activation_callback``,
-stack dumps on deadlock (the child is ended instead).
+Extern functions (interceptors' ``unsafe_extern_functions``, the local-activity check) and
+``patch_activation_callback`` run in the worker, called by name from the child (JSON
+arguments and results). Not done yet (docs/temporal.md): ``workflow.metric_meter()`` gets a
+no-op meter; no stack dump on deadlock (the child is ended instead).
 """
 
 import asyncio
@@ -135,7 +136,8 @@ class JailedWorkflowRunner(WorkflowRunner):
         recipe["sandboxed"] = self._sandboxed
         try:
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
-                                     on_log=_log_to_worker(det.info)).open()
+                                     on_log=_log_to_worker(det.info),
+                                     on_upcall=_upcalls_in_worker(det)).open()
         except Busy as e:
             raise RuntimeError(
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
@@ -249,6 +251,9 @@ def _recipe(det, failure_types):
                               if converter_class is not None else None),
         "failure_converter": _class_path(det.failure_converter_class, "failure converter class"),
         "interceptors": [_class_path(c, "interceptor class") for c in det.interceptor_classes],
+        # Extern functions run in the worker: the child gets proxies by name (upcalls).
+        "extern": sorted(n for n in det.extern_functions if n not in _LOCAL_EXTERN),
+        "patch_callback": det.patch_activation_callback is not None,
         "failure_types": list(failure_types),
         # Records below what the worker would show are not sent at all.
         "log_level": logging.getLogger("temporalio.workflow").getEffectiveLevel(),
@@ -372,6 +377,41 @@ def _command_keys(completion):
     return keys
 
 
+# Extern functions the child answers itself: the metric meter (a no-op meter: metric records
+# are not carried to the worker yet).
+_LOCAL_EXTERN = ("__temporal_get_metric_meter",)
+
+
+def _upcalls_in_worker(det):
+    """The worker side of the child's upcalls: extern functions and the patch activation
+    callback, called by name with JSON arguments; the result goes back as JSON. Nothing the
+    child sends is unpickled or evaluated."""
+    import temporalio.worker
+
+    def on_upcall(payload):
+        doc = json.loads(payload)
+        if not isinstance(doc, dict) or not isinstance(doc.get("fn"), str):
+            raise ValueError("an upcall is a JSON object with a function name")
+        name = doc["fn"]
+        if name == "__patch_activation__":
+            callback = det.patch_activation_callback
+            if callback is None:
+                raise ValueError("the worker has no patch activation callback")
+            result = bool(callback(temporalio.worker.PatchActivationInput(
+                workflow_info=det.info, patch_id=str(doc.get("patch_id", "")))))
+        else:
+            fn = det.extern_functions.get(name)
+            if fn is None or name in _LOCAL_EXTERN:
+                raise ValueError("no extern function %r in the worker" % name)
+            args = doc.get("args", [])
+            if not isinstance(args, list):
+                raise ValueError("the arguments of an upcall are a JSON array")
+            result = fn(*args)
+        return json.dumps(result).encode()
+
+    return on_upcall
+
+
 def _log_to_worker(info):
     """The worker side of the run's log records: they go to the worker's own
     ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
@@ -448,10 +488,11 @@ def _instance_factory(recipe):
         defn=defn,
         info=data["info"],
         randomness_seed=data["randomness_seed"],
-        extern_functions=_local_extern_functions(),
+        extern_functions={**_local_extern_functions(), **{
+            name: _extern_proxy(name) for name in recipe.get("extern", [])}},
         disable_eager_activity_execution=data["disable_eager_activity_execution"],
         worker_level_failure_exception_types=[_load(p) for p in recipe["failure_types"]],
-        patch_activation_callback=None,
+        patch_activation_callback=_patch_proxy if recipe.get("patch_callback") else None,
         last_completion_result=Payloads.FromString(data["last_completion_result"]),
         last_failure=last_failure,
         default_workflow_logic_flags=data["default_workflow_logic_flags"],
@@ -544,9 +585,29 @@ def _warm_up(paths):
             pass
 
 
+def _extern_proxy(name):
+    """In the child: an extern function that runs in the worker (JSON arguments and result;
+    what is not JSON raises TypeError here, in the workflow)."""
+    from . import guest
+
+    def call(*args):
+        answer = guest.upcall(json.dumps({"fn": name, "args": list(args)}).encode())
+        return json.loads(answer)
+
+    call.__name__ = name
+    return call
+
+
+def _patch_proxy(input):
+    from . import guest
+
+    return bool(json.loads(guest.upcall(json.dumps(
+        {"fn": "__patch_activation__", "patch_id": input.patch_id}).encode())))
+
+
 def _local_extern_functions():
-    """The worker's built-in extern functions, answered in the child: a no-op metric meter,
-    and local activities taken as valid (the worker checks them when it runs them)."""
+    """The extern functions answered in the child: a no-op metric meter, and (when the
+    worker's own check is not proxied) local activities taken as valid."""
     import temporalio.common
 
     return {

@@ -15,6 +15,10 @@ pub enum Kind {
     Log = 5,
     Query = 6,
     Violations = 7,
+    /// Guest → supervisor during a call: a question for the worker (opaque bytes).
+    Upcall = 8,
+    /// Supervisor → guest: the answer to the oldest unanswered UPCALL (status byte, bytes).
+    Reply = 9,
 }
 
 impl Kind {
@@ -27,6 +31,8 @@ impl Kind {
             5 => Kind::Log,
             6 => Kind::Query,
             7 => Kind::Violations,
+            8 => Kind::Upcall,
+            9 => Kind::Reply,
             _ => return None,
         })
     }
@@ -40,6 +46,8 @@ impl Kind {
             Kind::Log => "LOG",
             Kind::Query => "QUERY",
             Kind::Violations => "VIOLATIONS",
+            Kind::Upcall => "UPCALL",
+            Kind::Reply => "REPLY",
         }
     }
 }

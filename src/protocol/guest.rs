@@ -161,6 +161,8 @@ pub enum Event {
     Query,
     Result(Vec<u8>),
     Error(GuestError),
+    /// A question for the worker during the call (answered with a REPLY frame).
+    Upcall(Vec<u8>),
 }
 
 /// A broken conversation; the execution ends as `guest_error` with this message.
@@ -274,6 +276,7 @@ impl Conversation {
                 })
             }
             (State::Calling, Kind::Query) => Ok(Event::Query),
+            (State::Calling, Kind::Upcall) => Ok(Event::Upcall(payload)),
             (State::Calling, Kind::Result) => {
                 self.state = State::Idle;
                 Ok(Event::Result(payload))
@@ -282,13 +285,31 @@ impl Conversation {
                 self.state = State::Idle;
                 Ok(Event::Error(parse_error(&payload)?))
             }
-            (State::Idle, Kind::Result | Kind::Error | Kind::Query) => {
+            (State::Idle, Kind::Result | Kind::Error | Kind::Query | Kind::Upcall) => {
                 unexpected("outside a call (after its answer, or before any request)")
             }
             (_, Kind::Hello) => unexpected("(HELLO is sent once)"),
-            (_, Kind::Request | Kind::Violations) => unexpected("(only the supervisor sends it)"),
+            (_, Kind::Request | Kind::Violations | Kind::Reply) => {
+                unexpected("(only the supervisor sends it)")
+            }
         }
     }
+}
+
+/// A REPLY frame: status 0 and the worker's answer, or status 1 and why there is none.
+pub fn reply_frame(answer: Result<&[u8], &str>) -> Vec<u8> {
+    let mut payload = Vec::new();
+    match answer {
+        Ok(bytes) => {
+            payload.push(0);
+            payload.extend_from_slice(bytes);
+        }
+        Err(why) => {
+            payload.push(1);
+            payload.extend_from_slice(why.as_bytes());
+        }
+    }
+    encode(Kind::Reply, &payload)
 }
 
 /// Checks a HELLO payload and returns its version.

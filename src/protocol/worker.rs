@@ -14,6 +14,9 @@ pub const CALL: u8 = 0x12;
 pub const CLOSE: u8 = 0x13;
 /// Client → server, instead of OPEN: what is the server's capacity? Answered by SERVER.
 pub const STATUS: u8 = 0x14;
+/// Client → server during a call: the answer to the oldest unanswered UPCALL (a status
+/// byte, 0 or 1 for "no answer, here is why", then bytes), relayed to the guest.
+pub const REPLY: u8 = 0x15;
 /// Server → client: the session is ready. JSON [`Opened`].
 pub const OPENED: u8 = 0x21;
 /// Server → client: a call's result.
@@ -36,6 +39,9 @@ pub const VIOLATIONS: u8 = 0x28;
 /// Server → client: a log record of the guest (its LOG frame), for sessions opened with
 /// `"logs": true`. JSON `{"level": n, "text": "..."}`; any number, before the call's answer.
 pub const LOG: u8 = 0x29;
+/// Server → client during a call: the guest's question (its UPCALL frame's bytes); the
+/// client answers each with a REPLY, in order, before the call's answer comes.
+pub const UPCALL: u8 = 0x2a;
 
 /// Whether `k` is a kind of this wire.
 pub fn known(k: u8) -> bool {
@@ -44,6 +50,7 @@ pub fn known(k: u8) -> bool {
         OPEN | CALL
             | CLOSE
             | STATUS
+            | REPLY
             | OPENED
             | RESULT
             | ERROR
@@ -53,6 +60,7 @@ pub fn known(k: u8) -> bool {
             | SERVER
             | VIOLATIONS
             | LOG
+            | UPCALL
     )
 }
 
@@ -72,6 +80,8 @@ pub fn name(k: u8) -> &'static str {
         SERVER => "SERVER",
         VIOLATIONS => "VIOLATIONS",
         LOG => "LOG",
+        REPLY => "REPLY",
+        UPCALL => "UPCALL",
         _ => "unknown",
     }
 }

@@ -64,6 +64,8 @@ pub const START_WAIT: Duration = Duration::from_secs(30);
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// The most calls waiting behind the one in progress.
 pub const MAX_QUEUED_CALLS: usize = 64;
+/// UPCALLs of one call that may wait for the worker's REPLY at once.
+pub const MAX_UPCALLS: usize = 64;
 /// The most request bytes waiting behind the call in progress: two of the largest calls.
 pub const MAX_QUEUED_BYTES: usize = 2 * MAX_FRAME;
 
@@ -115,6 +117,10 @@ pub enum Action {
     /// outbox cannot take it, fail the session ([`Failure::QueryUnread`]) and carry out
     /// nothing after it.
     AnswerQuery,
+    /// Relay the guest's UPCALL to the worker (UPCALL).
+    Upcall(Vec<u8>),
+    /// Relay the worker's REPLY to the guest (a REPLY frame).
+    Reply(Vec<u8>),
     /// Echo a LOG line of the guest's.
     Log { level: u8, text: String },
     /// Read the guest's peak address space now (a failed call: the memory limit may explain it).
@@ -175,6 +181,8 @@ pub struct Phases {
     /// Requests of CALLs not issued yet, and their bytes.
     queue: VecDeque<Vec<u8>>,
     queued_bytes: usize,
+    /// UPCALLs sent to the worker during the current call and not answered yet.
+    upcalls: usize,
     close_requested: bool,
     /// The worker left while the guest started or ran a call.
     abandoned: bool,
@@ -194,6 +202,7 @@ impl Phases {
             phase: Phase::Starting,
             queue: VecDeque::new(),
             queued_bytes: 0,
+            upcalls: 0,
             close_requested: false,
             abandoned: false,
             timeout,
@@ -267,6 +276,14 @@ impl Phases {
                     self.queue.push_back(payload);
                 }
                 worker::CLOSE => self.close_requested = true,
+                // The answer to an UPCALL of the current call; one that comes after the call
+                // ended (its guest answered without waiting) has no one to go to.
+                worker::REPLY => {
+                    if self.phase == Phase::Calling && self.upcalls > 0 {
+                        self.upcalls -= 1;
+                        acts.push(Action::Reply(payload));
+                    }
+                }
                 k => {
                     acts.extend(self.fail(Failure::WorkerFrame(k)));
                     break;
@@ -299,6 +316,15 @@ impl Phases {
                 return self.fail(Failure::StartRefused(e));
             }
             (Phase::Calling, Event::Query) => acts.push(Action::AnswerQuery),
+            (Phase::Calling, Event::Upcall(bytes)) => {
+                if self.upcalls >= MAX_UPCALLS {
+                    return self.guest_broke(ProtocolError(format!(
+                        "more than {MAX_UPCALLS} UPCALLs of one call wait for the worker"
+                    )));
+                }
+                self.upcalls += 1;
+                acts.push(Action::Upcall(bytes));
+            }
             (Phase::Calling, Event::Result(bytes)) => {
                 self.answered(&mut acts);
                 acts.push(Action::Result(bytes));
@@ -316,6 +342,7 @@ impl Phases {
                     Event::Result(_) => "RESULT",
                     Event::Error(_) => "ERROR",
                     Event::Log { .. } => "LOG",
+                    Event::Upcall(_) => "UPCALL",
                 };
                 return self.guest_broke(ProtocolError(format!(
                     "unexpected {what} frame from the guest while the session is {phase}"
@@ -375,6 +402,7 @@ impl Phases {
     /// The guest answered (HELLO, RESULT, ERROR): idle, and stopped unless something waits.
     fn answered(&mut self, acts: &mut Vec<Action>) {
         self.phase = Phase::Idle;
+        self.upcalls = 0;
         self.deadline = None;
         if self.queue.is_empty() && !self.close_requested {
             acts.push(Action::Stop);

@@ -354,6 +354,15 @@ impl Session {
                         );
                     }
                 }
+                Action::Upcall(bytes) => self.client.send(worker::UPCALL, &bytes),
+                Action::Reply(payload) => {
+                    if let Err(e) = self.guest_out.push(&encode(Kind::Reply, &payload)) {
+                        let acts = self.phases.fail(Failure::RequestUnsent(e));
+                        self.act(acts);
+                        return false;
+                    }
+                    self.flush_guest();
+                }
                 Action::SampleMemory => self.sample_memory(true),
                 Action::Kill => self.kill(),
             }

@@ -747,6 +747,12 @@ pub fn supervise(
                                     let list = violations.take_since_query();
                                     f.outbox.push(&gp::violations_frame(&list, f.cap))?;
                                 }
+                                // `run` has no worker to ask.
+                                Event::Upcall(_) => {
+                                    f.outbox.push(&gp::reply_frame(Err(
+                                        "no worker to ask: UPCALL needs a wfjail serve session",
+                                    )))?;
+                                }
                                 Event::Result(bytes) => {
                                     o.result = Some(bytes);
                                     f.close_when_flushed = true;
