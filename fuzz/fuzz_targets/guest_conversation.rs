@@ -39,6 +39,8 @@ fuzz_target!(|data: &[u8]| {
                 }
                 Event::Error(_) => answers += 1,
                 Event::Log { text, .. } => assert!(text.len() <= 3 * cap + 3),
+                // (Only during a call: the conversation refuses it outside one.)
+                Event::Upcall(p) => assert!(p.len() <= cap),
                 Event::Hello | Event::Query => {}
             }
             assert!(answers <= calls + 1, "{answers} answers to {calls} calls");
