@@ -352,6 +352,37 @@ mod tests {
     }
 
     #[test]
+    fn upcalls_are_events_of_a_call_only() {
+        let mut c = Conversation::new(1024);
+        c.begin_call();
+        let mut bytes = encode(Kind::Hello, &hello(VERSION));
+        bytes.extend(encode(Kind::Upcall, b"q"));
+        bytes.extend(encode(Kind::Result, b"r"));
+        assert_eq!(
+            c.feed(&bytes).unwrap(),
+            vec![
+                Event::Hello,
+                Event::Upcall(b"q".to_vec()),
+                Event::Result(b"r".to_vec())
+            ]
+        );
+        let e = c.feed(&encode(Kind::Upcall, b"late")).unwrap_err();
+        assert!(e.0.contains("unexpected UPCALL frame"), "{e}");
+        // REPLY is the supervisor's to send.
+        let mut c = Conversation::new(1024);
+        let e = c
+            .feed(
+                &[
+                    encode(Kind::Hello, &hello(VERSION)),
+                    encode(Kind::Reply, b"\0"),
+                ]
+                .concat(),
+            )
+            .unwrap_err();
+        assert!(e.0.contains("only the supervisor sends it"), "{e}");
+    }
+
+    #[test]
     fn a_good_conversation() {
         let mut c = Conversation::new(1024);
         c.begin_call();

@@ -479,6 +479,46 @@ mod tests {
     }
 
     #[test]
+    fn upcalls_go_to_the_worker_and_its_replies_back_in_order_during_the_call_only() {
+        let (mut s, t0) = calling();
+        let up = |b: &[u8]| Event::Upcall(b.to_vec());
+        let reply = |b: &[u8]| (worker::REPLY, b.to_vec());
+        assert_eq!(s.guest(up(b"q1"), t0), vec![Upcall(b"q1".to_vec())]);
+        assert_eq!(s.guest(up(b"q2"), t0), vec![Upcall(b"q2".to_vec())]);
+        assert_eq!(
+            s.worker(vec![reply(b"\0a1"), reply(b"\0a2")], false, t0),
+            vec![Reply(b"\0a1".to_vec()), Reply(b"\0a2".to_vec())]
+        );
+        // A REPLY nobody waits for (more than were asked, or after the call) is dropped.
+        assert_eq!(s.worker(vec![reply(b"\0extra")], false, t0), vec![]);
+        assert_eq!(s.guest(up(b"q3"), t0), vec![Upcall(b"q3".to_vec())]);
+        assert_eq!(s.guest(result(b"r"), t0), vec![Stop, Result(b"r".to_vec())]);
+        assert_eq!(s.worker(vec![reply(b"\0late")], false, t0), vec![]);
+        assert!(s.failure().is_none());
+        // Outside a call an UPCALL breaks the protocol.
+        assert_eq!(s.guest(up(b"idle"), t0), vec![Kill]);
+        assert!(
+            failure(&s).contains("unexpected UPCALL frame"),
+            "{}",
+            failure(&s)
+        );
+    }
+
+    #[test]
+    fn a_guest_that_piles_up_upcalls_breaks_the_protocol() {
+        let (mut s, t0) = calling();
+        for _ in 0..MAX_UPCALLS {
+            assert_eq!(s.guest(Event::Upcall(vec![]), t0).len(), 1);
+        }
+        assert_eq!(s.guest(Event::Upcall(vec![]), t0), vec![Kill]);
+        assert!(
+            failure(&s).contains("UPCALLs of one call wait"),
+            "{}",
+            failure(&s)
+        );
+    }
+
+    #[test]
     fn rule_1_a_guest_has_the_call_timeout_but_at_least_start_wait_to_say_hello() {
         let t0 = Instant::now();
         let long = Duration::from_secs(90);
