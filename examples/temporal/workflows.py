@@ -162,3 +162,18 @@ class Sqlite:
 
         sqlite3.connect("/tmp/wfjail-example.db").execute("create table t (x)")
         return "written"
+
+
+@workflow.defn
+class Unrestricted:
+    """Runs under the permissive policy (`wfjail_policy`, the analogue of the SDK's
+    sandbox_unrestricted): its socket is made, and reported to the worker as a warning."""
+
+    wfjail_policy = "permissive"
+
+    @workflow.run
+    async def run(self) -> str:
+        import socket
+
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+        return "socket made"

@@ -357,6 +357,44 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertEqual(jailed, "Hello, extern! (record 1)")
         self.assertEqual(recorded, ["started Greeting"], "recorded in the worker's process")
 
+    def test_a_workflow_can_have_a_policy_of_its_own(self):
+        import logging
+
+        warnings = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                warnings.append(record.getMessage())
+
+        logger = logging.getLogger("wfjail.temporal")
+        handler = Keep()
+        logger.addHandler(handler)
+        runner = JailedWorkflowRunner()
+        try:
+            async def go():
+                client = await self.server.client()
+                queue = "policies-" + uuid.uuid4().hex
+                async with Worker(client, task_queue=queue,
+                                  workflows=CLEAN + BAD + [W.Unrestricted],
+                                  activities=[W.greet], workflow_runner=runner):
+                    unrestricted = await client.execute_workflow(
+                        W.Unrestricted.run, id=str(uuid.uuid4()), task_queue=queue)
+                    h = await client.start_workflow(W.Network.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                    network = await task_failure(h, wait=20.0)
+                    await h.terminate()
+                    return unrestricted, network
+
+            unrestricted, network = self.run_async(go())
+            servers = sorted(runner._servers)
+        finally:
+            logger.removeHandler(handler)
+            runner.close()
+        self.assertEqual(unrestricted, "socket made")
+        self.assertTrue(any("let through" in w and "socket(" in w for w in warnings), warnings)
+        self.assertIn("network socket(AF_INET", network, "the default policy still denies")
+        self.assertEqual(servers, ["permissive", "temporal-python"], "one server per policy")
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()
@@ -383,7 +421,7 @@ class JailedRunnerTests(unittest.TestCase):
                 await h.signal(W.Counter.add, 5)
                 self.assertEqual(await h.query(W.Counter.value), 5)
                 # Kill every session child of the runner's server (the run's process).
-                killed = _kill_session_children(runner._server.pid)
+                killed = _kill_session_children(runner._servers["temporal-python"].proc.pid)
                 await h.signal(W.Counter.add, 2)
                 result = None
                 update = await h.execute_update(W.Counter.finish)
@@ -437,13 +475,14 @@ class PolicyFileTests(unittest.TestCase):
     def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
         import tomllib
 
-        runner = JailedWorkflowRunner(policy="strict")
-        runner._tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
+        from wfjail.temporal import _policy_file
+
+        tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
         try:
-            with open(runner._policy_file(), "rb") as f:
+            with open(_policy_file(tmp, "strict", ["workflows:Greeting"]), "rb") as f:
                 doc = tomllib.load(f)
         finally:
-            shutil.rmtree(runner._tmp)
+            shutil.rmtree(tmp)
         self.assertEqual(doc["extends"], "strict")
         reads = doc["filesystem"]["read"]
         # A venv's python may link to an interpreter elsewhere (pyenv, /opt/python...).

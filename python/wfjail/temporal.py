@@ -93,12 +93,18 @@ class JailedWorkflowRunner(WorkflowRunner):
     temporary directory). ``wfjail``: the ``wfjail`` binary (default: found on ``PATH``).
     ``preload``: more modules for the zygote to import before forking. ``sandboxed``: run
     each child's workflow inside Temporal's own sandbox as well (both layers: the SDK's
-    checks in the child, the kernel's around it).
+    checks in the child, the kernel's around it). ``policies``: a policy per workflow (by
+    class or workflow type name; a class may also say ``wfjail_policy = "..."``), each with a
+    server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
-                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False):
+                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None):
         self._policy = policy
+        # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
+        self._policies = {getattr(k, "__temporal_workflow_definition", None) and
+                          k.__temporal_workflow_definition.name or k: v
+                          for k, v in (policies or {}).items()}
         self._max_sessions = int(max_sessions)
         self._socket = socket
         self._wfjail = wfjail or shutil.which("wfjail")
@@ -109,9 +115,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._modules = []
         self._classes = []
         self._lock = threading.Lock()
-        self._server = None
-        self._client = None
-        self._tmp = None
+        self._servers = {}  # policy -> _Server
         self._failure_types = []
 
     # -- WorkflowRunner ------------------------------------------------------------------------
@@ -131,7 +135,7 @@ class JailedWorkflowRunner(WorkflowRunner):
     def create_instance(self, det):
         """Opens the run's session (on the worker's event-loop thread, not on the timed
         activation path): the zygote forks a child, which builds the workflow instance."""
-        client = self._ensure_server()
+        client = self._ensure_server(self._policy_of(det.defn))
         recipe = _recipe(det, self._failure_types)
         recipe["sandboxed"] = self._sandboxed
         try:
@@ -145,77 +149,93 @@ class JailedWorkflowRunner(WorkflowRunner):
                 (e.open, e.capacity)) from None
         return _JailedInstance(session, det)
 
-    # -- the server ----------------------------------------------------------------------------
+    def _policy_of(self, defn):
+        """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
+        attribute of its class, else the runner's."""
+        return (self._policies.get(defn.name) or getattr(defn.cls, "wfjail_policy", None)
+                or self._policy)
 
-    def _ensure_server(self):
+    # -- the servers ---------------------------------------------------------------------------
+
+    def _ensure_server(self, policy=None):
+        policy = policy or self._policy
         with self._lock:
-            if self._client is not None and self._server is not None \
-                    and self._server.poll() is None:
-                return self._client
-            self._start_server()
-            return self._client
+            server = self._servers.get(policy)
+            if server is None or not server.alive():
+                server = _Server(self, policy)
+                self._servers[policy] = server
+                # A server ends with the worker's process; a runner dropped earlier stops it.
+                weakref.finalize(self, _stop, server.proc, server.tmp)
+            return server.client
 
-    def _start_server(self):
-        if not self._wfjail:
+    def close(self):
+        """Stops the servers (they also end with the worker's process, or when the runner is
+        dropped); the next workflow run starts new ones."""
+        with self._lock:
+            for server in self._servers.values():
+                _stop(server.proc, server.tmp)
+            self._servers.clear()
+
+
+class _Server:
+    """One `wfjail serve --zygote` of the runner, for one policy."""
+
+    def __init__(self, runner, policy):
+        r = runner
+        if not r._wfjail:
             raise RuntimeError("wfjail: the `wfjail` binary is not on PATH; pass "
                                "JailedWorkflowRunner(wfjail=...)")
-        self._tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
-        sock = self._socket or os.path.join(self._tmp, "serve.sock")
-        policy = self._policy_file()
-        preload = ["temporalio.worker", "wfjail.temporal"] + self._modules + self._preload
-        argv = [self._wfjail, "serve", "-q", "-p", policy, "--socket", sock,
-                "--max-executions", str(self._max_sessions), "--zygote",
+        self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
+        sock = (r._socket if policy == r._policy and r._socket
+                else os.path.join(self.tmp, "serve.sock"))
+        preload = ["temporalio.worker", "wfjail.temporal"] + r._modules + r._preload
+        argv = [r._wfjail, "serve", "-q", "-p", _policy_file(self.tmp, policy, r._classes),
+                "--socket", sock, "--max-executions", str(r._max_sessions), "--zygote",
                 "--python", sys.executable, "--preload", ",".join(preload),
                 "--exit-with-parent"]
-        if self._zygotes:
-            argv += ["--zygotes", str(self._zygotes)]
-        self._server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        # The server ends with the worker's process; a runner dropped earlier stops it too.
-        weakref.finalize(self, _stop, self._server, self._tmp)
-        self._client = Client(sock)
+        if r._zygotes:
+            argv += ["--zygotes", str(r._zygotes)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self.client = Client(sock)
         deadline = time.monotonic() + 120
         while True:
             try:
-                self._client.status()
+                self.client.status()
                 return
             except (OSError, ProtocolError):
-                if self._server.poll() is not None:
+                if self.proc.poll() is not None:
                     raise RuntimeError("wfjail serve exited with status %s before it was "
                                        "ready (its messages are above)"
-                                       % self._server.returncode) from None
+                                       % self.proc.returncode) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError("wfjail serve was not ready within 120 s") from None
                 time.sleep(0.02)
 
-    def _policy_file(self):
-        """A policy extending the chosen one that lets the zygote import what the worker
-        imports: the worker's import path, read-only, and as PYTHONPATH; and the interpreter
-        itself where a venv's `python` links to (pyenv, a python.org build...)."""
-        base = self._policy
-        if "/" in base or base.endswith(".toml"):
-            base = os.path.abspath(base)
-        path = [os.path.abspath(p or ".") for p in sys.path]
-        path = [p for i, p in enumerate(path) if os.path.exists(p) and p not in path[:i]]
-        prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
-        reads = path + [p for i, p in enumerate(prefixes)
-                        if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
-        text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\n"
-                "set = { PYTHONPATH = %s, WFJAIL_TEMPORAL_WARM = %s }\n") % (
-            json.dumps(base), ", ".join(json.dumps(p) for p in reads),
-            json.dumps(os.pathsep.join(path)), json.dumps(",".join(self._classes)))
-        path = os.path.join(self._tmp, "policy.toml")
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+    def alive(self):
+        return self.proc.poll() is None
 
-    def close(self):
-        """Stops the server (it also ends with the worker's process, or when the runner is
-        dropped); the next workflow run starts a new one."""
-        with self._lock:
-            if self._server is not None:
-                _stop(self._server, self._tmp)
-            self._server = self._client = None
+
+def _policy_file(tmp, policy, classes):
+    """A policy extending ``policy`` that lets the zygote import what the worker imports: the
+    worker's import path, read-only, and as PYTHONPATH; and the interpreter itself where a
+    venv's `python` links to (pyenv, a python.org build...)."""
+    base = policy
+    if "/" in base or base.endswith(".toml"):
+        base = os.path.abspath(base)
+    path = [os.path.abspath(p or ".") for p in sys.path]
+    path = [p for i, p in enumerate(path) if os.path.exists(p) and p not in path[:i]]
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    reads = path + [p for i, p in enumerate(prefixes)
+                    if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
+    text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\n"
+            "set = { PYTHONPATH = %s, WFJAIL_TEMPORAL_WARM = %s }\n") % (
+        json.dumps(base), ", ".join(json.dumps(p) for p in reads),
+        json.dumps(os.pathsep.join(path)), json.dumps(",".join(classes)))
+    out = os.path.join(tmp, "policy.toml")
+    with open(out, "w") as f:
+        f.write(text)
+    return out
 
 
 def _stop(server, tmp):
@@ -273,14 +293,17 @@ class _JailedInstance(WorkflowInstance):
         # sent ahead with each completion (the payload codec asks between activations).
         self._contexts = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
-        # as deadlocked and evicts the run).
+        # as deadlocked and evicts the run), and whether the eviction aborted it.
         self._calling = False
+        self._aborted = False
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
         if evicting and self._calling:
             # The child is stuck in an earlier activation: end it now, or the eviction would
-            # wait behind it (and the SDK retries a slow eviction forever).
+            # wait behind it (and the SDK retries a slow eviction forever). The thread of
+            # that activation, which owns the socket, closes the session.
+            self._aborted = True
             self._session.abort()
             return _evicted(act)
         self._calling = True
@@ -289,8 +312,14 @@ class _JailedInstance(WorkflowInstance):
             completion, contexts = _split_reply(reply)
             self._contexts.update(contexts)
             violations = self._session.violations
-            if violations and not evicting:
-                return _failed(act, _violations_text(self._det, violations))
+            # Under a warn policy (permissive) nothing was denied: the worker hears of it.
+            warned = [v for v in violations if v.get("action") == "warned"]
+            enforced = [v for v in violations if v.get("action") != "warned"]
+            if warned:
+                logging.getLogger("wfjail.temporal").warning(
+                    "%s", _violations_text(self._det, warned, denied=False))
+            if enforced and not evicting:
+                return _failed(act, _violations_text(self._det, enforced))
             return completion
         except GuestError as e:
             if evicting:
@@ -303,7 +332,7 @@ class _JailedInstance(WorkflowInstance):
             return _failed(act, _report_text(self._det, report, e))
         finally:
             self._calling = False
-            if evicting:
+            if evicting or self._aborted:
                 self._session.close()
 
     def get_serialization_context(self, command_info):
@@ -444,8 +473,9 @@ def _evicted(act):
     return completion
 
 
-def _violations_text(det, violations):
-    lines = ["wfjail denied workflow %s (run %s) what workflow code may not do:" % (
+def _violations_text(det, violations, denied=True):
+    lines = ["wfjail %s workflow %s (run %s) what workflow code may not do:" % (
+        "denied" if denied else "let through (policy in warn mode)",
         det.info.workflow_type, det.info.run_id)]
     for v in violations:
         lines.append("  %s %s(%s) %s [%s]: %s" % (
