@@ -35,7 +35,11 @@ async def main(target):
     print("Greeting:", await run(workflows.Greeting.run, "wfjail"))
     print("Lucky:", await run(workflows.Lucky.run))
     print("Leaky, twice:", await run(workflows.Leaky.run, "a"), await run(workflows.Leaky.run, "b"))
-    for wf in (workflows.Network, workflows.Thread, workflows.ReadFile, workflows.Subprocess):
+    print("Parent:", await run(workflows.Parent.run, "kid"))
+    print("Unrestricted (permissive policy, reported on the worker):",
+          await run(workflows.Unrestricted.run))
+    for wf in (workflows.Network, workflows.Thread, workflows.ReadFile, workflows.Subprocess,
+               workflows.Sqlite):
         handle = await client.start_workflow(wf.run, id=str(uuid.uuid4()), task_queue=QUEUE)
         message = await task_failure(handle)
         print("%s: task failed: %s" % (wf.__name__, message))

@@ -22,8 +22,10 @@ async def main(target):
     worker = Worker(
         client,
         task_queue="wfjail-example",
-        workflows=[workflows.Greeting, workflows.Counter, workflows.Lucky, workflows.Network,
-                   workflows.Thread, workflows.ReadFile, workflows.Subprocess, workflows.Leaky],
+        workflows=[workflows.Greeting, workflows.Counter, workflows.Lucky, workflows.Leaky,
+                   workflows.Parent, workflows.Again, workflows.Unrestricted,
+                   workflows.Network, workflows.Thread, workflows.ReadFile,
+                   workflows.Subprocess, workflows.Sqlite],
         activities=[workflows.greet],
         workflow_runner=JailedWorkflowRunner(),  # the one line
     )
