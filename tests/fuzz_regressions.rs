@@ -28,3 +28,19 @@ fn a_duration_under_a_millisecond_is_refused_like_its_message_says() {
         }
     }
 }
+
+/// fuzz/regressions/worker_wire/init-float-roundtrip (found by `worker_wire` in the bounded
+/// run of `scripts/test`): an OPEN's `init` with the number `2e-126` came back from
+/// serde_json as `2.0000000000000002e-126`, so the session's arguments that wfjail relays to
+/// the guest were not the worker's. serde_json's `float_roundtrip` parses numbers exactly.
+#[test]
+fn an_opens_init_is_relayed_exactly() {
+    use wfjail::protocol::worker::OpenRequest;
+
+    let input = include_bytes!("../fuzz/regressions/worker_wire/init-float-roundtrip");
+    let req: OpenRequest = serde_json::from_slice(input).unwrap();
+    let again: OpenRequest = serde_json::from_str(&serde_json::to_string(&req).unwrap()).unwrap();
+    assert_eq!(again, req);
+    let v: serde_json::Value = serde_json::from_str(r#"{"init": 2e-126}"#).unwrap();
+    assert_eq!(v["init"].to_string(), "2e-126");
+}
