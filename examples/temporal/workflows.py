@@ -177,3 +177,15 @@ class Unrestricted:
 
         socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
         return "socket made"
+
+
+@workflow.defn
+class Measured:
+    """Records metrics through workflow.metric_meter(): they reach the worker's meter."""
+
+    @workflow.run
+    async def run(self, n: int) -> int:
+        meter = workflow.metric_meter()
+        meter.create_counter("wfjail_example_runs", "example runs").add(1, {"kind": "example"})
+        meter.create_histogram_float("wfjail_example_size", unit="items").record(n / 2)
+        return n

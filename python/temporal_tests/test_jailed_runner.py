@@ -32,7 +32,7 @@ import workflows as W  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
-CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again]
+CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again, W.Measured]
 BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile, W.Sqlite]
 
 
@@ -394,6 +394,37 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertTrue(any("let through" in w and "socket(" in w for w in warnings), warnings)
         self.assertIn("network socket(AF_INET", network, "the default policy still denies")
         self.assertEqual(servers, ["permissive", "temporal-python"], "one server per policy")
+
+    def test_workflow_metrics_reach_the_workers_meter(self):
+        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+
+        def metrics(runner):
+            buffer = MetricBuffer(10000)
+            runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+
+            async def go():
+                await self.server.client()  # the server is up
+                client = await Client.connect(self.server.target, runtime=runtime)
+                queue = "metrics-" + uuid.uuid4().hex
+                async with Worker(client, task_queue=queue, workflows=CLEAN,
+                                  activities=[W.greet], workflow_runner=runner):
+                    return await client.execute_workflow(W.Measured.run, 5,
+                                                         id=str(uuid.uuid4()), task_queue=queue)
+
+            self.assertEqual(self.run_async(go()), 5)
+            seen = {}
+            for u in buffer.retrieve_updates():
+                if u.metric.name.startswith("wfjail_example_"):
+                    attrs = dict(u.attributes)
+                    seen[u.metric.name] = (u.value, attrs.get("kind"), attrs.get("workflow_type"),
+                                           u.metric.unit)
+            return seen
+
+        jailed = metrics(JailedWorkflowRunner())
+        plain = metrics(UnsandboxedWorkflowRunner())
+        self.assertEqual(jailed, plain)
+        self.assertEqual(jailed["wfjail_example_runs"], (1, "example", "Measured", None))
+        self.assertEqual(jailed["wfjail_example_size"], (2.5, None, "Measured", "items"))
 
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():

@@ -20,13 +20,14 @@ and a hint), even when the workflow caught the error.
 Importing this module needs ``temporalio``; the rest of the ``wfjail`` package does not.
 Extern functions (interceptors' ``unsafe_extern_functions``, the local-activity check) and
 ``patch_activation_callback`` run in the worker, called by name from the child (JSON
-arguments and results). Not done yet (docs/temporal.md): ``workflow.metric_meter()`` gets a
-no-op meter; no stack dump on deadlock (the child is ended instead).
+arguments and results); metric records ride on the completions to the worker's meter. Not
+done yet (docs/temporal.md): a stack dump on deadlock (the child is ended instead).
 """
 
 import asyncio
 import base64
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -309,8 +310,9 @@ class _JailedInstance(WorkflowInstance):
         self._calling = True
         try:
             reply = self._session.call(act.SerializeToString())
-            completion, contexts = _split_reply(reply)
+            completion, contexts, metrics = _split_reply(reply)
             self._contexts.update(contexts)
+            _record_metrics(self._det, metrics)
             violations = self._session.violations
             # Under a warn policy (permissive) nothing was denied: the worker hears of it.
             warned = [v for v in violations if v.get("action") == "warned"]
@@ -357,17 +359,21 @@ _CONTEXTS = ("WorkflowSerializationContext", "ActivitySerializationContext",
 
 
 def _split_reply(reply):
-    """A child's reply: the completion (protobuf) and the contexts of its commands (JSON)."""
+    """A child's reply: the completion (protobuf), then JSON: the contexts of its commands and
+    the metric records of the activation."""
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
     completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
     contexts = {}
     try:
-        doc = json.loads(reply[4 + n:] or b"[]")
+        doc = json.loads(reply[4 + n:] or b"{}")
     except ValueError:
-        doc = []
-    for entry in doc if isinstance(doc, list) else []:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    metrics = doc.get("metrics") if isinstance(doc.get("metrics"), list) else []
+    for entry in doc.get("contexts") if isinstance(doc.get("contexts"), list) else []:
         try:
             kind, seq, name, fields = entry
             if name not in _CONTEXTS or not isinstance(fields, dict):
@@ -380,7 +386,43 @@ def _split_reply(reply):
             contexts[(int(kind), int(seq))] = cls(**fields)
         except (TypeError, ValueError):
             continue
-    return completion, contexts
+    return completion, contexts, metrics
+
+
+# What a metric record may create, by kind: (the meter's method, how the value is taken).
+_METRICS = {
+    "counter": ("create_counter", int),
+    "histogram": ("create_histogram", int),
+    "histogram_float": ("create_histogram_float", float),
+    "histogram_timedelta": ("create_histogram_timedelta",
+                            lambda ms: datetime.timedelta(milliseconds=float(ms))),
+    "gauge": ("create_gauge", int),
+    "gauge_float": ("create_gauge_float", float),
+}
+
+
+def _record_metrics(det, records):
+    """Replays the child's metric records on the worker's own meter (what
+    ``workflow.metric_meter()`` gives in process); a malformed record is dropped."""
+    if not records:
+        return
+    meter = det.extern_functions.get("__temporal_get_metric_meter")
+    if meter is None:
+        return
+    meter = meter()
+    for r in records:
+        try:
+            kind, name, description, unit, value, attributes = r
+            make, conv = _METRICS[kind]
+            if not isinstance(name, str) or not isinstance(attributes, dict) or not all(
+                    isinstance(v, (str, int, float, bool)) for v in attributes.values()):
+                continue
+            metric = getattr(meter, make)(name, description if isinstance(description, str)
+                                          else None, unit if isinstance(unit, str) else None)
+            op = {"counter": "add", "gauge": "set", "gauge_float": "set"}.get(kind, "record")
+            getattr(metric, op)(conv(value), attributes)
+        except (KeyError, TypeError, ValueError):
+            continue
 
 
 def _command_keys(completion):
@@ -406,8 +448,8 @@ def _command_keys(completion):
     return keys
 
 
-# Extern functions the child answers itself: the metric meter (a no-op meter: metric records
-# are not carried to the worker yet).
+# Extern functions the child answers itself: the metric meter (its records travel with the
+# completions instead).
 _LOCAL_EXTERN = ("__temporal_get_metric_meter",)
 
 
@@ -572,7 +614,8 @@ def _instance_factory(recipe):
                 contexts.append([int(kind), int(seq), type(ctx).__name__,
                                  dataclasses.asdict(ctx)])
         data = completion.SerializeToString()
-        return struct.pack(">I", len(data)) + data + json.dumps(contexts).encode()
+        side = {"contexts": contexts, "metrics": _take_metric_records()}
+        return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     return activate
 
@@ -636,14 +679,106 @@ def _patch_proxy(input):
 
 
 def _local_extern_functions():
-    """The extern functions answered in the child: a no-op metric meter, and (when the
-    worker's own check is not proxied) local activities taken as valid."""
-    import temporalio.common
-
+    """The extern functions answered in the child: a metric meter that records what the
+    workflow measures (sent to the worker with each completion), and (when the worker's own
+    check is not proxied) local activities taken as valid."""
     return {
-        "__temporal_get_metric_meter": lambda: temporalio.common.MetricMeter.noop,
+        "__temporal_get_metric_meter": _RecordingMeter,
         "__temporal_assert_local_activity_valid": lambda name: None,
     }
+
+
+# The metric records of the activation in progress, in the child.
+_metric_records = []
+# At most this many records ride on one completion (the rest are dropped and counted).
+_MAX_METRIC_RECORDS = 1000
+
+
+def _take_metric_records():
+    records = _metric_records[:]
+    _metric_records.clear()
+    return records
+
+
+def _recording_meter_classes():
+    """The child's metric meter: each record is kept for the worker (a function, so that the
+    classes are built only where temporalio is imported)."""
+    import temporalio.common as tc
+
+    class Metric:
+        def __init__(self, kind, name, description, unit, attributes):
+            self._kind, self._name, self._description, self._unit = kind, name, description, unit
+            self._attributes = dict(attributes)
+
+        name = property(lambda self: self._name)
+        description = property(lambda self: self._description)
+        unit = property(lambda self: self._unit)
+
+        def with_additional_attributes(self, additional_attributes):
+            return type(self)(self._kind, self._name, self._description, self._unit,
+                              {**self._attributes, **additional_attributes})
+
+        def _keep(self, value, additional_attributes):
+            if len(_metric_records) < _MAX_METRIC_RECORDS:
+                _metric_records.append([self._kind, self._name, self._description, self._unit,
+                                        value, {**self._attributes,
+                                                **(additional_attributes or {})}])
+
+    def kinded(base, kind, op, conv):
+        def act(self, value, additional_attributes=None):
+            self._keep(conv(value), additional_attributes)
+
+        return type(base.__name__ + "Recorder", (Metric, base), {op: act})
+
+    kinds = {
+        "counter": kinded(tc.MetricCounter, "counter", "add", int),
+        "histogram": kinded(tc.MetricHistogram, "histogram", "record", int),
+        "histogram_float": kinded(tc.MetricHistogramFloat, "histogram_float", "record", float),
+        "histogram_timedelta": kinded(tc.MetricHistogramTimedelta, "histogram_timedelta",
+                                      "record", lambda d: d.total_seconds() * 1000.0),
+        "gauge": kinded(tc.MetricGauge, "gauge", "set", int),
+        "gauge_float": kinded(tc.MetricGaugeFloat, "gauge_float", "set", float),
+    }
+
+    class Meter(tc.MetricMeter):
+        def __init__(self, attributes=None):
+            self._attributes = dict(attributes or {})
+
+        def _make(self, kind, name, description=None, unit=None):
+            return kinds[kind](kind, name, description, unit, self._attributes)
+
+        def create_counter(self, name, description=None, unit=None):
+            return self._make("counter", name, description, unit)
+
+        def create_histogram(self, name, description=None, unit=None):
+            return self._make("histogram", name, description, unit)
+
+        def create_histogram_float(self, name, description=None, unit=None):
+            return self._make("histogram_float", name, description, unit)
+
+        def create_histogram_timedelta(self, name, description=None, unit=None):
+            return self._make("histogram_timedelta", name, description, unit)
+
+        def create_gauge(self, name, description=None, unit=None):
+            return self._make("gauge", name, description, unit)
+
+        def create_gauge_float(self, name, description=None, unit=None):
+            return self._make("gauge_float", name, description, unit)
+
+        def with_additional_attributes(self, additional_attributes):
+            return Meter({**self._attributes, **additional_attributes})
+
+    return Meter
+
+
+def _RecordingMeter():  # noqa: N802  (an extern function returning the meter)
+    global _METER_CLASS
+    if _METER_CLASS is None:
+        _METER_CLASS = _recording_meter_classes()
+    return _METER_CLASS()
+
+
+_METER_CLASS = None
 
 
 if os.environ.get("WFJAIL_TEMPORAL_WARM"):
