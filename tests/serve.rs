@@ -43,6 +43,10 @@ def signal_self(req):
     signal.signal(signal.SIGUSR1, lambda *a: None)
     os.kill(os.getpid(), signal.SIGUSR1)
     return b"self ok"
+def loop_forever(req):
+    n = 0
+    while True:
+        n += 1
 def ask(req):
     from wfjail import guest
     return b"|".join([guest.upcall(b"x" + req), guest.upcall(b"y" + req)])
@@ -578,6 +582,52 @@ print(json.dumps(out))
             .contains("no worker to ask: UPCALL needs a wfjail serve session"),
         "run answers an UPCALL with why there is no answer",
     );
+}
+
+#[test]
+fn a_worker_interrupts_a_call_that_runs_too_long_and_the_session_goes_on() {
+    let worker = r#"
+c = Client()
+def session(name):
+    if os.environ.get("EXEC_MODE"):
+        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name])
+    return c.session(handler=MOD + ":" + name)
+out = {}
+with session("loop_forever") as s:
+    threading.Timer(0.3, s.interrupt).start()
+    try:
+        s.call(b"x")
+        out["first"] = "returned"
+    except GuestError as e:
+        out["first"] = [e.type, "loop_forever" in e.traceback]
+    s.interrupt()  # outside a call: nothing happens
+    threading.Timer(0.3, s.interrupt).start()
+    try:
+        s.call(b"y")
+    except GuestError as e:
+        out["second"] = e.type
+out["report"] = s.report["status"]
+print(json.dumps(out))
+"#;
+    for zygote in [true, false] {
+        let (r, out) = in_both_modes(
+            "interrupt",
+            worker,
+            "guest.run(getattr(m, sys.argv[1]))",
+            zygote,
+        );
+        assert_eq!(
+            r["first"],
+            serde_json::json!(["wfjail.Interrupted", true]),
+            "zygote={zygote}: the call answers where it was: {}",
+            out.stderr
+        );
+        assert_eq!(
+            r["second"], "wfjail.Interrupted",
+            "the same session, a second call"
+        );
+        assert_eq!(r["report"], "ok", "nothing was killed");
+    }
 }
 
 #[test]

@@ -267,9 +267,29 @@ class JailedRunnerTests(unittest.TestCase):
                                                       id=str(uuid.uuid4()), task_queue=queue)
                 return message, after
 
-        message, after = self.run_async(go())
+        import logging
+
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        logger = logging.getLogger("wfjail.temporal")
+        handler = Keep()
+        logger.addHandler(handler)
+        try:
+            message, after = self.run_async(go())
+        finally:
+            logger.removeHandler(handler)
         self.assertIn("[TMPRL1101] Potential deadlock detected", message)
         self.assertEqual(after, "Hello, after!")
+        # Interrupted before it was ended, the child said where the workflow was.
+        where = [r for r in records if "did not yield" in r]
+        self.assertTrue(where, records)
+        self.assertIn("workflow Spin", where[0])
+        self.assertIn("workflows.py", where[0])
+        self.assertIn("interrupted this call", where[0])
 
     def test_the_payload_codec_gets_the_contexts_it_gets_in_process(self):
         import dataclasses

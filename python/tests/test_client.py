@@ -30,7 +30,7 @@ from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa
 
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")
 ERROR_CODES = {"truncated", "oversized", "empty", "unknown-kind"}
-WORKER_KINDS = (C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY)  # worker -> wfjail; the client's reader refuses them
+WORKER_KINDS = (C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY, C.INTERRUPT)  # worker -> wfjail; the client's reader refuses them
 _HEADER = struct.Struct("<IB")  # length, kind
 PATIENCE = 5  # seconds: a hung client or server fails the test instead of hanging it
 
@@ -130,8 +130,8 @@ class VectorTests(unittest.TestCase):
         self.assertEqual(_HEADER.size, 5)
         self.assertEqual(C._SERVER_KINDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
                                            C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL})
-        self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY),
-                         (0x11, 0x12, 0x13, 0x14, 0x15))
+        self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY, C.INTERRUPT),
+                         (0x11, 0x12, 0x13, 0x14, 0x15, 0x16))
         self.assertEqual((C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED),
                          (0x21, 0x22, 0x23, 0x24, 0x25))
         self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL),
@@ -160,7 +160,7 @@ class VectorTests(unittest.TestCase):
                 and all(k in WORKER_KINDS for k, _ in expected(v))]
         self.assertEqual({v["name"] for v in sent},
                          {"open-zygote", "open-exec", "call", "close", "session", "status",
-                          "reply"})
+                          "reply", "interrupt"})
         for v in sent:
             with self.subTest(v["name"]):
                 frames = expected(v)

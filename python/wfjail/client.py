@@ -29,7 +29,7 @@ import struct
 from . import protocol as P
 from .errors import ProtocolError, Violation
 
-OPEN, CALL, CLOSE, STATUS, REPLY = 0x11, 0x12, 0x13, 0x14, 0x15
+OPEN, CALL, CLOSE, STATUS, REPLY, INTERRUPT = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
 BUSY, SERVER, VIOLATIONS, LOG, UPCALL = 0x26, 0x27, 0x28, 0x29, 0x2A
 _NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
@@ -260,6 +260,17 @@ class Session:
             self._sock.close()
             self._sock = None
         return self.report
+
+    def interrupt(self):
+        """Interrupts the call in progress (from any thread): the guest raises
+        ``wfjail.Interrupted`` in the code it runs, and the call answers as that code lets
+        it (usually ERROR with where it was). Nothing happens outside a call."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.sendall(_frame(INTERRUPT))
+            except OSError:
+                pass
 
     def abort(self):
         """Ends the session from any thread without waiting: a call blocked in another

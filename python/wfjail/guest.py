@@ -99,6 +99,21 @@ def log(text, level=20):
     P.write_frame(session.wfd, P.LOG, bytes((level,)) + data)
 
 
+class Interrupted(Exception):
+    """Raised in the code a call runs when the worker interrupts the call (a workflow that
+    never yields, for instance): the call then answers with where it was."""
+
+    __module__ = "wfjail"
+
+
+_calling = False
+
+
+def _interrupt(signum, frame):
+    if _calling:
+        raise Interrupted("the worker interrupted this call (it ran too long)")
+
+
 class UpcallError(Exception):
     """An UPCALL got no answer: why (no worker handles upcalls, or its handler failed)."""
 
@@ -218,6 +233,13 @@ def _converse(handler, rfd, wfd):
     except (ProtocolError, OSError) as exc:
         return _send_last(wfd, P.ERROR, _error_payload(exc))
     _session = _Session(rfd, wfd)
+    global _calling
+    try:
+        import signal
+
+        signal.signal(signal.SIGUSR2, _interrupt)
+    except (ValueError, OSError):  # not the main thread: calls cannot be interrupted
+        pass
     while True:
         try:
             frame = P.read_frame(rfd)
@@ -229,8 +251,12 @@ def _converse(handler, rfd, wfd):
             _session = None
             return _send_last(wfd, P.ERROR, _error_payload(exc))
         try:
-            with violations_as_exceptions():
-                result = handler(frame[1])
+            _calling = True
+            try:
+                with violations_as_exceptions():
+                    result = handler(frame[1])
+            finally:
+                _calling = False
             kind, payload = P.RESULT, _result_bytes(result)
             if len(payload) > P.CAP:  # an ERROR the author can read, not a killed guest
                 raise ProtocolError("oversized", "the result of %d bytes exceeds the %d-byte "

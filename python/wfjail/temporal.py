@@ -297,22 +297,42 @@ class _JailedInstance(WorkflowInstance):
         # as deadlocked and evicts the run), and whether the eviction aborted it.
         self._calling = False
         self._aborted = False
+        self._interrupting = False
+        self._idle = threading.Event()
+        self._state = threading.Lock()
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
         if evicting and self._calling:
-            # The child is stuck in an earlier activation: end it now, or the eviction would
-            # wait behind it (and the SDK retries a slow eviction forever). The thread of
-            # that activation, which owns the socket, closes the session.
-            self._aborted = True
-            self._session.abort()
+            # The child is stuck in an earlier activation (the SDK gave up on it as
+            # deadlocked): interrupt it, so that the worker learns where the workflow was
+            # (the stuck activation's thread logs it), then end it, or the eviction would
+            # wait behind it (and the SDK retries a slow eviction forever). That thread, which
+            # owns the socket, closes the session.
+            self._interrupting = True
+            self._session.interrupt()
+            self._idle.wait(INTERRUPT_WAIT)
+            with self._state:
+                stuck = self._calling
+                self._aborted = stuck
+            if stuck:
+                self._session.abort()  # its thread closes the session
+            else:
+                self._session.close()  # the interrupted activation is over
             return _evicted(act)
         self._calling = True
+        self._idle.clear()
         try:
             reply = self._session.call(act.SerializeToString())
             completion, contexts, metrics = _split_reply(reply)
             self._contexts.update(contexts)
             _record_metrics(self._det, metrics)
+            if self._interrupting and completion.HasField("failed"):
+                failure = completion.failed.failure
+                logging.getLogger("wfjail.temporal").warning(
+                    "workflow %s (run %s) did not yield; where it was when interrupted:\n%s%s",
+                    self._det.info.workflow_type, self._det.info.run_id,
+                    failure.stack_trace, failure.message)
             violations = self._session.violations
             # Under a warn policy (permissive) nothing was denied: the worker hears of it.
             warned = [v for v in violations if v.get("action") == "warned"]
@@ -333,8 +353,11 @@ class _JailedInstance(WorkflowInstance):
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
-            self._calling = False
-            if evicting or self._aborted:
+            with self._state:
+                self._calling = False
+                close = evicting or self._aborted
+            self._idle.set()
+            if close:
                 self._session.close()
 
     def get_serialization_context(self, command_info):
@@ -351,6 +374,9 @@ class _JailedInstance(WorkflowInstance):
     def get_info(self):
         return self._det.info
 
+
+# How long an eviction waits for a stuck activation to answer its interruption.
+INTERRUPT_WAIT = 1.0
 
 # The serialization contexts a child may send (plain data: rebuilt field by field, nothing
 # else is ever constructed from what a child says).

@@ -17,6 +17,10 @@ pub const STATUS: u8 = 0x14;
 /// Client → server during a call: the answer to the oldest unanswered UPCALL (a status
 /// byte, 0 or 1 for "no answer, here is why", then bytes), relayed to the guest.
 pub const REPLY: u8 = 0x15;
+/// Client → server during a call: interrupt the guest (SIGUSR2: the Python guest library
+/// raises `wfjail.Interrupted` in the code that runs, which answers the call with its stack);
+/// ignored outside a call.
+pub const INTERRUPT: u8 = 0x16;
 /// Server → client: the session is ready. JSON [`Opened`].
 pub const OPENED: u8 = 0x21;
 /// Server → client: a call's result.
@@ -51,6 +55,7 @@ pub fn known(k: u8) -> bool {
             | CLOSE
             | STATUS
             | REPLY
+            | INTERRUPT
             | OPENED
             | RESULT
             | ERROR
@@ -81,6 +86,7 @@ pub fn name(k: u8) -> &'static str {
         VIOLATIONS => "VIOLATIONS",
         LOG => "LOG",
         REPLY => "REPLY",
+        INTERRUPT => "INTERRUPT",
         UPCALL => "UPCALL",
         _ => "unknown",
     }

@@ -117,6 +117,8 @@ pub enum Action {
     /// outbox cannot take it, fail the session ([`Failure::QueryUnread`]) and carry out
     /// nothing after it.
     AnswerQuery,
+    /// Interrupt the guest's call (SIGUSR2).
+    Interrupt,
     /// Relay the guest's UPCALL to the worker (UPCALL).
     Upcall(Vec<u8>),
     /// Relay the worker's REPLY to the guest (a REPLY frame).
@@ -278,6 +280,12 @@ impl Phases {
                 worker::CLOSE => self.close_requested = true,
                 // The answer to an UPCALL of the current call; one that comes after the call
                 // ended (its guest answered without waiting) has no one to go to.
+                // A call that runs too long, interrupted (the answer is the call's own).
+                worker::INTERRUPT => {
+                    if self.phase == Phase::Calling {
+                        acts.push(Action::Interrupt);
+                    }
+                }
                 worker::REPLY => {
                     if self.phase == Phase::Calling && self.upcalls > 0 {
                         self.upcalls -= 1;
@@ -502,6 +510,25 @@ mod tests {
             "{}",
             failure(&s)
         );
+    }
+
+    #[test]
+    fn an_interrupt_reaches_the_guest_during_a_call_only() {
+        let (mut s, t0) = open();
+        let interrupt = || (worker::INTERRUPT, vec![]);
+        assert_eq!(
+            s.worker(vec![interrupt()], false, t0),
+            vec![],
+            "idle: nothing"
+        );
+        // Sent with the CALL, it comes before the call begins: nothing either.
+        assert_eq!(
+            s.worker(vec![call(b"r"), interrupt()], false, t0),
+            vec![Request(b"r".to_vec()), Resume]
+        );
+        assert_eq!(s.worker(vec![interrupt()], false, t0), vec![Interrupt]);
+        assert!(s.failure().is_none());
+        assert_eq!(s.phase(), Phase::Calling);
     }
 
     #[test]

@@ -355,6 +355,11 @@ impl Session {
                     }
                 }
                 Action::Upcall(bytes) => self.client.send(worker::UPCALL, &bytes),
+                Action::Interrupt => {
+                    if let Some((_, pidfd)) = self.guest_process() {
+                        let _ = sys::pidfd_send_signal(pidfd, libc::SIGUSR2);
+                    }
+                }
                 Action::Reply(payload) => {
                     if let Err(e) = self.guest_out.push(&encode(Kind::Reply, &payload)) {
                         let acts = self.phases.fail(Failure::RequestUnsent(e));
