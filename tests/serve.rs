@@ -503,10 +503,6 @@ fn the_worker_status_is_wfjails_and_sigterm_ends_everything() {
 fn upcalls_a_guest_asks_the_worker_during_a_call_in_both_modes() {
     let worker = r#"
 c = Client()
-def session(name, **kw):
-    if os.environ.get("EXEC_MODE"):
-        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name], **kw)
-    return c.session(handler=MOD + ":" + name, **kw)
 asked = []
 def on_upcall(question):
     asked.append(question.decode())
@@ -588,10 +584,6 @@ print(json.dumps(out))
 fn a_worker_interrupts_a_call_that_runs_too_long_and_the_session_goes_on() {
     let worker = r#"
 c = Client()
-def session(name):
-    if os.environ.get("EXEC_MODE"):
-        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name])
-    return c.session(handler=MOD + ":" + name)
 out = {}
 with session("loop_forever") as s:
     threading.Timer(0.3, s.interrupt).start()
@@ -687,14 +679,19 @@ print(json.dumps(out))
 
 /// Runs `worker` under `wfjail serve` in zygote mode, or (`zygote` false) in exec mode with
 /// `EXEC_MODE=1` in the worker's environment and a `guest.py` that imports the fixture's
-/// module as `m` and then runs `guest_line`. The worker's JSON, and the outcome.
+/// module as `m` and then runs `guest_line`; the worker gets `session(name, **kw)`, which
+/// opens handler `name` in either mode. The worker's JSON, and the outcome.
 fn in_both_modes(
     tag: &str,
     worker: &str,
     guest_line: &str,
     zygote: bool,
 ) -> (serde_json::Value, Outcome) {
-    let (s, module) = fixture(tag, worker, "");
+    // `session(name, **kw)` opens a session of handler `name` in either mode.
+    let worker = format!(
+        "def session(name, **kw):\n    if os.environ.get(\"EXEC_MODE\"):\n        return Client().session(argv=[\"/usr/bin/python3\", DIR + \"/guest.py\", name], **kw)\n    return Client().session(handler=MOD + \":\" + name, **kw)\n{worker}"
+    );
+    let (s, module) = fixture(tag, &worker, "");
     s.write(
         "guest.py",
         &format!(
@@ -719,10 +716,6 @@ fn a_denial_the_workflow_swallowed_still_reaches_the_worker_with_the_result() {
     // runs it (exec).
     let worker = r#"
 c = Client()
-def session(name):
-    if os.environ.get("EXEC_MODE"):
-        return c.session(argv=["/usr/bin/python3", DIR + "/guest.py", name])
-    return c.session(handler=MOD + ":" + name)
 out = {}
 with session("swallow") as s:
     out["reply"] = s.call(b"x").decode()

@@ -70,6 +70,32 @@ def _kill_session_children(server_pid):
     return killed
 
 
+
+class _Capture:
+    """Keeps the records of a logger while in use: ``with _Capture("x") as records``."""
+
+    def __init__(self, name, level=None):
+        import logging
+
+        self.logger, self.level, self.records = logging.getLogger(name), level, []
+        outer = self
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                outer.records.append(record)
+
+        self.handler = Keep()
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+        if self.level is not None:
+            self.logger.setLevel(self.level)
+        return self.records
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        return False
+
 class DevServer:
     """`temporal server start-dev` on a free loopback port, with its own database file."""
 
@@ -210,29 +236,16 @@ class JailedRunnerTests(unittest.TestCase):
     def test_workflow_logs_reach_the_workers_logger_with_the_workflows_context(self):
         import logging
 
-        records = []
+        async def go():
+            client = await self.server.client()
+            queue = "logs-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN,
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                return await client.execute_workflow(
+                    W.Greeting.run, "logger", id="logs-" + uuid.uuid4().hex, task_queue=queue)
 
-        class Keep(logging.Handler):
-            def emit(self, record):
-                records.append(record)
-
-        logger = logging.getLogger("temporalio.workflow")
-        handler = Keep()
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        try:
-            async def go():
-                client = await self.server.client()
-                queue = "logs-" + uuid.uuid4().hex
-                async with Worker(client, task_queue=queue, workflows=CLEAN,
-                                  activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
-                    return await client.execute_workflow(
-                        W.Greeting.run, "logger", id="logs-" + uuid.uuid4().hex,
-                        task_queue=queue)
-
+        with _Capture("temporalio.workflow", logging.INFO) as records:
             self.assertEqual(self.run_async(go()), "Hello, logger!")
-        finally:
-            logger.removeHandler(handler)
         mine = [r for r in records if getattr(r, "wfjail", False)]
         self.assertTrue(mine, "a record from the confined run")
         self.assertIn("greeting logger", mine[0].getMessage())
@@ -267,21 +280,9 @@ class JailedRunnerTests(unittest.TestCase):
                                                       id=str(uuid.uuid4()), task_queue=queue)
                 return message, after
 
-        import logging
-
-        records = []
-
-        class Keep(logging.Handler):
-            def emit(self, record):
-                records.append(record.getMessage())
-
-        logger = logging.getLogger("wfjail.temporal")
-        handler = Keep()
-        logger.addHandler(handler)
-        try:
+        with _Capture("wfjail.temporal") as kept:
             message, after = self.run_async(go())
-        finally:
-            logger.removeHandler(handler)
+        records = [r.getMessage() for r in kept]
         self.assertIn("[TMPRL1101] Potential deadlock detected", message)
         self.assertEqual(after, "Hello, after!")
         # Interrupted before it was ended, the child said where the workflow was.
@@ -378,18 +379,9 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertEqual(recorded, ["started Greeting"], "recorded in the worker's process")
 
     def test_a_workflow_can_have_a_policy_of_its_own(self):
-        import logging
-
-        warnings = []
-
-        class Keep(logging.Handler):
-            def emit(self, record):
-                warnings.append(record.getMessage())
-
-        logger = logging.getLogger("wfjail.temporal")
-        handler = Keep()
-        logger.addHandler(handler)
         runner = JailedWorkflowRunner()
+        capture = _Capture("wfjail.temporal")
+        kept = capture.__enter__()
         try:
             async def go():
                 client = await self.server.client()
@@ -408,8 +400,9 @@ class JailedRunnerTests(unittest.TestCase):
             unrestricted, network = self.run_async(go())
             servers = sorted(runner._servers)
         finally:
-            logger.removeHandler(handler)
+            capture.__exit__()
             runner.close()
+        warnings = [r.getMessage() for r in kept]
         self.assertEqual(unrestricted, "socket made")
         self.assertTrue(any("let through" in w and "socket(" in w for w in warnings), warnings)
         self.assertIn("network socket(AF_INET", network, "the default policy still denies")
