@@ -44,3 +44,35 @@ fn an_opens_init_is_relayed_exactly() {
     let v: serde_json::Value = serde_json::from_str(r#"{"init": 2e-126}"#).unwrap();
     assert_eq!(v["init"].to_string(), "2e-126");
 }
+
+/// fuzz/regressions/policy_chain/path-named-builtin (found by `policy_chain` in the bounded
+/// run of `scripts/test`): a policy extending the relative path `builtin:sub/../c.toml` (a
+/// directory whose name starts with `builtin:`) got errors located at
+/// `builtin:sub/../c.toml:3:1`, which reads as a built-in policy. Such a path is now shown
+/// as `./builtin:...`.
+#[test]
+fn a_file_path_that_looks_like_a_builtin_is_shown_as_a_path() {
+    use wfjail::policy::{InMemory, load_from};
+
+    let mut sources = InMemory::new();
+    sources.insert("a.toml", "extends = \"builtin:sub/../c.toml\"\n");
+    sources.insert("c.toml", "[limits]\ncpu = 1\nbroken\n");
+    let e = load_from("a.toml", &sources).unwrap_err().to_string();
+    assert!(e.starts_with("./builtin:sub/../c.toml:3:"), "{e}");
+    // The fuzzer's input itself: its errors name a file of the chain.
+    let input = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/regressions/policy_chain/path-named-builtin"
+    ))
+    .unwrap();
+    let mut sources = InMemory::new();
+    for (name, text) in ["a.toml", "sub/b.toml", "c.toml"]
+        .iter()
+        .zip(input.splitn(3, '\0'))
+    {
+        sources.insert(name, text);
+    }
+    if let Err(e) = load_from("a.toml", &sources) {
+        assert!(!e.to_string().starts_with("builtin:sub"), "{e}");
+    }
+}

@@ -267,10 +267,25 @@ enum Origin {
     Text(String),
 }
 
+/// Whether a path's text starts like a built-in's name in messages (`builtin:`).
+trait StartsWithBuiltin {
+    fn starts_with_builtin(&self) -> bool;
+}
+
+impl StartsWithBuiltin for Path {
+    fn starts_with_builtin(&self) -> bool {
+        self.as_os_str().as_encoded_bytes().starts_with(b"builtin:")
+    }
+}
+
 impl Origin {
     fn display(&self) -> String {
         match self {
             Origin::Builtin(n) => format!("builtin:{n}"),
+            // A relative path that itself starts with "builtin:" would read as a built-in.
+            Origin::File(p) if p.is_relative() && p.starts_with_builtin() => {
+                format!("./{}", p.display())
+            }
             Origin::File(p) => p.display().to_string(),
             Origin::Text(n) => n.clone(),
         }
