@@ -175,18 +175,7 @@ fn serve_in(
     ];
     all.extend(args.iter().map(|a| a.to_string()));
     if zygote {
-        all.extend(
-            [
-                "--zygote",
-                "--python",
-                PY,
-                "--preload",
-                module,
-                "--zygotes",
-                "1",
-            ]
-            .map(String::from),
-        );
+        all.extend(common::zygote_args(module, "1"));
     }
     all.extend(["--", PY].map(String::from));
     all.push(s.path("worker.py").display().to_string());

@@ -800,18 +800,7 @@ fn socket_server_args(s: &Scratch, module: &str, sock: &str, extra: &[&str]) -> 
     let mut all: Vec<String> = ["serve", "-q", "-p"].map(String::from).to_vec();
     all.push(s.path("policy.toml").display().to_string());
     all.extend(["--socket".to_string(), sock.to_string()]);
-    all.extend(
-        [
-            "--zygote",
-            "--python",
-            PY,
-            "--preload",
-            module,
-            "--zygotes",
-            "1",
-        ]
-        .map(String::from),
-    );
+    all.extend(common::zygote_args(module, "1"));
     all.extend(extra.iter().map(|a| a.to_string()));
     all
 }

@@ -190,6 +190,22 @@ pub fn exists(p: &str) -> bool {
     Path::new(p).exists()
 }
 
+/// The arguments that make `wfjail serve` fork its sessions from `zygotes` zygotes of
+/// Debian's interpreter that preloaded `module`.
+pub fn zygote_args(module: &str, zygotes: &str) -> Vec<String> {
+    [
+        "--zygote",
+        "--python",
+        PY,
+        "--preload",
+        module,
+        "--zygotes",
+        zygotes,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// The repository (the tests read its `python/` package).
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
