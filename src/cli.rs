@@ -167,6 +167,12 @@ pub struct RunArgs {
     /// the same seed gives the same bytes to os.urandom, random and uuid4 (default 0).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// Workflow time under a policy with `[time] clock = "virtual"`: every wall-clock read
+    /// (time.time, datetime.now, C time/gettimeofday/clock_gettime) returns this instant.
+    /// RFC 3339 (2026-12-01T09:30:00Z) or @SECONDS; default: the host's time at start,
+    /// named in the report so that a run can be repeated.
+    #[arg(long, value_name = "TIME")]
+    pub clock: Option<String>,
     /// Do not echo the guest's stderr or print summaries (the report still has them).
     #[arg(short, long)]
     pub quiet: bool,

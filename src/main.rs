@@ -64,6 +64,26 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         );
         return Ok(2);
     }
+    let clock = match &args.clock {
+        None => None,
+        Some(_) if policy.time.clock != policy::ClockMode::Virtual => {
+            eprintln!(
+                "wfjail: --clock: policy {} has [time] clock = \"{}\", where a workflow time has no effect; \
+                 use a policy with clock = \"virtual\" (extend {} and set it)",
+                policy.name,
+                policy.time.clock.as_str(),
+                policy.name
+            );
+            return Ok(2);
+        }
+        Some(text) => match wfjail::supervise::clock::parse(text) {
+            Ok(ns) => Some(ns),
+            Err(e) => {
+                eprintln!("wfjail: --clock: {e}");
+                return Ok(2);
+            }
+        },
+    };
     let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let opts = RunOptions {
         argv: args.command.clone(),
@@ -73,6 +93,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         raw: args.raw,
         echo: !args.quiet,
         seed: args.seed,
+        clock,
     };
     let mut stdout = LastByte {
         inner: std::io::stdout().lock(),
@@ -115,14 +136,6 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    if policy.random.getrandom == policy::RandomMode::Seeded {
-        eprintln!(
-            "wfjail: policy {}: [random] getrandom = \"seeded\" works with `wfjail run --seed N` only; \
-             serve sessions have no per-session seed yet: use \"allow\" or \"deny\" for serve",
-            policy.name
-        );
-        return Ok(2);
-    }
     let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
     let zygote = args.zygote.then(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -182,6 +182,10 @@ pub struct Report {
     /// The seed the guest's randomness came from, under `[random] getrandom = "seeded"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// The workflow time the guest's wall clock read, under `[time] clock = "virtual"`
+    /// (RFC 3339; `wfjail run --clock` repeats it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<String>,
     /// Policy paths that do not exist on this host and were skipped.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped_paths: Vec<String>,
@@ -214,6 +218,7 @@ impl Report {
             guest_error: None,
             command: command.to_vec(),
             seed: None,
+            clock: None,
             skipped_paths: vec![],
             exit_status,
         }

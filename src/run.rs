@@ -31,6 +31,9 @@ pub struct RunOptions {
     pub echo: bool,
     /// The seed of `[random] getrandom = "seeded"` (default 0).
     pub seed: Option<u64>,
+    /// The workflow time of `[time] clock = "virtual"`, nanoseconds since the epoch (default:
+    /// the host's time at start).
+    pub clock: Option<i64>,
 }
 
 impl RunOptions {
@@ -119,6 +122,8 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         stop_signals,
         seed: opts.seed,
         decisions: plan.decisions.clone(),
+        clock: opts.clock,
+        vdso: plan.vdso,
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();
@@ -328,6 +333,12 @@ pub fn protocol_env(policy: &Policy) -> Vec<(String, String)> {
             format!("{},{}", PROTOCOL_FDS.0, PROTOCOL_FDS.1),
         ),
         ("WFJAIL_FRAME_CAP".into(), frame_cap(policy).to_string()),
+        // Where randomness comes from, so that a zygote's session knows whether it may
+        // reseed Python's `random` (python/wfjail/zygote.py).
+        (
+            "WFJAIL_GETRANDOM".into(),
+            policy.random.getrandom.as_str().into(),
+        ),
     ]
 }
 
@@ -460,6 +471,12 @@ pub fn layers(
         degraded.push(
             "rlimit-nproc: limits.processes does not bind a guest that runs as host root (the kernel exempts uid 0); \
              run wfjail as an unprivileged user, or keep process.subprocess and process.threads denied"
+                .into(),
+        );
+    }
+    if pol.time.clock == crate::policy::ClockMode::Virtual && !notify {
+        degraded.push(
+            "clock-virtual: no seccomp listener to answer wall-clock reads, so they are denied instead (time.time() and datetime.now() fail)"
                 .into(),
         );
     }
@@ -610,6 +627,7 @@ pub fn build_report(
         guest_error: o.guest_error,
         command: plan.argv.clone(),
         seed: o.seed,
+        clock: o.clock.map(crate::supervise::clock::format),
         skipped_paths: plan.skipped.clone(),
         exit_status: v.exit_status,
     }

@@ -733,6 +733,143 @@ pub fn write_process_memory(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Res
 }
 
 // ---------------------------------------------------------------------------------------------
+// The exec stop (parent side): a child traced from its initial exec until its new image is
+// patched (supervise/vdso.rs), then let go.
+
+/// Traces `pid` (which must not run yet: it waits on its `execve` notification) so that its
+/// exec stops it before the new image runs (`PTRACE_O_TRACEEXEC`), and kills it should wfjail
+/// die while it holds it (`PTRACE_O_EXITKILL`).
+pub fn ptrace_seize_for_exec(pid: libc::pid_t) -> io::Result<()> {
+    let opts = (libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL) as libc::c_long;
+    // SAFETY: PTRACE_SEIZE takes no pointers; the kernel checks that we may trace `pid`.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            opts,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes one 8-byte word at `addr` in the stopped tracee `pid` (`PTRACE_POKEDATA`, which may
+/// write read-only private pages, the way a debugger sets a breakpoint: the page is copied).
+pub fn ptrace_poke(pid: libc::pid_t, addr: u64, word: [u8; 8]) -> io::Result<()> {
+    let data = i64::from_ne_bytes(word);
+    // SAFETY: POKEDATA passes `data` by value and dereferences `addr` only in the tracee,
+    // with the kernel's own checks; nothing of ours is written.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_POKEDATA,
+            pid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Resumes the tracee `pid` with signal `sig` (0: none) and stays its tracer.
+pub fn ptrace_cont(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: PTRACE_CONT passes the signal number by value; no memory is touched.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_CONT,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            sig as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Stops tracing `pid` and resumes it.
+pub fn ptrace_detach(pid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: PTRACE_DETACH with no signal touches no memory.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_DETACH,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// What a traced child is doing, seen without reaping it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traced {
+    /// Nothing to report yet.
+    Running,
+    /// Stopped at its exec (`PTRACE_EVENT_EXEC`): the new image is mapped, none of it ran.
+    ExecStop,
+    /// Stopped for another reason (a signal to pass on).
+    OtherStop(libc::c_int),
+    /// It exited or was killed; its status is left for whoever reaps it.
+    Gone,
+}
+
+/// Polls the traced child `pid` (`waitid` with `WNOHANG | WNOWAIT`: an exit stays for the
+/// supervisor's own wait).
+pub fn traced_state(pid: libc::pid_t) -> io::Result<Traced> {
+    // SAFETY: siginfo_t is plain data that the kernel fills; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: `info` is a valid, writable siginfo_t for the kernel to fill.
+    let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled `info` (si_pid 0 means nothing was waitable under WNOHANG); the
+    // accessors read the SIGCHLD fields that waitid always sets.
+    let (child, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if child == 0 {
+        return Ok(Traced::Running);
+    }
+    Ok(match info.si_code {
+        libc::CLD_TRAPPED if status == (libc::SIGTRAP | (libc::PTRACE_EVENT_EXEC << 8)) => {
+            Traced::ExecStop
+        }
+        libc::CLD_TRAPPED | libc::CLD_STOPPED => Traced::OtherStop(status & 0x7f),
+        _ => Traced::Gone,
+    })
+}
+
+/// The value of auxiliary-vector entry `key` of process `pid` (`/proc/PID/auxv`).
+pub fn auxv_entry(pid: libc::pid_t, key: u64) -> io::Result<Option<u64>> {
+    let raw = std::fs::read(format!("/proc/{pid}/auxv"))?;
+    Ok(raw
+        .chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_ne_bytes(c[..8].try_into().unwrap()),
+                u64::from_ne_bytes(c[8..].try_into().unwrap()),
+            )
+        })
+        .take_while(|&(k, _)| k != 0)
+        .find(|&(k, _)| k == key)
+        .map(|(_, v)| v))
+}
+
+// ---------------------------------------------------------------------------------------------
 // Probes (parent side)
 
 /// The Landlock ABI version of the running kernel, or the errno explaining its absence

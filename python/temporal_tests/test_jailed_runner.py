@@ -10,6 +10,7 @@ venv and runs this):
 """
 
 import asyncio
+import datetime
 import os
 import shutil
 import socket
@@ -206,6 +207,37 @@ class JailedRunnerTests(unittest.TestCase):
             .replay_workflow(jailed["greeting_history"], raise_on_replay_failure=False))
         self.assertIsNotNone(result.replay_failure)
         self.assertIn("Nondeterminism", "%s" % result.replay_failure)
+
+    def test_a_workflow_reading_the_clock_and_randomness_directly_replays_when_jailed(self):
+        import direct_workflows
+
+        async def go():
+            client = await self.server.client()
+            queue = "direct-" + uuid.uuid4().hex
+            wid = str(uuid.uuid4())
+            async with Worker(client, task_queue=queue, workflows=[direct_workflows.Direct],
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                result = await client.execute_workflow(direct_workflows.Direct.run, id=wid,
+                                                       task_queue=queue)
+            return result, await client.get_workflow_handle(wid).fetch_history()
+
+        result, history = self.run_async(go())
+        # datetime.now() in workflow code is workflow.now(), in each activation.
+        self.assertEqual(result[3:], [True, True], result)
+        self.assertTrue(result[0].startswith(str(datetime.date.today().year)), result)
+        # The jailed runner replays it: the same clock, the same random and uuid4 values
+        # (the activity id is built from uuid4(), and the SDK compares it).
+        jailed = self.run_async(
+            Replayer(workflows=[direct_workflows.Direct], workflow_runner=JailedWorkflowRunner())
+            .replay_workflow(history, raise_on_replay_failure=False))
+        self.assertIsNone(jailed.replay_failure)
+        # In process, uuid4() draws another value on replay: the SDK's nondeterminism error.
+        plain = self.run_async(
+            Replayer(workflows=[direct_workflows.Direct],
+                     workflow_runner=UnsandboxedWorkflowRunner())
+            .replay_workflow(history, raise_on_replay_failure=False))
+        self.assertIsNotNone(plain.replay_failure)
+        self.assertIn("activity id", "%s" % plain.replay_failure)
 
     def test_each_misbehaving_workflow_fails_its_task_naming_what_was_denied(self):
         async def go():

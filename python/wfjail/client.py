@@ -29,7 +29,7 @@ import struct
 from . import protocol as P
 from .errors import ProtocolError, Violation
 
-OPEN, CALL, CLOSE, STATUS, REPLY, INTERRUPT = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
+OPEN, CALL, CLOSE, STATUS, REPLY, INTERRUPT, TIME = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17
 OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
 BUSY, SERVER, VIOLATIONS, LOG, UPCALL = 0x26, 0x27, 0x28, 0x29, 0x2A
 _NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
@@ -158,8 +158,19 @@ def _raise_call_error(doc):
 _NO_INIT = object()
 
 
-def _open_doc(handler, argv, timeout, init=_NO_INIT, logs=False):
+def _time_frame(time_ns):
+    """A TIME frame for the next CALL (nothing when ``time_ns`` is None)."""
+    if time_ns is None:
+        return b""
+    return _frame(TIME, struct.pack("<q", int(time_ns)))
+
+
+def _open_doc(handler, argv, timeout, init=_NO_INIT, logs=False, seed=None, time_ns=None):
     doc = {}
+    if seed is not None:
+        doc["seed"] = int(seed)
+    if time_ns is not None:
+        doc["time_ns"] = int(time_ns)
     if logs:
         doc["logs"] = True
     if handler is not None:
@@ -183,7 +194,7 @@ class Client:
                                "or pass the path")
 
     def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
-                on_upcall=None):
+                on_upcall=None, seed=None, time_ns=None):
         """A session (use it as a context manager). ``handler`` in zygote mode,
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
         value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
@@ -192,8 +203,13 @@ class Client:
         guest's log records (``wfjail.guest.log``) instead of wfjail's stderr.
         ``on_upcall(bytes) -> bytes``: answers the guest's ``wfjail.guest.upcall`` during a
         call (it runs unconfined: never unpickle or eval what it receives); an exception
-        becomes the guest's ``UpcallError``."""
-        return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None),
+        becomes the guest's ``UpcallError``. ``seed``: under ``[random] getrandom =
+        "seeded"``, the session's randomness (``os.urandom``, ``random``, ``uuid4``) is drawn
+        from this seed (default 0). ``time_ns``: under ``[time] clock = "virtual"``, what the
+        guest's wall clock reads (nanoseconds since the epoch; default: now), until a call
+        passes another."""
+        return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None,
+                                            seed, time_ns),
                        on_log, on_upcall)
 
     def status(self):
@@ -235,12 +251,13 @@ class Session:
         self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
-    def call(self, request):
-        """Send one call; return the guest's result bytes."""
+    def call(self, request, time_ns=None):
+        """Send one call; return the guest's result bytes. ``time_ns``: the workflow time
+        of this call and after (``[time] clock = "virtual"``)."""
         if self._sock is None:
             raise RuntimeError("the session is not open")
         try:
-            self._sock.sendall(_frame(CALL, request))
+            self._sock.sendall(_time_frame(time_ns) + _frame(CALL, request))
         except OSError:
             # The session may have ended already (its guest died between calls): wfjail sent
             # FAILED with the report before closing; read it rather than lose it.
@@ -338,9 +355,10 @@ class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
 
     def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
-                on_upcall=None):
+                on_upcall=None, seed=None, time_ns=None):
         return AsyncSession(self.path, _open_doc(handler, argv, timeout, init,
-                                                 on_log is not None), on_log, on_upcall)
+                                                 on_log is not None, seed, time_ns),
+                            on_log, on_upcall)
 
 
 class AsyncSession:
@@ -366,11 +384,11 @@ class AsyncSession:
         self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
-    async def call(self, request):
+    async def call(self, request, time_ns=None):
         if self._writer is None:
             raise RuntimeError("the session is not open")
         try:
-            self._writer.write(_frame(CALL, request))
+            self._writer.write(_time_frame(time_ns) + _frame(CALL, request))
             await self._writer.drain()
         except OSError:
             pass  # the session ended already: its FAILED report is waiting to be read

@@ -140,9 +140,14 @@ class JailedWorkflowRunner(WorkflowRunner):
         recipe = _recipe(det, self._failure_types)
         recipe["sandboxed"] = self._sandboxed
         try:
+            # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
+            # random and uuid4 draw from the run's randomness seed, and its wall clock reads
+            # each activation's time (set per call below): the same on replay.
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
                                      on_log=_log_to_worker(det.info),
-                                     on_upcall=_upcalls_in_worker(det)).open()
+                                     on_upcall=_upcalls_in_worker(det),
+                                     seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
+                                     time_ns=_start_ns(det.info)).open()
         except Busy as e:
             raise RuntimeError(
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
@@ -251,6 +256,16 @@ def _stop(server, tmp):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _start_ns(info):
+    """The run's start as nanoseconds since the epoch: the child's clock until the first
+    activation sets its own time."""
+    start = getattr(info, "start_time", None)
+    if start is None:
+        return None
+    delta = start - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
+
+
 def _recipe(det, failure_types):
     """What a child needs to rebuild the instance: class paths, and the details that are plain
     data (pickled: the child unpickles what the worker sends, never the other way round)."""
@@ -323,7 +338,9 @@ class _JailedInstance(WorkflowInstance):
         self._calling = True
         self._idle.clear()
         try:
-            reply = self._session.call(act.SerializeToString())
+            reply = self._session.call(
+                act.SerializeToString(),
+                time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
             completion, contexts, metrics = _split_reply(reply)
             self._contexts.update(contexts)
             _record_metrics(self._det, metrics)

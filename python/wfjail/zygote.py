@@ -106,6 +106,37 @@ def _leave_zygote(ctl, wake):
     return refused
 
 
+def _reseed():
+    """Python's ``random`` was seeded when the zygote imported it (and again, with fixed
+    bytes, when this child was forked ahead): every session would draw the same numbers.
+    Reseed it from the session's own randomness — under ``getrandom = "seeded"`` that is the
+    session's seed, so ``random.random()`` repeats on replay. Under ``deny`` there is no
+    randomness to reseed from (and asking would be a violation)."""
+    if os.environ.get("WFJAIL_GETRANDOM") not in ("allow", "seeded"):
+        return
+    mod = sys.modules.get("random")
+    if mod is not None:
+        try:
+            mod.seed()
+        except Exception:
+            pass
+
+
+def _reseeding(handler):
+    """``handler``, reseeding ``random`` before its first call: by then the session's
+    randomness is its own (wfjail arms the session's seeded stream when the guest says
+    HELLO, before the first call)."""
+    pending = [True]
+
+    def reseed_then_handle(request):
+        if pending:
+            pending.clear()
+            _reseed()
+        return handler(request)
+
+    return reseed_then_handle
+
+
 def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
     """In a session child: become a guest on the session socket, with the session's own
     output pipe as stdout and stderr, and never return. ``refused``: why the child has no
@@ -145,7 +176,7 @@ def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
             P.write_frame(4, P.ERROR, guest._error_payload(exc))
         finally:
             os._exit(0)
-    guest.run(handler, fds=(3, 4))
+    guest.run(_reseeding(handler), fds=(3, 4))
 
 
 def _spare(ctl, wake):

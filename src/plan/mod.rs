@@ -180,6 +180,9 @@ pub struct Plan {
     pub seccomp_fallback: Vec<libc::sock_filter>,
     /// What the supervisor does with each notification the filter sends (compiled with it).
     pub decisions: std::sync::Arc<policy::decisions::Decisions>,
+    /// What the supervisor patches in the guest's vDSO at its exec stop, when the policy
+    /// routes the wall clock or randomness to it (supervise/vdso.rs).
+    pub vdso: Option<crate::supervise::vdso::Patch>,
     /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
     pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
@@ -498,6 +501,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
         decisions: std::sync::Arc::new(policy::decisions::Decisions::compile(policy)),
+        vdso: crate::supervise::vdso::Patch::for_policy(policy),
         policy: policy.clone(),
         command: canonical_cmd,
         argv: req.argv.clone(),

@@ -22,7 +22,7 @@ use seccompiler::{
 };
 
 use super::syscalls::{self, ArgRule, Category};
-use super::{NetworkMode, OnViolation, Policy, RandomMode, Toggle};
+use super::{ClockMode, NetworkMode, OnViolation, Policy, RandomMode, Toggle};
 
 pub const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// Syscall numbers at or above this are the x32 ABI on x86_64.
@@ -204,6 +204,10 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
     })
 }
 
+/// The clocks that read the wall clock: `CLOCK_REALTIME`, `CLOCK_REALTIME_COARSE`,
+/// `CLOCK_REALTIME_ALARM`, `CLOCK_TAI` (which is the wall clock plus a constant).
+pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
+
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
 fn one_of(
     name: &'static str,
@@ -239,6 +243,41 @@ pub fn decisions(
     if policy.time.sleep == Toggle::Allow {
         for n in syscalls::SLEEP {
             map.insert(nr(n), Leaf::Allow);
+        }
+    }
+    if policy.time.clock != ClockMode::Real {
+        // The wall clock: `clock_gettime` of a realtime clock, `gettimeofday`, `time` (the
+        // vDSO is patched to make these syscalls, supervise/vdso.rs). Monotonic and CPU
+        // clocks stay allowed. Virtual: the supervisor answers with the workflow time; deny:
+        // a violation.
+        let not_realtime = rule(
+            REALTIME_CLOCKS
+                .iter()
+                .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                .collect(),
+            "clock_gettime",
+        )?;
+        if policy.time.clock == ClockMode::Virtual {
+            map.insert(
+                nr("clock_gettime"),
+                Leaf::AllowElseSupervise {
+                    allow: vec![not_realtime],
+                    supervise: None,
+                },
+            );
+            for n in ["gettimeofday", "time"] {
+                map.insert(
+                    nr(n),
+                    Leaf::AllowElseSupervise {
+                        allow: vec![],
+                        supervise: None,
+                    },
+                );
+            }
+        } else {
+            map.insert(nr("clock_gettime"), Leaf::AllowIf(vec![not_realtime]));
+            map.remove(&nr("gettimeofday"));
+            map.remove(&nr("time"));
         }
     }
     if policy.random.getrandom == RandomMode::Allow {

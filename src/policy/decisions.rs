@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use super::syscall_table::X86_64;
 use super::syscalls::{self, Args, Category};
-use super::{NetworkMode, Policy, RandomMode, Toggle};
+use super::{ClockMode, NetworkMode, Policy, RandomMode, Toggle};
 
 /// How the supervisor checks a notification of one syscall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub enum Check {
     Mapping,
     /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
     Seeded,
+    /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
+    Clock,
 }
 
 /// The compiled decision for one syscall.
@@ -145,6 +147,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
         "execve" | "execveat" => "process.exec = \"deny\"".into(),
         "nanosleep" | "clock_nanosleep" | "alarm" => "time.sleep = \"deny\"".into(),
         "getrandom" => "random.getrandom = \"deny\"".into(),
+        "clock_gettime" | "gettimeofday" | "time" if guarded => "time.clock = \"deny\"".into(),
         "ioctl" if guarded => {
             always_deny = true;
             hint = Some(IOCTL_HINT);
@@ -204,6 +207,11 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "fcntl" => Check::Fcntl,
             "mmap" | "mremap" => Check::Mapping,
             "getrandom" if policy.random.getrandom == RandomMode::Seeded => Check::Seeded,
+            "clock_gettime" | "gettimeofday" | "time"
+                if policy.time.clock == ClockMode::Virtual =>
+            {
+                Check::Clock
+            }
             _ => Check::Violation,
         }
     };

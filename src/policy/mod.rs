@@ -21,7 +21,7 @@ use serde::Serialize;
 use toml::Spanned;
 
 pub use error::{Location, PolicyError};
-pub use model::{Layer, NetworkMode, OnViolation, RandomMode, Toggle};
+pub use model::{ClockMode, Layer, NetworkMode, OnViolation, RandomMode, Toggle};
 pub use values::{Dur, PathTemplate, Size, SyscallName, VarContext};
 
 /// The built-in policies, embedded in the binary from `policies/*.toml`.
@@ -103,6 +103,7 @@ pub struct ProcessRules {
 #[derive(Debug, Clone, Serialize)]
 pub struct TimeRules {
     pub sleep: Toggle,
+    pub clock: ClockMode,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -164,6 +165,16 @@ pub struct NamespaceRules {
     pub mount: bool,
 }
 
+impl ClockMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClockMode::Real => "real",
+            ClockMode::Virtual => "virtual",
+            ClockMode::Deny => "deny",
+        }
+    }
+}
+
 impl RandomMode {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -198,6 +209,7 @@ impl Policy {
             },
             time: TimeRules {
                 sleep: Toggle::Allow,
+                clock: ClockMode::Real,
             },
             random: RandomRules {
                 getrandom: RandomMode::Allow,
@@ -672,6 +684,9 @@ fn apply(
     }
     if let Some(v) = f.time.as_ref().and_then(|t| t.sleep) {
         p.time.sleep = v;
+    }
+    if let Some(v) = f.time.as_ref().and_then(|t| t.clock) {
+        p.time.clock = v;
     }
     if let Some(v) = f.random.as_ref().and_then(|r| r.getrandom) {
         p.random.getrandom = v;

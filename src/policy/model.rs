@@ -113,6 +113,20 @@ pub enum Toggle {
     Deny,
 }
 
+/// `[time] clock`: what the guest's wall clock (`CLOCK_REALTIME` and its kin, `gettimeofday`,
+/// `time`) reads. Monotonic and CPU clocks are always real.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClockMode {
+    /// The host's clock.
+    Real,
+    /// The execution's workflow time, set by the caller (`wfjail run --clock`, per call on
+    /// the worker wire), answered by the supervisor: the same in every execution.
+    Virtual,
+    /// A reported violation (breaks `import logging`, hence asyncio).
+    Deny,
+}
+
 /// `[random] getrandom`: where the guest's randomness comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -165,6 +179,7 @@ pub struct Process {
 #[serde(deny_unknown_fields)]
 pub struct Time {
     pub sleep: Option<Toggle>,
+    pub clock: Option<ClockMode>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -18,6 +18,7 @@ pub enum Category {
     Exec,
     Filesystem,
     Sleep,
+    Clock,
     Random,
     Privilege,
     Other,
@@ -32,6 +33,7 @@ impl Category {
             Category::Exec => "exec",
             Category::Filesystem => "filesystem",
             Category::Sleep => "sleep",
+            Category::Clock => "clock",
             Category::Random => "random",
             Category::Privilege => "privilege",
             Category::Other => "other",
@@ -56,6 +58,9 @@ impl Category {
             }
             Category::Sleep => {
                 "blocking sleep is denied; use workflow.sleep() or asyncio.sleep() (durable timers)"
+            }
+            Category::Clock => {
+                "reading the wall clock is denied in workflow code; use workflow.now() (or [time] clock = \"virtual\")"
             }
             Category::Random => {
                 "randomness is denied; use workflow.random() or workflow.uuid4() (seeded from history)"
@@ -195,6 +200,7 @@ pub fn category(name: &str) -> Category {
         "nanosleep" | "clock_nanosleep" | "alarm" | "setitimer" | "timer_create"
         | "timer_settime" | "timerfd_create" | "timerfd_settime" | "pause" => Sleep,
         "getrandom" => Random,
+        "clock_gettime" | "gettimeofday" | "time" => Clock,
         "chmod" | "fchmod" | "fchmodat" | "fchmodat2" | "chown" | "fchown" | "lchown"
         | "fchownat" | "utime" | "utimes" | "utimensat" | "futimesat" | "setxattr"
         | "lsetxattr" | "fsetxattr" | "setxattrat" | "removexattr" | "lremovexattr"

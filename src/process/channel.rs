@@ -35,6 +35,8 @@ pub enum Step {
     SeccompNotify = 14,
     Exec = 15,
     MountNs = 16,
+    /// Parent-side: the exec stop that patches the guest's vDSO (supervise/vdso.rs).
+    Vdso = 17,
 }
 
 impl Step {
@@ -57,6 +59,7 @@ impl Step {
             14 => SeccompNotify,
             15 => Exec,
             16 => MountNs,
+            17 => Vdso,
             _ => return None,
         })
     }
@@ -81,6 +84,9 @@ impl Step {
             }
             Step::Exec => "executing the command",
             Step::MountNs => "mounting a private /proc in a mount namespace",
+            Step::Vdso => {
+                "tracing the command across its exec to patch its vDSO (needed by [time] clock and [random] getrandom other than \"allow\": ptrace must be allowed by the container's seccomp profile and Yama)"
+            }
         }
     }
 }

@@ -21,6 +21,10 @@ pub const REPLY: u8 = 0x15;
 /// raises `wfjail.Interrupted` in the code that runs, which answers the call with its stack);
 /// ignored outside a call.
 pub const INTERRUPT: u8 = 0x16;
+/// Client → server: the workflow time of the next CALL, under `[time] clock = "virtual"`:
+/// 8 bytes, nanoseconds since the Unix epoch, little-endian signed. The guest's wall clock
+/// reads it during that call and after, until another TIME.
+pub const TIME: u8 = 0x17;
 /// Server → client: the session is ready. JSON [`Opened`].
 pub const OPENED: u8 = 0x21;
 /// Server → client: a call's result.
@@ -56,6 +60,7 @@ pub fn known(k: u8) -> bool {
             | STATUS
             | REPLY
             | INTERRUPT
+            | TIME
             | OPENED
             | RESULT
             | ERROR
@@ -87,6 +92,7 @@ pub fn name(k: u8) -> &'static str {
         LOG => "LOG",
         REPLY => "REPLY",
         INTERRUPT => "INTERRUPT",
+        TIME => "TIME",
         UPCALL => "UPCALL",
         _ => "unknown",
     }
@@ -124,6 +130,14 @@ pub struct OpenRequest {
     /// Relay the guest's log records (LOG frames) to the worker instead of wfjail's stderr.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logs: bool,
+    /// The seed of the session's randomness under `[random] getrandom = "seeded"` (default
+    /// 0): its `getrandom` calls get the same bytes as another session's with this seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// The workflow time under `[time] clock = "virtual"`, nanoseconds since the epoch, until
+    /// a TIME frame changes it (default: the host's time when the session opens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ns: Option<i64>,
 }
 
 /// The largest `init` of an OPEN, encoded as JSON: it travels in one zygote control packet

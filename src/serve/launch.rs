@@ -134,6 +134,8 @@ pub fn launch(
         None => None,
     };
     let shared = SessionShared::new(id, server.echo).map_err(|e| (StartError::Wake(e), vec![]))?;
+    *shared.determinism.lock().unwrap() =
+        super::Determinism::new(&server.policy, open.seed, open.time_ns);
     // The guest's stdout and stderr: a pipe of this session's own, so that one guest cannot
     // block (O_NONBLOCK), flood or read another's.
     let (out_r, out_w) =

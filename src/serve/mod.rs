@@ -154,11 +154,44 @@ impl Drop for SlotGuard<'_> {
 pub struct SessionShared {
     pub id: u64,
     pub violations: Mutex<Violations>,
+    /// The session's workflow time and seeded stream, read by whoever answers its
+    /// notifications (the session's loop, or its zygote's router).
+    pub determinism: Mutex<Determinism>,
     exit: Mutex<Option<ChildExit>>,
     killed: AtomicBool,
     /// Written when `exit` is set; the session thread polls the other end.
     wake_w: OwnedFd,
     pub wake_r: OwnedFd,
+}
+
+/// A session's answers under `[time] clock = "virtual"` and `[random] getrandom = "seeded"`.
+#[derive(Debug, Default)]
+pub struct Determinism {
+    /// The workflow time (nanoseconds since the epoch): OPEN's `time_ns`, then each TIME's.
+    pub clock: Option<i64>,
+    /// The stream keyed by OPEN's `seed`.
+    pub entropy: Option<crate::supervise::entropy::Entropy>,
+    /// The seed it was keyed by, for the report.
+    pub seed: Option<u64>,
+    /// The guest has said HELLO: its `getrandom` draws from `entropy`. Before (a zygote's
+    /// child between its fork and its session), fixed bytes: how much it drew then depends
+    /// on timing (whether a spare was ready), which must not shift the session's stream.
+    pub armed: bool,
+}
+
+impl Determinism {
+    /// What a session of `policy` opened with `seed` and `time_ns` starts with.
+    pub fn new(policy: &crate::policy::Policy, seed: Option<u64>, time_ns: Option<i64>) -> Self {
+        let seeded = policy.random.getrandom == crate::policy::RandomMode::Seeded;
+        let virtual_clock = policy.time.clock == crate::policy::ClockMode::Virtual;
+        let seed = seeded.then(|| seed.unwrap_or(0));
+        Determinism {
+            clock: virtual_clock.then(|| time_ns.unwrap_or_else(crate::supervise::clock::host_now)),
+            entropy: seed.map(crate::supervise::entropy::Entropy::new),
+            seed,
+            armed: false,
+        }
+    }
 }
 
 impl SessionShared {
@@ -169,6 +202,7 @@ impl SessionShared {
             violations: Mutex::new(Violations::new(
                 echo.then(|| format!("wfjail: session {id}: ")),
             )),
+            determinism: Mutex::new(Determinism::default()),
             exit: Mutex::new(None),
             killed: AtomicBool::new(false),
             wake_w: w,

@@ -100,6 +100,9 @@ pub enum Action {
     /// its answer; violations counted from now on are the call's). If the guest's outbox
     /// cannot take it, tell [`Phases::request_unsent`] and carry out nothing after it.
     Request(Vec<u8>),
+    /// Set the workflow time (`TIME`) for the call that follows (comes just before its
+    /// `Request`).
+    SetClock(i64),
     /// Let the stopped guest run (SIGCONT); nothing when it is not stopped.
     Resume,
     /// Stop the guest (SIGSTOP) and wait until it is: it is idle. Nothing when it is stopped
@@ -163,6 +166,8 @@ pub enum Failure {
     Output(u64),
     #[error("the call used more than limits.cpu ({}) of CPU time", Dur(*.0))]
     CallCpu(Duration),
+    #[error("a TIME frame carries 8 bytes (nanoseconds since the epoch), not {0}")]
+    BadTime(usize),
     #[error("the guest answered before its pid was known")]
     NoPid,
     #[error("the guest did not stop within {}s after answering", .0.as_secs())]
@@ -181,7 +186,9 @@ impl Failure {
 pub struct Phases {
     phase: Phase,
     /// Requests of CALLs not issued yet, and their bytes.
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<(Vec<u8>, Option<i64>)>,
+    /// A TIME frame's time, for the next CALL.
+    pending_time: Option<i64>,
     queued_bytes: usize,
     /// UPCALLs sent to the worker during the current call and not answered yet.
     upcalls: usize,
@@ -203,6 +210,7 @@ impl Phases {
         Phases {
             phase: Phase::Starting,
             queue: VecDeque::new(),
+            pending_time: None,
             queued_bytes: 0,
             upcalls: 0,
             close_requested: false,
@@ -275,8 +283,16 @@ impl Phases {
                         break;
                     }
                     self.queued_bytes += payload.len();
-                    self.queue.push_back(payload);
+                    let time = self.pending_time.take();
+                    self.queue.push_back((payload, time));
                 }
+                worker::TIME => match <[u8; 8]>::try_from(payload.as_slice()) {
+                    Ok(b) => self.pending_time = Some(i64::from_le_bytes(b)),
+                    Err(_) => {
+                        acts.extend(self.fail(Failure::BadTime(payload.len())));
+                        break;
+                    }
+                },
                 worker::CLOSE => self.close_requested = true,
                 // The answer to an UPCALL of the current call; one that comes after the call
                 // ended (its guest answered without waiting) has no one to go to.
@@ -422,8 +438,11 @@ impl Phases {
         if self.phase != Phase::Idle {
             return;
         }
-        if let Some(request) = self.queue.pop_front() {
+        if let Some((request, time)) = self.queue.pop_front() {
             self.queued_bytes -= request.len();
+            if let Some(t) = time {
+                acts.push(Action::SetClock(t));
+            }
             acts.push(Action::Request(request));
             acts.push(Action::Resume);
             self.phase = Phase::Calling;

@@ -266,6 +266,12 @@ impl Session {
     fn act(&mut self, actions: Vec<Action>) -> bool {
         for action in actions {
             match action {
+                Action::SetClock(t) => {
+                    let mut det = self.shared.determinism.lock().unwrap();
+                    if det.clock.is_some() {
+                        det.clock = Some(t); // a TIME under a real clock changes nothing
+                    }
+                }
                 Action::Request(request) => {
                     if let Err(e) = self.guest_out.push(&encode(Kind::Request, &request)) {
                         let acts = self.phases.request_unsent(e);
@@ -297,6 +303,10 @@ impl Session {
                     let _ = shutdown(self.guest.as_raw_fd(), Shutdown::Write);
                 }
                 Action::Opened => {
+                    // The guest said HELLO: from now on its randomness is the session's
+                    // stream (a forked child drew before, at fork and while starting; those
+                    // draws depend on whether a spare was ready, so they get fixed bytes).
+                    self.shared.determinism.lock().unwrap().armed = true;
                     let mode = if matches!(self.child, Child::Zygote { .. }) {
                         "zygote"
                     } else {
@@ -771,7 +781,15 @@ impl Session {
             .startup
             .notification(crate::supervise::is_initial_exec(&n, e.pid))
         {
-            Route::AllowExec => return notify::allow(l.as_fd(), &n),
+            Route::AllowExec => {
+                if let Err(err) = crate::supervise::vdso::exec(l.as_fd(), &n, e.pid, e.plan.vdso) {
+                    eprintln!("wfjail: session {}: {err}", self.id);
+                    e.startup
+                        .parent_failed(crate::process::channel::Step::Vdso, err.errno());
+                    let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
+                }
+                return;
+            }
             Route::Refuse => return notify::refuse(l.as_fd(), &n, libc::EPERM),
             // Exec-mode sessions take no step between the exec's stop and its start.
             Route::HoldExec => return,
@@ -791,15 +809,18 @@ impl Session {
         }
         let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
+        let mut det = self.shared.determinism.lock().unwrap();
+        let clock = det.clock;
         let state = notify::State {
             violations: &mut v,
-            entropy: None,
+            entropy: det.entropy.as_mut(),
+            clock,
         };
         let rules = notify::Rules::new(&e.plan, &e.grants);
         let handled = notify::handle(l.as_fd(), &n, rules, state, || {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
         });
-        drop(v);
+        drop((v, det));
         if handled == Handled::Killed {
             self.shared.mark_killed();
         }
@@ -1040,6 +1061,11 @@ impl Session {
         let signal = status_word
             .filter(|&st| libc::WIFSIGNALED(st))
             .map(|st| crate::report::signal_name(libc::WTERMSIG(st)));
+        // One lock, taken apart from the report: a struct literal keeps its temporaries.
+        let (seed, clock) = {
+            let det = self.shared.determinism.lock().unwrap();
+            (det.seed, det.clock)
+        };
         Report {
             status: v.status,
             exit_code: status_word
@@ -1057,7 +1083,8 @@ impl Session {
             error: v.error,
             guest_error: self.phases.guest_error().cloned(),
             command: self.command.clone(),
-            seed: None,
+            seed,
+            clock: clock.map(crate::supervise::clock::format),
             skipped_paths: vec![],
             exit_status: v.exit_status,
         }

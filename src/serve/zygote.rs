@@ -34,6 +34,7 @@ use nix::sys::socket::{
 };
 
 use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
+use crate::policy::decisions::Check;
 use crate::policy::syscalls;
 use crate::policy::{Policy, Toggle};
 use crate::process::channel::{self as chan, ChildMsg, Received};
@@ -229,7 +230,13 @@ impl Zygote {
             argv,
             grants: cfg.grants.clone(),
             extra_env: {
-                let mut env = vec![("WFJAIL_ZYGOTE_FD".into(), "3".into())];
+                let mut env = vec![
+                    ("WFJAIL_ZYGOTE_FD".into(), "3".into()),
+                    (
+                        "WFJAIL_GETRANDOM".into(),
+                        policy.random.getrandom.as_str().into(),
+                    ),
+                ];
                 // Each session child's whole life (the zygote takes none: it lives as long as
                 // the server); a call's own budget (limits.cpu) is measured by its session.
                 if let Some(c) = policy.limits.session_cpu {
@@ -265,7 +272,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid) {
+        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.vdso) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
@@ -474,8 +481,11 @@ impl Zygote {
                     let _ = ready.send(Ok(doc));
                 }
                 Ok(Control::Forked(forked)) => {
-                    let Some((shared, tx)) = self.pending.lock().unwrap().remove(&forked.session)
-                    else {
+                    // The child is known by its pid before its FORK stops being in flight:
+                    // the router takes "no FORK in flight and no session" to mean a spare
+                    // (`await_session`).
+                    let mut pending = self.pending.lock().unwrap();
+                    let Some((shared, tx)) = pending.remove(&forked.session) else {
                         continue;
                     };
                     let reply = match forked.child {
@@ -485,6 +495,7 @@ impl Zygote {
                         }
                         ForkOutcome::Error { error } => Err(ForkError::Refused(error)),
                     };
+                    drop(pending);
                     let _ = tx.send(reply);
                 }
                 Ok(Control::Exited(exited)) => {
@@ -536,9 +547,15 @@ impl Zygote {
     fn await_session(&self, pid: u32) -> Option<Arc<SessionShared>> {
         let deadline = Instant::now() + Duration::from_millis(500);
         while Instant::now() < deadline && self.alive() {
+            // No FORK in flight: the caller is no session's child (a spare, not handed a
+            // session yet), and waiting would not make it one.
+            let in_flight = !self.pending.lock().unwrap().is_empty();
             std::thread::sleep(Duration::from_micros(200));
             if let Some(s) = self.session_for(pid) {
                 return Some(s);
+            }
+            if !in_flight {
+                return None;
             }
         }
         None
@@ -593,9 +610,19 @@ impl Zygote {
                         late_reads: false,
                         ..rules
                     };
+                    // While preloading it reads the real clock and real entropy (the SDK
+                    // needs randomness at import); sessions get theirs after the fork.
+                    let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
+                    if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+                        && matches!(check, Some(Check::Seeded | Check::Clock))
+                    {
+                        notify::allow(listener.as_fd(), &n);
+                        continue;
+                    }
                     let state = notify::State {
                         violations: &mut own,
                         entropy: None,
+                        clock: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
                 }
@@ -605,6 +632,33 @@ impl Zygote {
                 .session_for(n.pid)
                 .or_else(|| self.await_session(n.pid))
             else {
+                // A spare, before it has a session: Python reseeds `random` in every forked
+                // child. It gets fixed bytes (its session reseeds from its own seed, `_child`
+                // in zygote.py) and the real clock; a failing getrandom would make CPython
+                // give up on it for the life of the process.
+                let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
+                if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
+                    if check == Some(Check::Seeded) {
+                        let bytes =
+                            crate::supervise::entropy::Entropy::new(0).take(n.args[1] as usize);
+                        let ret = bytes.len() as i64;
+                        let writes = if ret > 0 {
+                            vec![(n.args[0], bytes)]
+                        } else {
+                            vec![]
+                        };
+                        notify::respond(
+                            listener.as_fd(),
+                            &n,
+                            notify::Answer::Value { ret, writes },
+                        );
+                        continue;
+                    }
+                    if check == Some(Check::Clock) {
+                        notify::allow(listener.as_fd(), &n);
+                        continue;
+                    }
+                }
                 eprintln!(
                     "wfjail: zygote {}: call from unknown pid {} refused",
                     self.index, n.pid
@@ -613,15 +667,24 @@ impl Zygote {
                 continue;
             };
             let mut v = session.violations.lock().unwrap();
+            let mut det = session.determinism.lock().unwrap();
+            let clock = det.clock;
+            let mut unarmed = crate::supervise::entropy::Entropy::new(0);
+            let entropy = if det.armed {
+                det.entropy.as_mut()
+            } else {
+                det.entropy.as_mut().map(|_| &mut unarmed)
+            };
             let state = notify::State {
                 violations: &mut v,
-                entropy: None,
+                entropy,
+                clock,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
                 // The task waits on this notification: its pid cannot have been reused.
                 let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
             });
-            drop(v);
+            drop((v, det));
             if killed == notify::Handled::Killed {
                 session.mark_killed();
             }
@@ -682,6 +745,7 @@ const EXEC_WITHIN: Duration = Duration::from_secs(30);
 pub fn await_exec(
     chan_fd: std::os::fd::BorrowedFd<'_>,
     pid: libc::pid_t,
+    vdso: Option<crate::supervise::vdso::Patch>,
 ) -> Result<Execed, StartupError> {
     let mut startup = Startup::new();
     let mut listener: Option<OwnedFd> = None;
@@ -739,7 +803,14 @@ pub fn await_exec(
             && let Some(n) = notify::receive(l.as_fd(), b)
         {
             match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
-                Route::AllowExec => notify::allow(l.as_fd(), &n),
+                // With the vDSO patched at the exec stop: sessions inherit the patch.
+                Route::AllowExec => {
+                    if let Err(e) = crate::supervise::vdso::exec(l.as_fd(), &n, pid, vdso) {
+                        eprintln!("wfjail: zygote: {e}");
+                        startup.parent_failed(chan::Step::Vdso, e.errno());
+                        let _ = sys::kill_pid(pid, libc::SIGKILL);
+                    }
+                }
                 Route::Refuse => notify::refuse(l.as_fd(), &n, libc::EPERM),
                 // A zygote takes no step between the exec's stop and its start; after the
                 // exec the listener is not read here.

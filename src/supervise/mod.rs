@@ -8,12 +8,14 @@
 //! buffers, the stderr tail, the violations list) each has a bound; every frame from the
 //! guest is charged to `limits.output`.
 
+pub mod clock;
 pub mod decode;
 pub mod entropy;
 pub mod memory;
 pub mod notify;
 pub mod paths;
 pub mod startup;
+pub mod vdso;
 pub mod verdict;
 pub mod violations;
 
@@ -157,6 +159,11 @@ pub struct Config {
     pub seed: Option<u64>,
     /// The plan's compiled notification decisions.
     pub decisions: std::sync::Arc<crate::policy::decisions::Decisions>,
+    /// The workflow time under `[time] clock = "virtual"` (`--clock`, else the host's time
+    /// when the run starts), in nanoseconds since the epoch.
+    pub clock: Option<i64>,
+    /// What to patch in the guest's vDSO at its exec stop (`vdso.rs`).
+    pub vdso: Option<vdso::Patch>,
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
@@ -213,6 +220,8 @@ pub struct Outcome {
     pub stderr_tail: Vec<u8>,
     /// The seed the guest's `getrandom` was answered from (`getrandom = "seeded"`).
     pub seed: Option<u64>,
+    /// The workflow time the guest's wall clock read (`clock = "virtual"`).
+    pub clock: Option<i64>,
     /// A malformed set-up record (a bug or a hostile child).
     pub channel_error: Option<String>,
     /// Framed mode: the result payload, the guest's error, or what broke the conversation.
@@ -413,6 +422,9 @@ pub fn supervise(
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
+    if policy.time.clock == crate::policy::ClockMode::Virtual {
+        o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
+    }
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;
     let mut notif_buf: Option<NotifBuf> = None;
@@ -626,7 +638,14 @@ pub fn supervise(
                     // The one exec that starts the guest (startup.rs, rule 5).
                     match startup.notification(is_initial_exec(&n, child.pid)) {
                         Route::AllowExec => {
-                            notify::allow(l.as_fd(), &n);
+                            // With the vDSO patched at the exec stop when the policy asks.
+                            if let Err(e) = vdso::exec(l.as_fd(), &n, child.pid, cfg.vdso) {
+                                if let Some(w) = err_sink.as_mut() {
+                                    let _ = writeln!(w, "wfjail: {e}");
+                                }
+                                startup.parent_failed(Step::Vdso, e.errno());
+                                kill();
+                            }
                             continue;
                         }
                         Route::Refuse => {
@@ -650,6 +669,7 @@ pub fn supervise(
                     let state = notify::State {
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
+                        clock: o.clock,
                     };
                     let rules = notify::Rules {
                         decisions: &cfg.decisions,

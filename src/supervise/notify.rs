@@ -56,10 +56,11 @@ pub enum Answer {
     Errno(i32),
     /// Kill the guest, then fail the call with this errno (it never returns to the guest).
     Kill(i32),
-    /// Return `ret` without running the call, after writing `bytes` at `addr` in the guest.
+    /// Return `ret` without running the call, after writing each `(addr, bytes)` in the
+    /// guest.
     Value {
         ret: i64,
-        write: Option<(u64, Vec<u8>)>,
+        writes: Vec<(u64, Vec<u8>)>,
     },
 }
 
@@ -79,6 +80,8 @@ pub struct State<'v> {
     pub violations: &'v mut Violations,
     /// The seeded stream, under `getrandom = "seeded"`.
     pub entropy: Option<&'v mut Entropy>,
+    /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
+    pub clock: Option<i64>,
 }
 
 /// Receives one notification (`None`: the call vanished, nothing to do).
@@ -96,7 +99,7 @@ pub fn handle(
     state: State<'_>,
     kill: impl FnOnce(),
 ) -> Handled {
-    let Some((answer, violation)) = decide(listener, n, rules, state.entropy) else {
+    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, state.clock) else {
         return Handled::Quiet; // the call is gone: what was read may not be its own
     };
     let handled = match violation {
@@ -124,21 +127,28 @@ fn decide(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
+    clock: Option<i64>,
 ) -> Option<(Answer, Option<Violation>)> {
+    let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
+    let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
     // Seeded randomness: answered with the stream's next bytes, not a violation.
-    if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-        && rules.decisions.get(n.nr as u32).map(|d| d.check) == Some(Check::Seeded)
-        && let Some(e) = entropy
+    if let (Some(d), Some(e)) = (decision, entropy)
+        && d.check == Check::Seeded
     {
         let bytes = e.take(n.args[1] as usize);
         let ret = bytes.len() as i64;
-        return Some((
-            Answer::Value {
-                ret,
-                write: (ret > 0).then_some((n.args[0], bytes)),
-            },
-            None,
-        ));
+        let writes = if ret > 0 {
+            vec![(n.args[0], bytes)]
+        } else {
+            vec![]
+        };
+        return Some((Answer::Value { ret, writes }, None));
+    }
+    // Workflow time: the wall clock reads the execution's time, not a violation.
+    if let (Some(d), Some(now)) = (decision, clock)
+        && d.check == Check::Clock
+    {
+        return Some((clock_answer(d.name, &n.args, now), None));
     }
     let mem = ProcessMemory { pid: n.pid };
     let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads);
@@ -173,26 +183,64 @@ pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
     let reply = match answer {
         Answer::Continue => NotifAnswer::Continue,
         Answer::Errno(e) | Answer::Kill(e) => NotifAnswer::Error(e),
-        Answer::Value { ret, write: None } => NotifAnswer::Value(ret),
-        Answer::Value {
-            ret,
-            write: Some((addr, bytes)),
-        } => {
+        Answer::Value { ret, writes } if writes.is_empty() => NotifAnswer::Value(ret),
+        Answer::Value { ret, writes } => {
             // Pending now: its task is alive and blocked, so its pid is its own.
             if !sys::notif_id_valid(listener, n.id) {
                 return;
             }
-            let wrote = sys::write_process_memory(n.pid as i32, addr, &bytes);
+            let wrote_all = writes.iter().all(|(addr, bytes)| {
+                sys::write_process_memory(n.pid as i32, *addr, bytes)
+                    .is_ok_and(|w| w == bytes.len())
+            });
             if !sys::notif_id_valid(listener, n.id) {
                 return;
             }
-            match wrote {
-                Ok(w) if w == bytes.len() => NotifAnswer::Value(ret),
-                _ => NotifAnswer::Error(libc::EFAULT),
+            if wrote_all {
+                NotifAnswer::Value(ret)
+            } else {
+                NotifAnswer::Error(libc::EFAULT)
             }
         }
     };
     let _ = sys::notif_send(listener, n.id, reply);
+}
+
+/// The answer to wall-clock read `name` (arguments `args`) at `now` nanoseconds since the
+/// epoch: what the kernel would write and return, with the time frozen there.
+pub fn clock_answer(name: &str, args: &[u64; 6], now: i64) -> Answer {
+    let secs = now.div_euclid(1_000_000_000);
+    let nanos = now.rem_euclid(1_000_000_000);
+    let pair = |a: i64, b: i64| [a.to_ne_bytes(), b.to_ne_bytes()].concat();
+    match name {
+        // clock_gettime(clockid, struct timespec *): a NULL buffer faults in the kernel too.
+        "clock_gettime" if args[1] == 0 => Answer::Errno(libc::EFAULT),
+        "clock_gettime" => Answer::Value {
+            ret: 0,
+            writes: vec![(args[1], pair(secs, nanos))],
+        },
+        // gettimeofday(struct timeval *, struct timezone *): either may be NULL; the time
+        // zone is UTC (the kernel's is whatever settimeofday set, usually zero).
+        "gettimeofday" => {
+            let mut writes = vec![];
+            if args[0] != 0 {
+                writes.push((args[0], pair(secs, nanos / 1000)));
+            }
+            if args[1] != 0 {
+                writes.push((args[1], vec![0u8; 8]));
+            }
+            Answer::Value { ret: 0, writes }
+        }
+        // time(time_t *): returns the seconds, and stores them too when asked.
+        _ => Answer::Value {
+            ret: secs,
+            writes: if args[0] != 0 {
+                vec![(args[0], secs.to_ne_bytes().to_vec())]
+            } else {
+                vec![]
+            },
+        },
+    }
 }
 
 /// Lets the call of notification `n` run (the initial exec, the zygote's own forks).

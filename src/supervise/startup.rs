@@ -134,6 +134,12 @@ impl Startup {
         Next::Continue
     }
 
+    /// A step the parent takes for the child failed (the exec stop, `vdso.rs`): the start-up
+    /// fails at it, as if the child had sent a `Fatal` record; the caller kills the child.
+    pub fn parent_failed(&mut self, step: Step, errno: Errno) {
+        self.fatal = Some((step, errno));
+    }
+
     /// Rule 6: the channel reached end-of-file.
     pub fn eof(&mut self) {
         self.state = State::Done;

@@ -1,0 +1,26 @@
+"""A workflow that reads the wall clock and draws randomness directly — what Temporal's
+documentation forbids, because a replay would see other values. Under `temporal-python`
+(virtual clock, seeded randomness) the jailed runner makes it replay anyway: its
+`datetime.now()` is the activation's time and its `random`/`uuid4` come from the run's
+randomness seed. Its activity id depends on `uuid4()`, so a replay that draws another value
+fails with the SDK's nondeterminism error."""
+
+import datetime
+import random
+import uuid
+from datetime import timedelta
+
+from temporalio import workflow
+
+
+@workflow.defn
+class Direct:
+    @workflow.run
+    async def run(self) -> list:
+        utc = datetime.timezone.utc
+        drawn = [datetime.datetime.now(utc).isoformat(), random.random(), str(uuid.uuid4())]
+        first = datetime.datetime.now(utc) == workflow.now()
+        await workflow.execute_activity("greet", "direct", activity_id="greet-" + drawn[2],
+                                        start_to_close_timeout=timedelta(seconds=30))
+        after = datetime.datetime.now(utc) == workflow.now()
+        return drawn + [first, after]

@@ -1,0 +1,364 @@
+//! A deterministic environment: under `[time] clock = "virtual"` the guest's wall clock reads
+//! the workflow time (the vDSO patched at the exec stop, the syscalls answered by the
+//! supervisor), under `[random] getrandom = "seeded"` its randomness comes from the seed —
+//! the same values in two executions, other values with another seed — and under
+//! `clock = "deny"` a wall-clock read is a reported violation. Monotonic clocks still run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_with};
+
+const VIRTUAL: &str =
+    "extends = \"strict\"\n[time]\nclock = \"virtual\"\n[random]\ngetrandom = \"seeded\"\n";
+const CLOCK: &str = "2026-12-01T09:30:00Z";
+const SECS: &str = "1796117400";
+
+/// Every way Python code reads the wall clock or draws randomness.
+const PY_READS: &str = r#"
+import time, datetime, logging, email.utils, os, random, uuid
+print("time", time.time())
+print("time_ns", time.time_ns())
+print("now", datetime.datetime.now(datetime.timezone.utc).isoformat())
+print("utcnow", datetime.datetime.now().isoformat())
+print("gmtime", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()))
+print("strftime", time.strftime("%Y-%m-%d %H:%M:%S"))
+print("formatdate", email.utils.formatdate())
+print("logging", logging.LogRecord("x", 20, "f", 1, "m", None, None).created)
+print("random", random.random(), random.Random().random())
+print("uuid4", uuid.uuid4())
+print("urandom", os.urandom(8).hex())
+a = time.monotonic()
+sum(range(300000))
+print("monotonic_advances", time.monotonic() > a)
+"#;
+
+fn run_virtual(s: &Scratch, clock: Option<&str>, seed: &str, argv: &[&str]) -> Outcome {
+    let policy = s.write("virtual.toml", VIRTUAL);
+    let mut args = vec!["run", "-p", policy.to_str().unwrap(), "--seed", seed];
+    if let Some(c) = clock {
+        args.extend(["--clock", c]);
+    }
+    args.extend(["--ro", s.0.to_str().unwrap(), "--raw", "--"]);
+    args.extend(argv);
+    wfjail(&args)
+}
+
+fn line<'a>(o: &'a Outcome, key: &str) -> &'a str {
+    o.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {key} line in {:?}", o.stdout))
+}
+
+#[test]
+fn python_reads_the_workflow_time_and_the_seeded_randomness_the_same_way_twice() {
+    let s = Scratch::new("det-py");
+    let a = run_virtual(&s, Some(CLOCK), "7", &[PY, "-c", PY_READS]);
+    let b = run_virtual(&s, Some(CLOCK), "7", &[PY, "-c", PY_READS]);
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "virtual time and seeded randomness are not violations",
+        );
+    }
+    a.check(
+        a.stdout == b.stdout,
+        "the same clock and seed: the same output",
+    );
+    a.check(line(&a, "time") == format!("{SECS}.0"), "time.time()");
+    a.check(
+        line(&a, "time_ns") == format!("{SECS}000000000"),
+        "time.time_ns()",
+    );
+    a.check(
+        line(&a, "now") == "2026-12-01T09:30:00+00:00",
+        "datetime.now(timezone.utc)",
+    );
+    a.check(
+        line(&a, "utcnow") == "2026-12-01T09:30:00",
+        "datetime.now() (TZ=UTC)",
+    );
+    a.check(line(&a, "gmtime") == "2026-12-01T09:30:00", "time.gmtime()");
+    a.check(
+        line(&a, "strftime") == "2026-12-01 09:30:00",
+        "time.strftime()",
+    );
+    a.check(
+        line(&a, "formatdate") == "Tue, 01 Dec 2026 09:30:00 -0000",
+        "email.utils.formatdate()",
+    );
+    a.check(
+        line(&a, "logging") == format!("{SECS}.0"),
+        "a logging record's time",
+    );
+    a.check(
+        line(&a, "monotonic_advances") == "True",
+        "time.monotonic() still runs",
+    );
+    a.check(a.report["clock"] == CLOCK, "the report names the clock");
+    a.check(a.report["seed"] == 7, "and the seed");
+
+    // Another seed and another time: other randomness, the other time.
+    let c = run_virtual(
+        &s,
+        Some("2030-01-02T03:04:05.5Z"),
+        "8",
+        &[PY, "-c", PY_READS],
+    );
+    c.check(c.status() == "ok", "status ok");
+    c.check(line(&c, "time") == "1893553445.5", "the other time");
+    for key in ["random", "uuid4", "urandom"] {
+        c.check(line(&c, key) != line(&a, key), key);
+    }
+}
+
+#[test]
+fn without_clock_the_run_starts_at_the_host_time_and_names_it_for_a_repeat() {
+    let s = Scratch::new("det-default");
+    let code = "import time; print(time.time_ns())";
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128;
+    let a = run_virtual(&s, None, "0", &[PY, "-c", code]);
+    a.check(a.status() == "ok", "status ok");
+    let seen: i128 = a.stdout.trim().parse().unwrap();
+    a.check(
+        seen >= before && seen - before < 60_000_000_000,
+        "the host's time when the run started",
+    );
+    let clock = a.report["clock"].as_str().unwrap().to_string();
+    let b = run_virtual(&s, Some(&clock), "0", &[PY, "-c", code]);
+    b.check(
+        b.stdout == a.stdout,
+        "--clock with the report's clock repeats the run's time to the nanosecond",
+    );
+}
+
+/// tests/determinism/clock.c, compiled statically once per test run (strict reads only the
+/// command's own prefix).
+fn clock_reader() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("determinism-bin/bin");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("clock");
+        let part = dir.join(format!("clock.{}", std::process::id()));
+        let out = Command::new("cc")
+            .args(["-O0", "-static", "-o"])
+            .arg(&part)
+            .arg(format!("{REPO}/tests/determinism/clock.c"))
+            .output()
+            .expect("run cc (tests/determinism/clock.c)");
+        assert!(
+            out.status.success(),
+            "cc failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&part, &bin).unwrap();
+        bin
+    })
+}
+
+#[test]
+fn c_reads_the_workflow_time_through_libc_and_through_the_vdso_called_directly() {
+    let s = Scratch::new("det-c");
+    let bin = clock_reader().to_str().unwrap();
+    let o = run_virtual(&s, Some(CLOCK), "1", &[bin]);
+    o.check(o.status() == "ok", "status ok");
+    let want = format!("{SECS}.000000000");
+    for key in [
+        "time",
+        "gettimeofday",
+        "clock_gettime",
+        "clock_gettime_coarse",
+        "vdso_direct",
+    ] {
+        o.check(line(&o, key) == want, key);
+    }
+    o.check(
+        line(&o, "monotonic_advances") == "1",
+        "CLOCK_MONOTONIC still runs",
+    );
+    // The same program under a real clock reads the host's time through the vDSO: what the
+    // patch takes away.
+    let real = wfjail(&["run", "-p", "strict", "--raw", "--", bin]);
+    real.check(real.status() == "ok", "status ok");
+    real.check(
+        line(&real, "vdso_direct") != want && line(&real, "time") != want,
+        "real time without the virtual clock",
+    );
+}
+
+#[test]
+fn a_denied_clock_is_a_reported_violation_and_monotonic_time_still_runs() {
+    let s = Scratch::new("det-deny");
+    let policy = s.write(
+        "deny.toml",
+        "extends = \"strict\"\n[time]\nclock = \"deny\"\n",
+    );
+    let code = "import time\na = time.monotonic()\ntry:\n    time.time()\nexcept OSError as e:\n    print('errno=%d' % e.errno)\nprint('monotonic', time.monotonic() >= a)\n";
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        code,
+    ]);
+    o.check(o.stdout.contains("errno=1"), "time.time(): EPERM");
+    o.check(o.stdout.contains("monotonic True"), "monotonic still runs");
+    o.check(o.status() == "violation", "status violation");
+    let v = o.assert_violation("clock_gettime", "clock");
+    o.check(
+        v["rule"] == "time.clock = \"deny\"",
+        "the rule names the setting",
+    );
+    o.check(
+        v["hint"].as_str().unwrap().contains("workflow.now()"),
+        "the hint says what to use",
+    );
+    // A C program calling the vDSO directly is denied the same way.
+    let bin = clock_reader().to_str().unwrap();
+    let o = wfjail(&["run", "-p", policy.to_str().unwrap(), "--raw", "--", bin]);
+    o.check(
+        line(&o, "vdso_direct") == "error 1",
+        "the vDSO called directly: EPERM",
+    );
+    o.check(line(&o, "time") != format!("{SECS}.000000000"), "sanity");
+    o.assert_violation("time", "clock");
+    o.assert_violation("gettimeofday", "clock");
+}
+
+#[test]
+fn clock_and_seed_flags_say_what_they_need() {
+    let o = wfjail(&[
+        "run", "-p", "default", "--clock", CLOCK, "--raw", "--", PY, "-c", "pass",
+    ]);
+    o.check(
+        o.code == 2 && o.stderr.contains("clock = \"virtual\""),
+        "--clock under a real clock: exit 2 naming the setting",
+    );
+    for bad in ["yesterday", "2026-12-01T09:30:00", "2026-02-30T00:00:00Z"] {
+        let o = wfjail(&[
+            "run",
+            "-p",
+            "temporal-python",
+            "--clock",
+            bad,
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            "pass",
+        ]);
+        o.check(
+            o.code == 2 && o.stderr.contains("RFC 3339"),
+            "a bad --clock: exit 2, saying the format",
+        );
+    }
+}
+
+const WORKFLOWS: &str = r#"
+import json, os, random, time, uuid, datetime
+def facts(req):
+    return json.dumps([time.time(), datetime.datetime.now().isoformat(), random.random(),
+                       str(uuid.uuid4()), os.urandom(4).hex()]).encode()
+"#;
+
+const WORKER: &str = r#"
+c = Client()
+out = []
+for seed in (5, 5, 6):
+    with c.session(handler=MOD + ":facts", seed=seed, time_ns=1_000_000_000_000) as s:
+        out.append([json.loads(s.call(b"a")), json.loads(s.call(b"b", time_ns=2_000_000_500_000)),
+                    json.loads(s.call(b"c")), s.report])
+    out[-1][-1] = s.report
+print(json.dumps(out))
+"#;
+
+#[test]
+fn serve_sessions_get_their_seed_and_each_calls_time() {
+    for zygote in [true, false] {
+        let (s, module) = serve_scratch("det-serve", "det", WORKFLOWS, "", &[], WORKER);
+        let policy = s.path("policy.toml").display().to_string();
+        let worker = s.path("worker.py").display().to_string();
+        let mut args = vec!["serve", "-p", &policy];
+        if zygote {
+            args.extend([
+                "--zygote",
+                "--python",
+                PY,
+                "--preload",
+                &module,
+                "--zygotes",
+                "1",
+            ]);
+        }
+        args.extend(["--", PY, &worker]);
+        if !zygote {
+            // Exec-mode sessions run the handler through the guest library's runner.
+            let exec_worker = WORKER.replace(
+                "handler=MOD + \":facts\"",
+                "argv=[sys.executable, \"-c\", \"import importlib; from wfjail import guest; guest.run(importlib.import_module(%r).facts)\" % MOD]",
+            );
+            s.write(
+                "worker.py",
+                &std::fs::read_to_string(s.path("worker.py"))
+                    .unwrap()
+                    .replace(WORKER, &exec_worker),
+            );
+        }
+        let out = wfjail_with(&args, |c| {
+            c.current_dir(&s.0);
+        });
+        let mode = if zygote { "zygote" } else { "exec" };
+        out.check(out.code == 0, &format!("{mode}: wfjail serve exits 0"));
+        let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        let (a, b, c) = (&r[0], &r[1], &r[2]);
+        out.check(a[0][0] == 1000.0, &format!("{mode}: OPEN's time"));
+        out.check(
+            a[1][0] == 2000.0005,
+            &format!("{mode}: the call's TIME ({})", a[1][0]),
+        );
+        out.check(
+            a[2][0] == 2000.0005,
+            &format!("{mode}: a TIME holds for later calls"),
+        );
+        out.check(
+            a[0][1] == "1970-01-01T00:16:40",
+            &format!("{mode}: datetime.now()"),
+        );
+        for i in 0..3 {
+            for j in 2..5 {
+                out.check(
+                    a[i][j] == b[i][j],
+                    &format!("{mode}: seed 5 twice: call {i} value {j} the same"),
+                );
+                out.check(
+                    a[i][j] != c[i][j],
+                    &format!("{mode}: seed 6: call {i} value {j} differs"),
+                );
+            }
+        }
+        out.check(
+            a[3]["seed"] == 5,
+            &format!("{mode}: the report names the seed"),
+        );
+        out.check(
+            a[3]["clock"] == "1970-01-01T00:33:20.000500Z",
+            &format!("{mode}: and the last workflow time ({})", a[3]["clock"]),
+        );
+        out.check(
+            a[3]["violations"].as_array().unwrap().is_empty(),
+            &format!("{mode}: no violations"),
+        );
+    }
+}
