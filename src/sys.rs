@@ -411,6 +411,17 @@ pub fn drop_all_capabilities(last_cap: u32) -> SysResult<bool> {
     Ok(bounding_cleared)
 }
 
+/// Child-safe. `personality(ADDR_NO_RANDOMIZE)`: the next exec lays out the address space
+/// without randomisation (the flag survives exec; a set-id exec would clear it).
+pub fn disable_address_randomization() -> SysResult<()> {
+    const ADDR_NO_RANDOMIZE: libc::c_ulong = 0x0040000;
+    // SAFETY: personality takes an integer; 0xffffffff only queries the current value.
+    let current = unsafe { libc::personality(0xffff_ffff) };
+    check_int(current)?;
+    // SAFETY: as above, setting the persona with one more flag.
+    check_int(unsafe { libc::personality(current as libc::c_ulong | ADDR_NO_RANDOMIZE) }).map(drop)
+}
+
 /// Child-safe. `prctl(PR_SET_NO_NEW_PRIVS, 1)`.
 pub fn set_no_new_privs() -> SysResult<()> {
     // SAFETY: prctl with integer arguments only.
@@ -675,6 +686,22 @@ pub fn notif_send(listener: BorrowedFd<'_>, id: u64, answer: NotifAnswer) -> io:
     } else {
         Ok(())
     }
+}
+
+/// Asks the kernel to wake the notifying task on the CPU that answers it
+/// (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`, Linux 6.6): an answered syscall — a virtual clock
+/// read, a seeded `getrandom` — then returns in microseconds instead of waiting for the
+/// scheduler. Best effort: older kernels answer EINVAL and nothing changes.
+pub fn notif_sync_wake_up(listener: BorrowedFd<'_>) {
+    const SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP: u64 = 1;
+    // SAFETY: the kernel reads the flags as an integer argument; no memory is passed.
+    let _ = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SET_FLAGS,
+            SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP,
+        )
+    };
 }
 
 /// True while notification `id` is still pending (its task alive and waiting). Checked after

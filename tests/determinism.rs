@@ -362,3 +362,71 @@ fn serve_sessions_get_their_seed_and_each_calls_time() {
         );
     }
 }
+
+#[test]
+fn waits_with_a_timeout_are_sleeps_under_sleep_deny_and_waits_without_one_run() {
+    let code = r#"
+import os, select, threading, time
+r, w = os.pipe()
+def t(name, f):
+    a = time.monotonic()
+    try:
+        out = "ran %r" % (f(),)
+    except OSError as e:
+        out = "errno=%d" % e.errno
+    print(name, out, "blocked" if time.monotonic() - a > 0.1 else "quick")
+t("select_zero", lambda: len(select.select([r], [], [], 0)[0]))
+t("select", lambda: select.select([], [], [], 0.2))
+t("poll", lambda: select.poll().poll(200))
+t("event", lambda: threading.Event().wait(0.2))
+held = threading.Lock()
+held.acquire()
+t("lock", lambda: held.acquire(timeout=0.2))
+os.write(w, b"x")
+t("select_ready", lambda: len(select.select([r], [], [])[0]))
+"#;
+    let o = common::py("temporal-python", &[], code);
+    o.check(o.status() == "violation", "status violation");
+    for (name, want) in [
+        ("select_zero", "ran 0 quick"),
+        ("select", "errno=1 quick"),
+        ("poll", "errno=1 quick"),
+        ("event", "ran False quick"),
+        ("lock", "ran False quick"),
+        ("select_ready", "ran 1 quick"),
+    ] {
+        o.check(line(&o, name) == want, &format!("{name}: {want}"));
+    }
+    for syscall in ["pselect6", "poll", "futex"] {
+        let v = o.assert_violation(syscall, "sleep");
+        o.check(
+            v["rule"]
+                .as_str()
+                .unwrap()
+                .starts_with("time.sleep = \"deny\""),
+            "the rule names the setting",
+        );
+    }
+    // Under `default` (sleep allowed) they wait.
+    let o = common::py("default", &[], code);
+    o.check(o.status() == "ok", "status ok under default");
+    o.check(line(&o, "event") == "ran False blocked", "Event.wait waits");
+}
+
+#[test]
+fn a_pinned_address_layout_gives_the_same_ids_in_every_run() {
+    let code = "print(id(object()), repr(object()), id([]))";
+    let a = common::py("temporal-python", &[], code);
+    let b = common::py("temporal-python", &[], code);
+    a.check(a.status() == "ok" && b.status() == "ok", "status ok");
+    a.check(
+        a.stdout == b.stdout,
+        "address_randomization = \"deny\": the same id() twice",
+    );
+    let c = common::py("default", &[], code);
+    let d = common::py("default", &[], code);
+    c.check(
+        c.stdout != d.stdout,
+        "randomised layouts under default differ",
+    );
+}

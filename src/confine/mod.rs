@@ -15,7 +15,8 @@
 //! 4. descriptors — the guest's stdio and protocol pipes onto 0..=4, everything else closed
 //!    but the set-up channel and the Landlock ruleset (both close-on-exec); then an empty
 //!    signal mask and SIGPIPE back to default.
-//! 5. rlimits — lowering needs no privilege.
+//! 5. rlimits — lowering needs no privilege; then the personality (no address-space
+//!    randomisation, when the policy pins the layout), which needs none either.
 //! 6. capabilities — bounding, ambient, then effective/permitted/inheritable.
 //! 7. no_new_privs — required by Landlock and seccomp without CAP_SYS_ADMIN.
 //! 8. Landlock — restrict_self with the ruleset the parent built, then close it.
@@ -56,6 +57,8 @@ pub struct ChildSpec<'a> {
     /// `(source fd, target fd)`.
     pub fd_targets: &'a [(RawFd, RawFd)],
     pub rlimits: &'a [(libc::c_int, u64)],
+    /// `[process] address_randomization = "deny"`.
+    pub no_aslr: bool,
     pub last_cap: u32,
     pub capabilities_required: bool,
     pub no_new_privs_required: bool,
@@ -144,6 +147,13 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
         if let Err(e) = sys::set_rlimit(resource, value, value) {
             fatal(chan, Step::Rlimits, e);
         }
+    }
+
+    // ...and the address-space layout of the exec to come (no privilege needed either).
+    if spec.no_aslr
+        && let Err(e) = sys::disable_address_randomization()
+    {
+        fatal(chan, Step::Personality, e);
     }
 
     // 6. Capabilities.

@@ -204,6 +204,13 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
     })
 }
 
+/// `futex` commands that never wait (`FUTEX_WAKE`, `FUTEX_FD`, `FUTEX_REQUEUE`,
+/// `FUTEX_CMP_REQUEUE`, `FUTEX_WAKE_OP`, `FUTEX_UNLOCK_PI`, `FUTEX_TRYLOCK_PI`,
+/// `FUTEX_WAKE_BITSET`, `FUTEX_CMP_REQUEUE_PI`), and the mask that takes the command out of
+/// the operation (dropping `FUTEX_PRIVATE_FLAG` and `FUTEX_CLOCK_REALTIME`).
+const FUTEX_NO_WAIT: [u64; 9] = [1, 2, 3, 4, 5, 7, 8, 10, 12];
+const FUTEX_CMD_MASK: u64 = 0x7f;
+
 /// The clocks that read the wall clock: `CLOCK_REALTIME`, `CLOCK_REALTIME_COARSE`,
 /// `CLOCK_REALTIME_ALARM`, `CLOCK_TAI` (which is the wall clock plus a constant).
 pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
@@ -243,6 +250,49 @@ pub fn decisions(
     if policy.time.sleep == Toggle::Allow {
         for n in syscalls::SLEEP {
             map.insert(nr(n), Leaf::Allow);
+        }
+    }
+    if policy.time.sleep == Toggle::Deny {
+        // Waits with a timeout block like a sleep. Allowed without one (and with a zero
+        // one); otherwise the supervisor reads the timeout (`decode.rs`).
+        for &(name, timeout) in syscalls::TIMED_WAITS {
+            if policy.syscalls.denies(name) {
+                continue;
+            }
+            let mut allow = match timeout {
+                // 0, or negative (no timeout).
+                syscalls::Timeout::Millis(a) => vec![
+                    rule(vec![cond(a as u8, Len::Dword, Op::Eq, 0)], name)?,
+                    rule(
+                        vec![cond(
+                            a as u8,
+                            Len::Dword,
+                            Op::MaskedEq(0x8000_0000),
+                            0x8000_0000,
+                        )],
+                        name,
+                    )?,
+                ],
+                syscalls::Timeout::Timespec(a) | syscalls::Timeout::Timeval(a) => {
+                    vec![rule(vec![cond(a as u8, Len::Qword, Op::Eq, 0)], name)?]
+                }
+            };
+            if name == "futex" {
+                // Only the wait commands take a timeout worth judging.
+                for cmd in FUTEX_NO_WAIT {
+                    allow.push(rule(
+                        vec![cond(1, Len::Dword, Op::MaskedEq(FUTEX_CMD_MASK), cmd)],
+                        name,
+                    )?);
+                }
+            }
+            map.insert(
+                nr(name),
+                Leaf::AllowElseSupervise {
+                    allow,
+                    supervise: None,
+                },
+            );
         }
     }
     if policy.time.clock != ClockMode::Real {

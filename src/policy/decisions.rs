@@ -34,6 +34,9 @@ pub enum Check {
     Seeded,
     /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
     Clock,
+    /// A wait under `sleep = "deny"` (`syscalls::TIMED_WAITS`): its timeout is read; a
+    /// non-zero one makes it a `sleep` violation.
+    TimedWait,
 }
 
 /// The compiled decision for one syscall.
@@ -102,6 +105,7 @@ const SYSV_IPC: &[&str] = &[
 ];
 
 const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
+const TIMED_WAIT_HINT: &str = "a wait with a timeout (select, poll, Event.wait, Lock.acquire(timeout=...)) blocks the worker like time.sleep; use workflow.sleep(), workflow.wait_condition() or asyncio.sleep() (durable timers)";
 const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
 const IPC_HINT: &str =
     "inter-process channels are not allowed in workflow code (prefork sessions would share them)";
@@ -197,7 +201,20 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
     } else {
         rule
     };
-    let check = if policy_denies {
+    let timed_wait =
+        !policy_denies && policy.time.sleep == Toggle::Deny && syscalls::timed_wait(name).is_some();
+    let (category, rule, hint) = if timed_wait {
+        (
+            Category::Sleep,
+            "time.sleep = \"deny\": a wait with a timeout sleeps".to_string(),
+            Some(TIMED_WAIT_HINT),
+        )
+    } else {
+        (category, rule, hint)
+    };
+    let check = if timed_wait {
+        Check::TimedWait
+    } else if policy_denies {
         Check::Violation
     } else if !watched_paths(name).is_empty() {
         Check::Writes

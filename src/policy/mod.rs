@@ -98,6 +98,7 @@ pub struct ProcessRules {
     pub threads: Toggle,
     pub subprocess: Toggle,
     pub exec: Toggle,
+    pub address_randomization: Toggle,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -206,6 +207,7 @@ impl Policy {
                 threads: Toggle::Deny,
                 subprocess: Toggle::Deny,
                 exec: Toggle::Deny,
+                address_randomization: Toggle::Allow,
             },
             time: TimeRules {
                 sleep: Toggle::Allow,
@@ -680,6 +682,9 @@ fn apply(
         }
         if let Some(v) = pr.exec {
             p.process.exec = v;
+        }
+        if let Some(v) = pr.address_randomization {
+            p.process.address_randomization = v;
         }
     }
     if let Some(v) = f.time.as_ref().and_then(|t| t.sleep) {

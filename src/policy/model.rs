@@ -173,6 +173,10 @@ pub struct Process {
     pub subprocess: Option<Toggle>,
     /// After the guest has started (the initial exec is always allowed).
     pub exec: Option<Toggle>,
+    /// `deny`: the guest's address space is laid out the same way in every execution
+    /// (`personality(ADDR_NO_RANDOMIZE)` before its exec), so Python's `id()` and object
+    /// reprs do not vary between runs, zygote restarts and machines.
+    pub address_randomization: Option<Toggle>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -775,6 +775,44 @@ pub const SLEEP: &[&str] = &[
     "pause",
 ];
 
+/// How a wait's timeout is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Milliseconds, an `int` argument (negative: no timeout).
+    Millis(usize),
+    /// A pointer to a `struct timespec` (NULL: no timeout).
+    Timespec(usize),
+    /// A pointer to a `struct timeval` (NULL: no timeout).
+    Timeval(usize),
+}
+
+/// Waits that can block for a while without a sleep call: under `[time] sleep = "deny"`
+/// a wait with a non-zero timeout is a `sleep` violation (it blocks the worker like
+/// `time.sleep`); without a timeout, or with a zero one, it runs. `futex` only for its wait
+/// commands (`FUTEX_WAIT`, `FUTEX_WAIT_BITSET`, the PI locks); threads are denied, so
+/// nothing else could wake it.
+pub const TIMED_WAITS: &[(&str, Timeout)] = &[
+    ("poll", Timeout::Millis(2)),
+    ("epoll_wait", Timeout::Millis(3)),
+    ("epoll_pwait", Timeout::Millis(3)),
+    ("ppoll", Timeout::Timespec(2)),
+    ("select", Timeout::Timeval(4)),
+    ("pselect6", Timeout::Timespec(4)),
+    ("epoll_pwait2", Timeout::Timespec(3)),
+    ("rt_sigtimedwait", Timeout::Timespec(2)),
+    ("futex", Timeout::Timespec(3)),
+    ("futex_waitv", Timeout::Timespec(3)),
+    ("recvmmsg", Timeout::Timespec(4)),
+];
+
+/// The timeout of timed wait `name`, if it is one.
+pub fn timed_wait(name: &str) -> Option<Timeout> {
+    TIMED_WAITS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, t)| t)
+}
+
 /// Syscalls the `[random] getrandom = "allow"` knob adds.
 pub const RANDOM: &[&str] = &["getrandom"];
 

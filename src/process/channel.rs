@@ -37,6 +37,7 @@ pub enum Step {
     MountNs = 16,
     /// Parent-side: the exec stop that patches the guest's vDSO (supervise/vdso.rs).
     Vdso = 17,
+    Personality = 18,
 }
 
 impl Step {
@@ -60,6 +61,7 @@ impl Step {
             15 => Exec,
             16 => MountNs,
             17 => Vdso,
+            18 => Personality,
             _ => return None,
         })
     }
@@ -84,6 +86,9 @@ impl Step {
             }
             Step::Exec => "executing the command",
             Step::MountNs => "mounting a private /proc in a mount namespace",
+            Step::Personality => {
+                "switching address-space randomisation off ([process] address_randomization = \"deny\")"
+            }
             Step::Vdso => {
                 "tracing the command across its exec to patch its vDSO (needed by [time] clock and [random] getrandom other than \"allow\": ptrace must be allowed by the container's seccomp profile and Yama)"
             }

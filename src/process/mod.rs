@@ -122,6 +122,7 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
                 .map_or(&[], |(_, info)| &info.proc_rules),
             fd_targets,
             rlimits: &plan.rlimits,
+            no_aslr: p.process.address_randomization == crate::policy::Toggle::Deny,
             last_cap: plan.last_cap,
             capabilities_required: p.requires(Layer::Capabilities),
             no_new_privs_required: p.requires(Layer::NoNewPrivs),

@@ -740,6 +740,9 @@ impl Session {
             Ok(Ok(Received::Msg(msg, fd))) => {
                 if msg == ChildMsg::Listener {
                     e.buf = NotifBuf::new().ok();
+                    if let Some(l) = &fd {
+                        sys::notif_sync_wake_up(l.as_fd());
+                    }
                     e.listener = fd;
                 }
                 e.startup.record(Ok(msg));

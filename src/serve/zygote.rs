@@ -611,10 +611,11 @@ impl Zygote {
                         ..rules
                     };
                     // While preloading it reads the real clock and real entropy (the SDK
-                    // needs randomness at import); sessions get theirs after the fork.
+                    // needs randomness at import), and it waits with a timeout between
+                    // sessions; sessions get theirs after the fork.
                     let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
                     if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                        && matches!(check, Some(Check::Seeded | Check::Clock))
+                        && matches!(check, Some(Check::Seeded | Check::Clock | Check::TimedWait))
                     {
                         notify::allow(listener.as_fd(), &n);
                         continue;
@@ -776,6 +777,9 @@ pub fn await_exec(
                 Ok(Ok(Received::Msg(msg, fd))) => {
                     if msg == ChildMsg::Listener {
                         buf = NotifBuf::new().ok();
+                        if let Some(l) = &fd {
+                            sys::notif_sync_wake_up(l.as_fd());
+                        }
                         listener = fd;
                     }
                     startup.record(Ok(msg));

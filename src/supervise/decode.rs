@@ -432,10 +432,34 @@ fn classify_unbounded(
             Check::Mapping if d.name == "mremap" || n.args[3] & libc::MAP_SHARED as u64 == 0 => {
                 return None;
             }
+            // A wait without a timeout, or with a zero one, runs; one that would block for a
+            // while is a sleep (and one whose timeout cannot be read is judged one).
+            Check::TimedWait if !waits_a_while(n, mem, d.name) => return None,
             _ => {}
         }
     }
     Some(decode(n, mem, decisions))
+}
+
+/// Whether wait `name` (notification `n`) has a non-zero timeout, or one that cannot be read.
+fn waits_a_while(n: &Notif, mem: &dyn GuestMemory, name: &str) -> bool {
+    use crate::policy::syscalls::{Timeout, timed_wait};
+    let Some(timeout) = timed_wait(name) else {
+        return true;
+    };
+    match timeout {
+        Timeout::Millis(a) => (n.args[a] as u32 as i32) > 0,
+        Timeout::Timespec(a) | Timeout::Timeval(a) => {
+            if n.args[a] == 0 {
+                return false; // no timeout: it waits for its descriptors or its wake-up
+            }
+            let mut raw = [0u8; 16];
+            match mem.read_at(n.args[a], &mut raw) {
+                Ok(16) => raw != [0u8; 16],
+                _ => true,
+            }
+        }
+    }
 }
 
 /// The most bytes of a decoded call's arguments text (`Decoded::args`); what is longer is cut
@@ -602,7 +626,13 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
         args,
         rule,
         always_deny: d.always_deny,
-        errno: libc::EPERM,
+        // A denied timed futex wait times out at once: the C library takes any other error
+        // from it as a broken futex facility and aborts the process.
+        errno: if d.check == Check::TimedWait && matches!(d.name, "futex" | "futex_waitv") {
+            libc::ETIMEDOUT
+        } else {
+            libc::EPERM
+        },
         hint: d.hint,
     }
 }

@@ -600,6 +600,7 @@ pub fn supervise(
                                     && let Some(fd) = fd
                                 {
                                     set_nonblocking(&fd);
+                                    crate::sys::notif_sync_wake_up(fd.as_fd());
                                     notif_buf = NotifBuf::new().ok();
                                     listener = Some(fd);
                                     o.notify = true;
