@@ -173,6 +173,13 @@ pub struct RunArgs {
     /// named in the report so that a run can be repeated.
     #[arg(long, value_name = "TIME")]
     pub clock: Option<String>,
+    /// Run the command N times (N >= 2), each run after the first under one perturbation of
+    /// what a deterministic program must not depend on (Python's hash seed, the address
+    /// layout; the seed and the workflow time where the policy makes them the caller's), and
+    /// say which change the result. Exit 0: the same result every time; 7: results differ;
+    /// else the first failing run's status. A CI step for workflow code.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=100))]
+    pub check_determinism: Option<u32>,
     /// Do not echo the guest's stderr or print summaries (the report still has them).
     #[arg(short, long)]
     pub quiet: bool,

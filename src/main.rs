@@ -1,6 +1,6 @@
 //! wfjail's command line: parse, load the policy, dispatch, map the outcome to an exit status.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -95,6 +95,9 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         seed: args.seed,
         clock,
     };
+    if let Some(n) = args.check_determinism {
+        return check_determinism(&policy, opts, n as usize, args.report.as_deref());
+    }
     let mut stdout = LastByte {
         inner: std::io::stdout().lock(),
         last: None,
@@ -129,6 +132,76 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         eprintln!("{}", report.summary());
     }
     Ok(u8::try_from(report.exit_status).unwrap_or(125))
+}
+
+/// `run --check-determinism N`: the runs, a line each on stderr, the JSON on `--report`.
+fn check_determinism(
+    policy: &policy::Policy,
+    mut opts: RunOptions,
+    runs: usize,
+    report: Option<&str>,
+) -> anyhow::Result<u8> {
+    // Every run reads the same request: stdin is read once into a file of our own.
+    let _stdin_copy = match &opts.input {
+        Some(_) => None,
+        None => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .take(wfjail::protocol::MAX_FRAME as u64 + 1)
+                .read_to_end(&mut bytes)
+                .context("reading the request from stdin")?;
+            let path = std::env::temp_dir().join(format!(
+                "wfjail-check-determinism-{}.request",
+                std::process::id()
+            ));
+            std::fs::write(&path, &bytes).context("keeping the request for every run")?;
+            opts.input = Some(path.clone());
+            Some(RemoveOnDrop(path))
+        }
+    };
+    let checked = wfjail::determinism::check(policy, &opts, runs);
+    eprintln!(
+        "wfjail: determinism check: {runs} runs of {} under policy {}",
+        opts.argv.join(" "),
+        policy.name
+    );
+    for (i, r) in checked.runs.iter().enumerate() {
+        let verdict = if r.status != Status::Ok {
+            format!("{} (exit {})", r.status.as_str(), r.report.exit_status)
+        } else if r.same_result {
+            "same result".to_string()
+        } else {
+            format!(
+                "DIFFERENT result: {}",
+                r.first_difference.as_deref().unwrap_or("")
+            )
+        };
+        eprintln!("  run {i} ({}): {verdict}", r.perturbation.describe());
+    }
+    if checked.deterministic {
+        eprintln!("wfjail: deterministic: every run gave the same result");
+    } else if !checked.differs_under.is_empty() {
+        eprintln!(
+            "wfjail: nondeterministic: the result changed under {}",
+            checked.differs_under.join(", ")
+        );
+    }
+    match report {
+        Some("-") => println!("{}", checked.to_json()),
+        Some(path) => std::fs::write(path, checked.to_json() + "\n")
+            .with_context(|| format!("writing the report to {path}"))?,
+        None => {}
+    }
+    Ok(u8::try_from(checked.exit_status()).unwrap_or(125))
+}
+
+/// Removes a file of ours when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {

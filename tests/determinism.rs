@@ -430,3 +430,69 @@ fn a_pinned_address_layout_gives_the_same_ids_in_every_run() {
         "randomised layouts under default differ",
     );
 }
+
+#[test]
+fn check_determinism_names_the_perturbation_that_changed_the_result() {
+    let s = Scratch::new("det-check");
+    let lib = common::python_lib(&s);
+    s.write(
+        "guest.py",
+        &format!(
+            "import sys, json, random, time\nsys.path.insert(0, {lib:?})\nfrom wfjail import guest\n\
+             def handle(req):\n    leak = json.loads(req)['leak']\n    out = {{'ok': 1}}\n\
+             \x20   if leak == 'hash': out['order'] = list({{'b', 'a', 'c', 'd', 'e', 'f'}})\n\
+             \x20   if leak == 'random': out['pick'] = random.random()\n\
+             \x20   if leak == 'time': out['t'] = time.time()\n    return json.dumps(out)\n\
+             guest.run(handle)\n"
+        ),
+    );
+    let guest = s.path("guest.py").display().to_string();
+    let dir = s.0.display().to_string();
+    for (leak, code, under) in [
+        ("none", 0, None),
+        ("hash", 7, Some("PYTHONHASHSEED=1001")),
+        ("random", 7, Some("--seed 4")),
+        ("time", 7, Some("workflow time +18000 s")),
+    ] {
+        let req = s.write(
+            &format!("{leak}.json"),
+            &format!("{{\"leak\": \"{leak}\"}}"),
+        );
+        let report = s.path(&format!("{leak}-report.json"));
+        let out = Command::new(common::wfjail_bin())
+            .args([
+                "run",
+                "-p",
+                "temporal-python",
+                "--ro",
+                &dir,
+                "--check-determinism",
+                "5",
+            ])
+            .arg("--input")
+            .arg(&req)
+            .arg("--report")
+            .arg(&report)
+            .args(["--", PY, &guest])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{leak}: {err}");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(r["runs"].as_array().unwrap().len(), 5, "{leak}");
+        match under {
+            None => {
+                assert_eq!(r["deterministic"], true, "{leak}: {err}");
+                assert!(err.contains("deterministic: every run gave the same result"));
+            }
+            Some(p) => {
+                assert_eq!(r["differs_under"], serde_json::json!([p]), "{leak}: {err}");
+                assert!(
+                    err.contains(&format!("the result changed under {p}")),
+                    "{err}"
+                );
+            }
+        }
+    }
+}
