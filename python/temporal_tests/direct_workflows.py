@@ -33,3 +33,17 @@ def _same_time():
     exact = time.time_ns() == workflow.time_ns()
     apart = abs(datetime.datetime.now(datetime.timezone.utc) - workflow.now())
     return exact and apart <= timedelta(microseconds=1)
+
+
+@workflow.defn
+class SetOrder:
+    """Schedules one activity per name in the order a `set` iterates them: an order that
+    depends on Python's hash seed, which `check_determinism` perturbs."""
+
+    @workflow.run
+    async def run(self) -> list:
+        names = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"}
+        for name in names:
+            await workflow.execute_activity("greet", name, activity_id="greet-" + name,
+                                            start_to_close_timeout=timedelta(seconds=30))
+        return list(names)
