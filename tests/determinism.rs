@@ -496,3 +496,29 @@ fn check_determinism_names_the_perturbation_that_changed_the_result() {
         }
     }
 }
+
+#[test]
+fn a_pinned_cpu_count_is_what_the_guest_sees_on_any_host() {
+    let code = "import os; print(os.cpu_count(), sorted(os.sched_getaffinity(0))[-1])";
+    let o = common::py("temporal-python", &[], code);
+    o.check(
+        o.status() == "ok" && o.stdout.trim() == "1 0",
+        "temporal-python: one CPU",
+    );
+    let o = common::py_policy(
+        "extends = \"temporal-python\"\n[process]\ncpu_count = 130\n",
+        code,
+    );
+    o.check(
+        o.status() == "ok" && o.stdout.trim() == "130 129",
+        "130 CPUs: three words of mask",
+    );
+    let o = common::py_policy(
+        "extends = \"temporal-python\"\n[process]\ncpu_count = 0\n",
+        code,
+    );
+    o.check(
+        o.code == 2 && o.stderr.contains("policy.toml:3:13") && o.stderr.contains("use 1 to 1024"),
+        "0 CPUs: refused at its line",
+    );
+}

@@ -252,6 +252,16 @@ pub fn decisions(
             map.insert(nr(n), Leaf::Allow);
         }
     }
+    if policy.process.cpu_count.is_some() && !policy.syscalls.denies("sched_getaffinity") {
+        // The supervisor answers with the pinned count (`notify::cpu_answer`).
+        map.insert(
+            nr("sched_getaffinity"),
+            Leaf::AllowElseSupervise {
+                allow: vec![],
+                supervise: None,
+            },
+        );
+    }
     if policy.time.sleep == Toggle::Deny {
         // Waits with a timeout block like a sleep. Allowed without one (and with a zero
         // one); otherwise the supervisor reads the timeout (`decode.rs`).

@@ -34,6 +34,8 @@ pub enum Check {
     Seeded,
     /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
     Clock,
+    /// `sched_getaffinity` under `[process] cpu_count = N`: answered with N CPUs.
+    CpuCount(u32),
     /// A wait under `sleep = "deny"` (`syscalls::TIMED_WAITS`): its timeout is read; a
     /// non-zero one makes it a `sleep` violation.
     TimedWait,
@@ -224,6 +226,13 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "fcntl" => Check::Fcntl,
             "mmap" | "mremap" => Check::Mapping,
             "getrandom" if policy.random.getrandom == RandomMode::Seeded => Check::Seeded,
+            "sched_getaffinity" if policy.process.cpu_count.is_some() => Check::CpuCount(
+                policy
+                    .process
+                    .cpu_count
+                    .as_ref()
+                    .map_or(1, |c| c.value as u32),
+            ),
             "clock_gettime" | "gettimeofday" | "time"
                 if policy.time.clock == ClockMode::Virtual =>
             {

@@ -99,6 +99,8 @@ pub struct ProcessRules {
     pub subprocess: Toggle,
     pub exec: Toggle,
     pub address_randomization: Toggle,
+    /// The CPU count the guest sees, when pinned.
+    pub cpu_count: Option<At<u64>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -208,6 +210,7 @@ impl Policy {
                 subprocess: Toggle::Deny,
                 exec: Toggle::Deny,
                 address_randomization: Toggle::Allow,
+                cpu_count: None,
             },
             time: TimeRules {
                 sleep: Toggle::Allow,
@@ -686,6 +689,12 @@ fn apply(
         if let Some(v) = pr.address_randomization {
             p.process.address_randomization = v;
         }
+        if let Some(n) = &pr.cpu_count {
+            p.process.cpu_count = Some(At {
+                value: *n.get_ref(),
+                at: Location::of_span(file, source, n.span()),
+            });
+        }
     }
     if let Some(v) = f.time.as_ref().and_then(|t| t.sleep) {
         p.time.sleep = v;
@@ -798,6 +807,14 @@ fn validate(p: &Policy) -> Result<(), PolicyError> {
                 message: format!("{name} {why}"),
             });
         }
+    }
+    if let Some(At { value: n, at }) = &p.process.cpu_count
+        && !(1..=1024).contains(n)
+    {
+        return Err(PolicyError::Invalid {
+            at: at.clone(),
+            message: format!("{n} CPUs: use 1 to 1024"),
+        });
     }
     if let Some(At { value: n, at }) = &p.limits.open_files
         && *n < MIN_OPEN_FILES

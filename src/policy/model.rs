@@ -177,6 +177,9 @@ pub struct Process {
     /// (`personality(ADDR_NO_RANDOMIZE)` before its exec), so Python's `id()` and object
     /// reprs do not vary between runs, zygote restarts and machines.
     pub address_randomization: Option<Toggle>,
+    /// The CPU count the guest sees (`sched_getaffinity`, hence `os.cpu_count()`), whatever
+    /// the host has: 1 to 1024. Unset: the host's.
+    pub cpu_count: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

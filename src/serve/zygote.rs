@@ -659,6 +659,10 @@ impl Zygote {
                         notify::allow(listener.as_fd(), &n);
                         continue;
                     }
+                    if let Some(Check::CpuCount(cpus)) = check {
+                        notify::respond(listener.as_fd(), &n, notify::cpu_answer(&n.args, cpus));
+                        continue;
+                    }
                 }
                 eprintln!(
                     "wfjail: zygote {}: call from unknown pid {} refused",

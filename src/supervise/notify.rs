@@ -144,6 +144,12 @@ fn decide(
         };
         return Some((Answer::Value { ret, writes }, None));
     }
+    // A pinned CPU count: the affinity mask of that many CPUs.
+    if let Some(d) = decision
+        && let Check::CpuCount(cpus) = d.check
+    {
+        return Some((cpu_answer(&n.args, cpus), None));
+    }
     // Workflow time: the wall clock reads the execution's time, not a violation.
     if let (Some(d), Some(now)) = (decision, clock)
         && d.check == Check::Clock
@@ -204,6 +210,25 @@ pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
         }
     };
     let _ = sys::notif_send(listener, n.id, reply);
+}
+
+/// The answer to `sched_getaffinity(pid, len, mask)` with `cpus` CPUs pinned: CPUs 0..cpus
+/// set, in as many 8-byte words as they need; EINVAL for a buffer the kernel would refuse
+/// (shorter than that, or not a multiple of 8 bytes).
+pub fn cpu_answer(args: &[u64; 6], cpus: u32) -> Answer {
+    let words = (cpus as usize).div_ceil(64).max(1);
+    let len = args[1] as usize;
+    if len < words * 8 || !len.is_multiple_of(8) {
+        return Answer::Errno(libc::EINVAL);
+    }
+    let mut mask = vec![0u8; words * 8];
+    for cpu in 0..cpus as usize {
+        mask[cpu / 8] |= 1 << (cpu % 8);
+    }
+    Answer::Value {
+        ret: mask.len() as i64,
+        writes: vec![(args[2], mask)],
+    }
 }
 
 /// The answer to wall-clock read `name` (arguments `args`) at `now` nanoseconds since the
