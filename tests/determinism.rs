@@ -290,17 +290,10 @@ fn serve_sessions_get_their_seed_and_each_calls_time() {
         let (s, module) = serve_scratch("det-serve", "det", WORKFLOWS, "", &[], WORKER);
         let policy = s.path("policy.toml").display().to_string();
         let worker = s.path("worker.py").display().to_string();
+        let zygote_args = common::zygote_args(&module, "1");
         let mut args = vec!["serve", "-p", &policy];
         if zygote {
-            args.extend([
-                "--zygote",
-                "--python",
-                PY,
-                "--preload",
-                &module,
-                "--zygotes",
-                "1",
-            ]);
+            args.extend(zygote_args.iter().map(String::as_str));
         }
         args.extend(["--", PY, &worker]);
         if !zygote {
