@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_with};
 
-const VIRTUAL: &str =
-    "extends = \"strict\"\n[time]\nclock = \"virtual\"\n[random]\ngetrandom = \"seeded\"\n";
+const VIRTUAL: &str = "extends = \"strict\"\n[time]\nclock = \"virtual\"\n[random]\ngetrandom = \"seeded\"\n\
+                       [process]\naddress_randomization = \"deny\"\ncpu_count = 1\n";
 const CLOCK: &str = "2026-12-01T09:30:00Z";
 const SECS: &str = "1796117400";
 
@@ -31,6 +31,7 @@ print("logging", logging.LogRecord("x", 20, "f", 1, "m", None, None).created)
 print("random", random.random(), random.Random().random())
 print("uuid4", uuid.uuid4())
 print("urandom", os.urandom(8).hex())
+print("facts", os.getpid(), os.cpu_count(), id(object()))
 a = time.monotonic()
 sum(range(300000))
 print("monotonic_advances", time.monotonic() > a)
@@ -99,6 +100,10 @@ fn python_reads_the_workflow_time_and_the_seeded_randomness_the_same_way_twice()
     a.check(
         line(&a, "monotonic_advances") == "True",
         "time.monotonic() still runs",
+    );
+    a.check(
+        line(&a, "facts").starts_with("1 1 "),
+        "pid 1 (its own PID namespace), one CPU",
     );
     a.check(a.report["clock"] == CLOCK, "the report names the clock");
     a.check(a.report["seed"] == 7, "and the seed");
