@@ -520,3 +520,35 @@ fn a_pinned_cpu_count_is_what_the_guest_sees_on_any_host() {
         "0 CPUs: refused at its line",
     );
 }
+
+/// A virtualenv of `python` (without pip) in `s`, returning its `bin/python`.
+fn venv(s: &Scratch, python: &str) -> String {
+    let dir = s.path("venv");
+    let out = Command::new(python)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&dir)
+        .output()
+        .expect("python -m venv");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.join("bin/python").display().to_string()
+}
+
+#[test]
+fn a_virtualenv_interpreter_runs_under_every_built_in_that_grants_the_interpreter() {
+    // The venv's bin/.. and its base interpreter's prefix (pyvenv.cfg's `home`) are both
+    // what ${exe_dir}/.. grants; pyvenv.cfg itself is readable wherever the command is.
+    let s = Scratch::new("det-venv");
+    let py = venv(&s, PY);
+    let code = "import sys, json; print(sys.prefix == sys.base_prefix, sys.base_prefix)";
+    for policy in ["strict", "temporal-python", "default"] {
+        let o = wfjail(&["run", "-p", policy, "--raw", "--", &py, "-c", code]);
+        o.check(
+            o.status() == "ok" && o.stdout.trim() == "False /usr",
+            &format!("{policy}: a venv of Debian's python starts"),
+        );
+    }
+}

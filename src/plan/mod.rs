@@ -285,13 +285,65 @@ fn guest_env(policy: &Policy, extra: &[(String, String)]) -> BTreeMap<String, St
 }
 
 /// Expands and canonicalizes policy grants; missing paths are skipped and returned.
+/// The other directories `${exe_dir}` stands for (see `VarContext::exe_dir_also`): the
+/// command's real directory, when a symlink led there (pyenv's shims, a venv's `python`), and
+/// a virtualenv's base interpreter directory (`home = DIR` in `../pyvenv.cfg`), both of whose
+/// `..` hold the standard library the venv's interpreter imports.
+/// The `pyvenv.cfg` of the virtualenv `command` belongs to (`bin/../pyvenv.cfg`), if any.
+fn venv_config(command: &Path) -> Option<PathBuf> {
+    let cfg = std::path::absolute(command)
+        .ok()?
+        .parent()?
+        .parent()?
+        .join("pyvenv.cfg");
+    std::fs::canonicalize(cfg).ok().filter(|c| c.is_file())
+}
+
+fn exe_dirs_also(command: &Path, canonical: &Path) -> Vec<String> {
+    let mut dirs = Vec::new();
+    let dir = std::path::absolute(command)
+        .ok()
+        .and_then(|c| c.parent().map(Path::to_path_buf));
+    if let Some(real) = canonical.parent()
+        && Some(real) != dir.as_deref()
+    {
+        dirs.push(real.display().to_string());
+    }
+    if let Some(cfg) = venv_config(command).and_then(|c| std::fs::read_to_string(c).ok()) {
+        for line in cfg.lines() {
+            if let Some((key, value)) = line.split_once('=')
+                && key.trim() == "home"
+            {
+                let home = value.trim();
+                if home.starts_with('/') && !dirs.iter().any(|d| d == home) {
+                    dirs.push(home.to_string());
+                }
+            }
+        }
+    }
+    dirs
+}
+
 fn expand_grants(
     rules: &[PathRule],
     ctx: &VarContext,
     out: &mut Vec<PathBuf>,
     skipped: &mut Vec<String>,
 ) -> Result<(), PlanError> {
+    // A grant written with ${exe_dir} is given once per directory it stands for.
+    let mut expanded: Vec<(PathRule, VarContext)> = Vec::new();
     for r in rules {
+        expanded.push((r.clone(), ctx.clone()));
+        if r.value.0.contains("${exe_dir}") {
+            for d in &ctx.exe_dir_also {
+                let mut c = ctx.clone();
+                c.exe_dir = Some(d.clone());
+                expanded.push((r.clone(), c));
+            }
+        }
+    }
+    for (r, ctx) in &expanded {
+        let (r, ctx) = (r, ctx);
         let p = r.value.expand(ctx).map_err(|message| PlanError::Variable {
             at: r.at.clone(),
             message,
@@ -381,12 +433,20 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         exe_dir: std::path::absolute(&command)
             .ok()
             .and_then(|c| c.parent().map(|p| p.display().to_string())),
+        exe_dir_also: exe_dirs_also(&command, &canonical_cmd),
     };
     let mut read = Vec::new();
     let mut write = Vec::new();
     let mut skipped = Vec::new();
     expand_grants(&policy.filesystem.read, &ctx, &mut read, &mut skipped)?;
     expand_grants(&policy.filesystem.write, &ctx, &mut write, &mut skipped)?;
+    // A virtualenv's interpreter reads `pyvenv.cfg` before anything else (site.py): without
+    // it, it cannot start at all. Reading it tells the guest nothing it does not run with.
+    if let Some(cfg) = venv_config(&command)
+        && !read.contains(&cfg)
+    {
+        read.push(cfg);
+    }
     for g in &req.grants {
         let flag = if g.write { "rw" } else { "ro" };
         let c = std::fs::canonicalize(&g.path).map_err(|source| PlanError::MissingGrant {

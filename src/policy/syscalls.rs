@@ -63,7 +63,7 @@ impl Category {
                 "reading the wall clock is denied in workflow code; use workflow.now() (or [time] clock = \"virtual\")"
             }
             Category::Random => {
-                "randomness is denied; use workflow.random() or workflow.uuid4() (seeded from history)"
+                "randomness is denied; use workflow.random() or workflow.uuid4() (seeded from history), or [random] getrandom = \"seeded\" (Python's random and tempfile modules draw at import, so importing them is enough to get here)"
             }
             Category::Privilege => "this call could weaken the sandbox and is always denied",
             Category::Other => {

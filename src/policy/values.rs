@@ -140,6 +140,11 @@ pub struct VarContext {
     pub cwd: Option<String>,
     pub home: Option<String>,
     pub exe_dir: Option<String>,
+    /// More values `${exe_dir}` stands for, each giving the grant again: the directory of the
+    /// command with its symlinks followed, and a virtualenv's base interpreter directory
+    /// (`home` in its `pyvenv.cfg`), so that a venv's `bin/..` and its base prefix are both
+    /// granted.
+    pub exe_dir_also: Vec<String>,
 }
 
 /// A filesystem path that may contain `${cwd}`, `${home}` or `${exe_dir}`. Syntax and variable
