@@ -47,9 +47,33 @@ fn load_policy(spec: &str) -> Result<policy::Policy, u8> {
 
 fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
     wfjail::timing::mark("parse arguments");
-    let policy = match load_policy(&args.policy) {
+    // A report that cannot be written is found out before anything runs: a caller that asked
+    // for one must not get a run without it.
+    if let Some(path) = args.report.as_deref().filter(|p| *p != "-")
+        && let Err(e) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+    {
+        eprintln!(
+            "wfjail: --report {path}: {e}; choose a path in a writable directory, or --report - for stdout"
+        );
+        return Ok(2);
+    }
+    let policy = match policy::load(&args.policy) {
         Ok(p) => p,
-        Err(code) => return Ok(code),
+        Err(e) => {
+            eprintln!("wfjail: {e}");
+            // A caller reading JSON gets JSON, even for a policy that does not load.
+            let report = wfjail::report::Report::launch_error(
+                &args.policy,
+                &args.command,
+                format!("the policy does not load: {e}"),
+                2,
+            );
+            write_report(args.report.as_deref(), &report, true)?;
+            return Ok(2);
+        }
     };
     wfjail::timing::mark("load policy");
     if let Some(seed) = args.seed
@@ -106,22 +130,23 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
     stdout.flush().ok();
     let result_ended_line = stdout.last.is_none_or(|b| b == b'\n');
     drop(stdout);
-    match args.report.as_deref() {
-        Some("-") => {
-            // The report starts on a line of its own, after the result.
-            let sep = if result_ended_line { "" } else { "\n" };
-            println!("{sep}{}", report.to_json());
-        }
-        Some(path) => {
-            std::fs::write(path, report.to_json() + "\n")
-                .with_context(|| format!("writing the report to {path}"))?;
-        }
-        None => {}
-    }
+    // The report starts on a line of its own, after the result.
+    write_report(args.report.as_deref(), &report, result_ended_line)?;
     if let (false, Some(g)) = (args.quiet, &report.guest_error) {
-        // The guest's text, behind the guest prefix like its other output.
+        // The guest's text, behind the guest prefix like its other output. A traceback that
+        // ends in the violation already printed as it happened does not print it again.
+        let traceback = if report.guest_error_is_a_violation() {
+            g.traceback
+                .trim_end()
+                .rsplit_once('\n')
+                .map_or("", |(head, _)| head)
+                .to_string()
+                + "\n"
+        } else {
+            g.traceback.clone()
+        };
         let mut echo = wfjail::supervise::LineEcho::new(wfjail::supervise::GUEST_PREFIX);
-        let mut text = echo.feed(g.traceback.as_bytes());
+        let mut text = echo.feed(traceback.as_bytes());
         text.extend(echo.finish());
         let _ = std::io::stderr().write_all(&text);
     }
@@ -132,6 +157,27 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         eprintln!("{}", report.summary());
     }
     Ok(u8::try_from(report.exit_status).unwrap_or(125))
+}
+
+/// Writes `report` where `--report` asks (`-`: stdout, on a line of its own when
+/// `line_start` is false).
+fn write_report(
+    to: Option<&str>,
+    report: &wfjail::report::Report,
+    line_start: bool,
+) -> anyhow::Result<()> {
+    match to {
+        Some("-") => {
+            let sep = if line_start { "" } else { "\n" };
+            println!("{sep}{}", report.to_json());
+        }
+        Some(path) => {
+            std::fs::write(path, report.to_json() + "\n")
+                .with_context(|| format!("writing the report to {path}"))?;
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// `run --check-determinism N`: the runs, a line each on stderr, the JSON on `--report`.

@@ -229,6 +229,18 @@ impl Report {
     }
 
     /// One line for a human (stderr), e.g. `wfjail: violation (exit 3) in 2.1 ms ...`.
+    /// The guest's error is the `wfjail.Violation` of a violation the report lists (the
+    /// guest library raised it for a denied call): the console has shown it already.
+    pub fn guest_error_is_a_violation(&self) -> bool {
+        self.guest_error.as_ref().is_some_and(|g| {
+            g.kind == "wfjail.Violation"
+                && self
+                    .violations
+                    .iter()
+                    .any(|v| g.message.starts_with(&format!("{}: ", v.category.as_str())))
+        })
+    }
+
     pub fn summary(&self) -> String {
         let mut s = format!(
             "wfjail: {} in {:.1} ms under policy {}",
@@ -248,8 +260,13 @@ impl Report {
         if let Some(e) = &self.error {
             s.push_str(&format!("; {}", one_line(e)));
         }
-        if let Some(g) = &self.guest_error {
-            // The guest's own words: escaped, so that they stay on this line.
+        if let Some(g) = self
+            .guest_error
+            .as_ref()
+            .filter(|_| !self.guest_error_is_a_violation())
+        {
+            // The guest's own words: escaped, so that they stay on this line. A violation
+            // the guest raised was printed when it happened: not again here.
             s.push_str(&format!(
                 "; {}: {}",
                 one_line(&g.kind),

@@ -152,7 +152,21 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     ) {
         outcome.file_at_limit = Applied::of(&plan).file_at_limit(run_started);
     }
-    let report = build_report(&plan, layers_base, outcome, timeout);
+    let mut report = build_report(&plan, layers_base, outcome, timeout);
+    // A guest that failed after being given a file it may not read (a script, a config): a
+    // refused read is Landlock's EACCES, which the supervisor does not see. Say which grant
+    // would have let it read it.
+    if report.status == crate::report::Status::GuestError
+        && report.error.is_none()
+        && let Some(path) = plan.unreadable_args.first()
+    {
+        report.error = Some(format!(
+            "the command's argument {} is not readable under policy {}: grant it with --ro {} (or the directory that holds it)",
+            path.display(),
+            policy.name,
+            path.display()
+        ));
+    }
     crate::timing::mark("report");
     report
 }

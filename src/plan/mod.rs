@@ -190,6 +190,9 @@ pub struct Plan {
     pub write: Vec<PathBuf>,
     /// Policy paths that do not exist on this host (skipped, listed in the report).
     pub skipped: Vec<String>,
+    /// Arguments of the command that name files the guest may not read (a script given to
+    /// an interpreter outside the grants): named in the report if the guest fails.
+    pub unreadable_args: Vec<PathBuf>,
 }
 
 /// The hostname a guest sees in its UTS namespace.
@@ -487,6 +490,18 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         }
     }
 
+    // Arguments that are files outside the grants, for the report's hint.
+    let unreadable_args: Vec<PathBuf> = if landlock_abi.is_ok() {
+        let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
+        req.argv
+            .iter()
+            .skip(1)
+            .filter_map(|a| std::fs::canonicalize(a).ok())
+            .filter(|p| p.is_file() && !covered(p, &granted))
+            .collect()
+    } else {
+        vec![]
+    };
     let env = guest_env(policy, &req.extra_env);
     let exec = ExecImage::new(&command, &req.argv, &env)?;
 
@@ -580,5 +595,6 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         read,
         write,
         skipped,
+        unreadable_args,
     })
 }

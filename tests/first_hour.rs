@@ -1,0 +1,135 @@
+//! The first hour with wfjail (issue 11): no silent outcomes. A report that cannot be
+//! written stops the run before it starts; a policy that does not load still gives a JSON
+//! report to a caller that asked for one; a violation is printed once; a script the policy
+//! does not let the guest read is named with the grant that would.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{PY, REPO, Scratch, wfjail_bin};
+
+fn run(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut child = Command::new(wfjail_bin())
+        .args(args)
+        .current_dir(REPO)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_report_that_cannot_be_written_stops_the_run_before_the_guest_starts() {
+    let s = Scratch::new("fh-report");
+    let marker = s.path("ran");
+    let code = format!("open({:?}, 'w').write('x')", marker.display().to_string());
+    let (rc, _, err) = run(
+        &[
+            "run",
+            "-p",
+            "default",
+            "--rw",
+            s.0.to_str().unwrap(),
+            "--report",
+            "/nonexistent-dir/report.json",
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            &code,
+        ],
+        "",
+    );
+    assert_eq!(rc, 2, "{err}");
+    assert!(
+        err.contains("--report /nonexistent-dir/report.json"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the guest did not run");
+}
+
+#[test]
+fn a_policy_that_does_not_load_still_gives_a_json_report() {
+    let s = Scratch::new("fh-policy");
+    let bad = s.write("bad.toml", "[time]\nsleep = \"sometimes\"\n");
+    let (rc, out, err) = run(
+        &[
+            "run",
+            "-p",
+            bad.to_str().unwrap(),
+            "--report",
+            "-",
+            "--",
+            "/bin/true",
+        ],
+        "",
+    );
+    assert_eq!(rc, 2);
+    let r: serde_json::Value = serde_json::from_str(&out).expect("a JSON report on stdout");
+    assert_eq!(r["status"], "launch_error");
+    assert!(r["error"].as_str().unwrap().contains("bad.toml:2"), "{r:#}");
+    assert!(err.contains("bad.toml:2"), "and on stderr: {err}");
+}
+
+#[test]
+fn a_violation_is_printed_once() {
+    let (rc, _, err) = run(
+        &[
+            "run",
+            "-p",
+            "default",
+            "--ro",
+            REPO,
+            "--",
+            PY,
+            "examples/misbehaving_guest.py",
+        ],
+        "{\"try\": \"network\"}",
+    );
+    assert_eq!(rc, 3, "{err}");
+    assert_eq!(
+        err.matches("network is denied in workflow code").count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("misbehaving_guest.py\", line"),
+        "the traceback still shows the line that made it: {err}"
+    );
+}
+
+#[test]
+fn a_script_the_guest_may_not_read_is_named_with_the_grant() {
+    let (rc, _, err) = run(
+        &[
+            "run",
+            "-p",
+            "default",
+            "--",
+            PY,
+            "examples/misbehaving_guest.py",
+        ],
+        "{\"try\": \"network\"}",
+    );
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains("examples/misbehaving_guest.py is not readable under policy default")
+            && err.contains("--ro"),
+        "{err}"
+    );
+}
