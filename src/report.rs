@@ -260,6 +260,24 @@ impl Report {
         if let Some(e) = &self.error {
             s.push_str(&format!("; {}", one_line(e)));
         }
+        if !self.layers.degraded.is_empty() {
+            // What was not applied, by name (the report has why and what would enable it).
+            let names: Vec<&str> = self
+                .layers
+                .degraded
+                .iter()
+                .map(|d| d.split(':').next().unwrap_or(d).trim())
+                .collect();
+            s.push_str(&format!(
+                "; degraded: {} (see the report's layers.degraded)",
+                names.join(", ")
+            ));
+        }
+        if self.status != Status::LaunchError && self.layers.seccomp == "filter" {
+            s.push_str(
+                "; violations cannot be named here (no seccomp user notification): a denied call may show as a guest error, not as exit 3",
+            );
+        }
         if let Some(g) = self
             .guest_error
             .as_ref()

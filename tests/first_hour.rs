@@ -133,3 +133,39 @@ fn a_script_the_guest_may_not_read_is_named_with_the_grant() {
         "{err}"
     );
 }
+
+#[test]
+fn the_console_summary_names_each_degraded_layer() {
+    // As root with forks allowed, RLIMIT_NPROC cannot bind the guest: `rlimit-nproc` is
+    // degraded (as another user, nothing is; the summary then says nothing of it).
+    let s = Scratch::new("fh-degraded");
+    let policy = s.write(
+        "forks.toml",
+        "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n",
+    );
+    let p = policy.to_str().unwrap();
+    let (_, out, _) = run(
+        &["run", "-p", p, "--report", "-", "--raw", "--", "/bin/true"],
+        "",
+    );
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let degraded: Vec<String> = r["layers"]["degraded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().split(':').next().unwrap().to_string())
+        .collect();
+    let (rc, _, err) = run(&["run", "-p", p, "--raw", "--", "/bin/true"], "");
+    assert_eq!(rc, 0, "{err}");
+    if degraded.is_empty() {
+        assert!(!err.contains("degraded:"), "{err}");
+    } else {
+        assert!(
+            err.contains("wfjail: ok"),
+            "an ok run with a degraded layer says so: {err}"
+        );
+        for d in &degraded {
+            assert!(err.contains(d.as_str()), "{d} named in {err}");
+        }
+    }
+}
