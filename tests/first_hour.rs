@@ -169,3 +169,31 @@ fn the_console_summary_names_each_degraded_layer() {
         }
     }
 }
+
+#[test]
+fn hints_point_the_right_way() {
+    let s = Scratch::new("fh-hints");
+    let target = s.path("x.txt");
+    let write = common::py(
+        "default",
+        &[],
+        &format!("open({:?}, 'w')", target.display().to_string()),
+    );
+    let v = write.assert_violation("openat", "filesystem");
+    write.check(
+        v["hint"].as_str().unwrap().contains("--rw")
+            && !v["hint"].as_str().unwrap().contains("--ro"),
+        "a write names --rw, not --ro",
+    );
+    // glibc's nscd lookup (a Unix stream socket) is not "network, do it in an activity" only.
+    let unix = common::py(
+        "default",
+        &[],
+        "import socket\ntry:\n    socket.socket(socket.AF_UNIX)\nexcept OSError:\n    pass\n",
+    );
+    let v = unix.assert_violation("socket", "network");
+    unix.check(
+        v["hint"].as_str().unwrap().contains("nscd"),
+        "a Unix socket's hint names nscd's lookups",
+    );
+}

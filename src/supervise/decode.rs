@@ -35,6 +35,11 @@ pub struct Decoded {
 /// What a session child that opens a file after the zygote preloaded should do instead.
 pub const LATE_IMPORT_HINT: &str = "the workflow opened a file after preload (a late import?); import this module at load time (wfjail serve --preload)";
 
+/// A write outside `filesystem.write`: the grant that would allow it is `--rw`, not `--ro`.
+pub const WRITE_HINT: &str = "writing outside filesystem.write is denied in workflow code; do file I/O in an activity, or grant the directory with --rw (or [filesystem] write)";
+/// A Unix socket: most often glibc asking nscd (user and host lookups), not the workflow.
+pub const UNIX_SOCKET_HINT: &str = "Unix sockets are denied in workflow code; glibc makes one to ask nscd for user and host lookups (getpwnam, getaddrinfo, ~ without HOME) and then reads /etc itself: keep HOME set, and do lookups and connections in an activity";
+
 fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
     Decoded {
         category: Category::Filesystem,
@@ -43,7 +48,7 @@ fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
         rule: rule.into(),
         always_deny: false,
         errno: libc::EACCES,
-        hint: None,
+        hint: Some(WRITE_HINT),
     }
 }
 
@@ -538,13 +543,19 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
     };
     let mut category = d.category;
     let mut rule = d.rule.clone();
+    let mut hint = d.hint;
     // What the arguments show; `clone`, `ioctl` and `fcntl` also refine category and rule
     // (unless the policy's own deny list names the call).
     let refine = !d.policy_denies;
     let args = match d.args {
         Args::Hex => hex_args(a, 3),
         Args::None => String::new(),
-        Args::SocketKind => format!("{} {}", family_name(a[0]), socket_type(a[1])),
+        Args::SocketKind => {
+            if a[0] as i32 == libc::AF_UNIX {
+                hint = Some(UNIX_SOCKET_HINT);
+            }
+            format!("{} {}", family_name(a[0]), socket_type(a[1]))
+        }
         Args::Sockaddr { addr, len } => sockaddr_arg(mem, a[addr], a[len]),
         Args::Fd => format!("fd {}", a[0] as i32),
         Args::CloneFlags => {
@@ -633,7 +644,7 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
         } else {
             libc::EPERM
         },
-        hint: d.hint,
+        hint,
     }
 }
 
