@@ -155,6 +155,21 @@ pub struct GuestError {
     pub traceback: String,
 }
 
+/// The version of the report's format: 2 added `schema_version`, `wfjail_version`,
+/// `finished_at`, `clock`, and every key present (null when unset).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// A report with what a reader needs to interpret it first.
+#[derive(Serialize)]
+struct Stamped<'a> {
+    schema_version: u32,
+    wfjail_version: &'static str,
+    /// When the report was made (RFC 3339, UTC, to the microsecond).
+    finished_at: String,
+    #[serde(flatten)]
+    report: &'a Report,
+}
+
 /// The JSON report of one execution.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -171,23 +186,17 @@ pub struct Report {
     pub layers: Layers,
     pub stderr_tail: String,
     /// For `limit`: which one (`memory`, `cpu`, `file_size`, `output`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<String>,
     /// For `launch_error` and protocol failures: what went wrong and what to do.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_error: Option<GuestError>,
     pub command: Vec<String>,
     /// The seed the guest's randomness came from, under `[random] getrandom = "seeded"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     /// The workflow time the guest's wall clock read, under `[time] clock = "virtual"`
     /// (RFC 3339; `wfjail run --clock` repeats it).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub clock: Option<String>,
     /// Policy paths that do not exist on this host and were skipped.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped_paths: Vec<String>,
     /// wfjail's own exit status for this report.
     #[serde(skip)]
@@ -224,8 +233,22 @@ impl Report {
         }
     }
 
+    /// The report as JSON: every key present (null or empty when it does not apply), times
+    /// to the microsecond, behind what a reader needs to interpret it — the report format's
+    /// version, wfjail's version and when the report was made.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        let mut report = self.clone();
+        report.duration_ms = (report.duration_ms * 1000.0).round() / 1000.0;
+        report.cpu_ms = (report.cpu_ms * 1000.0).round() / 1000.0;
+        let stamped = Stamped {
+            schema_version: SCHEMA_VERSION,
+            wfjail_version: env!("CARGO_PKG_VERSION"),
+            finished_at: crate::supervise::clock::format(
+                crate::supervise::clock::host_now() / 1000 * 1000,
+            ),
+            report: &report,
+        };
+        serde_json::to_string_pretty(&stamped).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
 
     /// One line for a human (stderr), e.g. `wfjail: violation (exit 3) in 2.1 ms ...`.

@@ -197,3 +197,40 @@ fn hints_point_the_right_way() {
         "a Unix socket's hint names nscd's lookups",
     );
 }
+
+#[test]
+fn the_report_says_its_version_and_keeps_every_key() {
+    let (rc, out, _) = run(
+        &[
+            "run",
+            "-p",
+            "default",
+            "--report",
+            "-",
+            "--raw",
+            "--",
+            "/bin/true",
+        ],
+        "",
+    );
+    assert_eq!(rc, 0);
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(r["schema_version"], 2);
+    assert_eq!(r["wfjail_version"], env!("CARGO_PKG_VERSION"));
+    let at = r["finished_at"].as_str().unwrap();
+    assert!(at.starts_with("20") && at.ends_with('Z'), "{at}");
+    let keys = r.as_object().unwrap();
+    for k in [
+        "limit",
+        "error",
+        "guest_error",
+        "seed",
+        "clock",
+        "skipped_paths",
+        "signal",
+    ] {
+        assert!(keys.contains_key(k), "{k} is present even when unset");
+    }
+    let ms = r["duration_ms"].as_f64().unwrap();
+    assert_eq!((ms * 1000.0).round() / 1000.0, ms, "to the microsecond");
+}
