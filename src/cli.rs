@@ -183,8 +183,15 @@ pub struct RunArgs {
     /// Do not echo the guest's stderr or print summaries (the report still has them).
     #[arg(short, long)]
     pub quiet: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments: after `--`, or without it from the first argument
+    /// that is not an option of wfjail's (what follows is the command's, options included).
+    #[arg(
+        required = true,
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = false,
+        num_args = 1..
+    )]
     pub command: Vec<String>,
 }
 

@@ -234,3 +234,25 @@ fn the_report_says_its_version_and_keeps_every_key() {
     let ms = r["duration_ms"].as_f64().unwrap();
     assert_eq!((ms * 1000.0).round() / 1000.0, ms, "to the microsecond");
 }
+
+#[test]
+fn the_command_may_come_without_a_double_dash() {
+    // Everything from the command on is the command's, options included.
+    let (rc, out, err) = run(
+        &[
+            "run",
+            "-q",
+            "--raw",
+            "/bin/echo",
+            "-n",
+            "x",
+            "--report",
+            "-q",
+        ],
+        "",
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(out, "x --report -q");
+    let (rc, out, _) = run(&["run", "-q", "--raw", "--", "/bin/echo", "-n", "y"], "");
+    assert_eq!((rc, out.as_str()), (0, "y"), "`--` still works");
+}
