@@ -256,3 +256,33 @@ fn the_command_may_come_without_a_double_dash() {
     let (rc, out, _) = run(&["run", "-q", "--raw", "--", "/bin/echo", "-n", "y"], "");
     assert_eq!((rc, out.as_str()), (0, "y"), "`--` still works");
 }
+
+#[test]
+fn a_policy_can_take_away_a_grant_it_inherits() {
+    let s = Scratch::new("fh-drop");
+    let p = s.write(
+        "p.toml",
+        "extends = \"default\"\n[filesystem]\ndrop = [\"/dev/zero\"]\n",
+    );
+    let o = common::py(
+        p.to_str().unwrap(),
+        &[],
+        &common::errno_of("open('/dev/zero', 'rb')"),
+    );
+    o.check(
+        o.stdout.contains("errno=13"),
+        "/dev/zero is no longer readable",
+    );
+    let bad = s.write(
+        "bad.toml",
+        "extends = \"default\"\n[filesystem]\ndrop = [\"/etc\"]\n",
+    );
+    let (rc, _, err) = run(&["policy", "validate", bad.to_str().unwrap()], "");
+    assert_eq!(rc, 2);
+    assert!(
+        err.contains("bad.toml:3:9")
+            && err.contains("takes nothing away")
+            && err.contains("\"/usr\""),
+        "{err}"
+    );
+}

@@ -658,6 +658,39 @@ fn apply(
         p.on_violation = v;
     }
     if let Some(fs) = &f.filesystem {
+        // What this policy takes away from what it extends, before it adds its own.
+        for d in fs.drop.iter().flatten() {
+            let at = Location::of_span(file, source, d.span());
+            let path =
+                PathTemplate::parse(d.get_ref()).map_err(|message| PolicyError::Invalid {
+                    at: at.clone(),
+                    message,
+                })?;
+            let before = p.filesystem.read.len() + p.filesystem.write.len();
+            p.filesystem.read.retain(|r| r.value != path);
+            p.filesystem.write.retain(|r| r.value != path);
+            if p.filesystem.read.len() + p.filesystem.write.len() == before {
+                let granted: Vec<String> = p
+                    .filesystem
+                    .read
+                    .iter()
+                    .chain(&p.filesystem.write)
+                    .map(|r| format!("{:?}", r.value.0))
+                    .collect();
+                return Err(PolicyError::Invalid {
+                    at,
+                    message: format!(
+                        "drop {:?} takes nothing away: the policies this one extends do not grant it as written (they grant {})",
+                        path.0,
+                        if granted.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            granted.join(", ")
+                        }
+                    ),
+                });
+            }
+        }
         append_located(
             &mut p.filesystem.read,
             file,

@@ -158,6 +158,9 @@ pub struct Filesystem {
     pub read: Option<Vec<Spanned<String>>>,
     /// Read, write, create, remove.
     pub write: Option<Vec<Spanned<String>>>,
+    /// Grants of the policies this one extends that it takes away (read or write), as they
+    /// are written there.
+    pub drop: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
