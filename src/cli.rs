@@ -53,6 +53,60 @@ pub enum Command {
     /// Run a worker and serve it confined sessions (prefork zygote or exec) on a Unix socket.
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
+    /// Run a command once, watch what it reads, writes and calls beyond a base policy, and
+    /// draft the policy that extends the base and lets that run pass.
+    #[command(after_help = LEARN_HELP)]
+    Learn(LearnArgs),
+}
+
+const LEARN_HELP: &str = "\
+The learning run has the base policy's writes, everything readable, and every call the base
+would deny let through and recorded (privileged calls excepted: they stay denied). Writes
+outside the base's grants fail, as they would in production: learning never writes where the
+base does not let it. The draft extends the base by the directories the run read and tried
+to write, and the settings or syscalls it needed, each with a comment naming the call.
+
+Then the command runs again under the draft (unless --no-verify) and wfjail says whether
+that run passes. A run that failed on a denied write gets further the second time: learn
+again with -p DRAFT until the draft passes. Review a draft before use: a grant is a file's
+whole directory.
+
+Example:
+  wfjail learn -p strict --output learned.toml -- /usr/bin/python3 app.py
+  wfjail run -p learned.toml -- /usr/bin/python3 app.py
+
+Exit status: 0 when the run under the draft passed; otherwise that run's status (see
+`wfjail run --help`); 2 for a usage error.";
+
+#[derive(Debug, Args)]
+pub struct LearnArgs {
+    /// The policy to extend (a built-in name or a .toml path).
+    #[arg(short, long, default_value = "default", value_name = "POLICY")]
+    pub policy: String,
+    /// Where to write the drafted policy (default: stdout).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Also allow reading and executing under PATH (in both runs; not part of the draft).
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Also allow reading and writing under PATH (in both runs; not part of the draft).
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// The request payload for a framed guest (default: stdin, read once for both runs).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// The guest does not speak the wfjail protocol (its stdin is the request).
+    #[arg(long)]
+    pub raw: bool,
+    /// Wall-clock limit of each run (default: the base policy's).
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub timeout: Option<Dur>,
+    /// Do not run the command again under the draft.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// The command and its arguments.
+    #[arg(required = true, value_name = "CMD", trailing_var_arg = true, num_args = 1..)]
+    pub command: Vec<String>,
 }
 
 const SERVE_HELP: &str = "\

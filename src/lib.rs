@@ -17,6 +17,7 @@ pub mod check;
 pub mod cli;
 pub mod confine;
 pub mod determinism;
+pub mod learn;
 pub mod plan;
 pub mod policy;
 pub mod process;

@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cmd_check(args),
         Command::Policy(p) => cmd_policy(p),
         Command::Serve(args) => cmd_serve(args),
+        Command::Learn(args) => cmd_learn(args),
     };
     wfjail::timing::print(start);
     match code {
@@ -118,6 +119,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         echo: !args.quiet,
         seed: args.seed,
         clock,
+        learn: false,
     };
     if let Some(n) = args.check_determinism {
         return check_determinism(&policy, opts, n as usize, args.report.as_deref());
@@ -239,6 +241,127 @@ fn check_determinism(
         None => {}
     }
     Ok(u8::try_from(checked.exit_status()).unwrap_or(125))
+}
+
+/// `wfjail learn`: a learning run under the base, the draft, and a run under the draft.
+fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
+    let base = match load_policy(&args.policy) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    // `extends` in the draft: a built-in by name, a file by its absolute path (the draft
+    // may be written anywhere).
+    let extends = if args.policy.contains('/') || args.policy.ends_with(".toml") {
+        std::fs::canonicalize(&args.policy)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| args.policy.clone())
+    } else {
+        args.policy.clone()
+    };
+    let mut opts = RunOptions {
+        argv: args.command.clone(),
+        grants: ExtraGrant::from_flags(&args.ro, &args.rw),
+        timeout: args.timeout.map(|d| d.0),
+        input: args.input.clone(),
+        raw: args.raw,
+        echo: true,
+        seed: None,
+        clock: None,
+        learn: true,
+    };
+    // Both runs read the same request.
+    let _stdin_copy = match &opts.input {
+        Some(_) => None,
+        None => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .take(wfjail::protocol::MAX_FRAME as u64 + 1)
+                .read_to_end(&mut bytes)
+                .context("reading the request from stdin")?;
+            let path =
+                std::env::temp_dir().join(format!("wfjail-learn-{}.request", std::process::id()));
+            std::fs::write(&path, &bytes).context("keeping the request for both runs")?;
+            opts.input = Some(path.clone());
+            Some(RemoveOnDrop(path))
+        }
+    };
+    let mut learning = base.clone();
+    learning.on_violation = policy::OnViolation::Warn;
+    eprintln!(
+        "wfjail: learning what {} needs beyond policy {}",
+        args.command.join(" "),
+        base.name
+    );
+    let mut sink = std::io::sink();
+    let report = run(&learning, &opts, &mut sink);
+    let Some(learned) = &report.learned else {
+        eprintln!("{}", report.summary());
+        return Ok(u8::try_from(report.exit_status).unwrap_or(125));
+    };
+    if !report.layers.seccomp.contains("notify") {
+        eprintln!(
+            "wfjail: learn needs seccomp user notification to see what the command does; this host has none ({})",
+            report.layers.seccomp
+        );
+        return Ok(125);
+    }
+    let text = wfjail::learn::draft(&extends, learned, &args.command);
+    let refused_writes = learned
+        .violations
+        .iter()
+        .filter(|v| v.args.ends_with(" (write)"))
+        .count();
+    eprintln!(
+        "wfjail: the learning run ended {} ({} calls recorded{})",
+        report.status.as_str(),
+        learned.violations.len(),
+        if refused_writes > 0 {
+            format!(
+                "; {refused_writes} write(s) outside policy {} were refused, as learning never writes there: the draft grants their directories",
+                base.name
+            )
+        } else {
+            String::new()
+        }
+    );
+    let draft_path = match &args.output {
+        Some(path) => {
+            std::fs::write(path, &text)
+                .with_context(|| format!("writing the draft to {}", path.display()))?;
+            eprintln!("wfjail: draft written to {}", path.display());
+            path.clone()
+        }
+        None => {
+            print!("{text}");
+            std::env::temp_dir().join(format!("wfjail-learn-{}.toml", std::process::id()))
+        }
+    };
+    if args.no_verify {
+        return Ok(0);
+    }
+    let drafted = match policy::from_source(&draft_path.display().to_string(), &text) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("wfjail: the draft does not load (a bug in learn): {e}");
+            return Ok(125);
+        }
+    };
+    opts.learn = false;
+    opts.echo = false;
+    let check = run(&drafted, &opts, &mut sink);
+    if check.status == Status::Ok {
+        eprintln!("wfjail: the command passes under the draft");
+    } else {
+        eprintln!(
+            "wfjail: under the draft: {}; learn again with -p {} (a denied write gets further each time)",
+            check.summary().trim_start_matches("wfjail: "),
+            draft_path.display()
+        );
+        for v in &check.violations {
+            eprintln!("{}", v.summary());
+        }
+    }
+    Ok(u8::try_from(check.exit_status).unwrap_or(125))
 }
 
 /// Removes a file of ours when dropped.

@@ -170,6 +170,15 @@ struct Stamped<'a> {
     report: &'a Report,
 }
 
+/// What a `wfjail learn` run saw: the policy's own grants (canonical) and every violation,
+/// reads included.
+#[derive(Debug, Clone, Default)]
+pub struct Learned {
+    pub read: Vec<std::path::PathBuf>,
+    pub write: Vec<std::path::PathBuf>,
+    pub violations: Vec<Violation>,
+}
+
 /// The JSON report of one execution.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -198,6 +207,9 @@ pub struct Report {
     pub clock: Option<String>,
     /// Policy paths that do not exist on this host and were skipped.
     pub skipped_paths: Vec<String>,
+    /// `wfjail learn`: what the learning run saw (not part of the JSON report).
+    #[serde(skip)]
+    pub learned: Option<Learned>,
     /// wfjail's own exit status for this report.
     #[serde(skip)]
     pub exit_status: i32,
@@ -229,6 +241,7 @@ impl Report {
             seed: None,
             clock: None,
             skipped_paths: vec![],
+            learned: None,
             exit_status,
         }
     }

@@ -34,6 +34,8 @@ pub struct RunOptions {
     /// The workflow time of `[time] clock = "virtual"`, nanoseconds since the epoch (default:
     /// the host's time at start).
     pub clock: Option<i64>,
+    /// `wfjail learn`: every open and every violation is recorded (`Report::learned`).
+    pub learn: bool,
 }
 
 impl RunOptions {
@@ -65,6 +67,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         grants: opts.grants.clone(),
         extra_env,
         zygote: false,
+        learn: opts.learn,
     };
     let plan = match plan::build(policy, &req) {
         Ok(p) => p,
@@ -124,6 +127,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         decisions: plan.decisions.clone(),
         clock: opts.clock,
         vdso: plan.vdso,
+        learn: opts.learn,
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();
@@ -131,7 +135,8 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         // Framed, the guest's stdout is a log: the supervisor echoes it with its stderr.
         stdout: (!framed).then_some(&mut *stdout as &mut dyn Write),
         stderr: opts.echo.then_some(&mut stderr as &mut dyn Write),
-        violations: opts.echo,
+        // Learning records every open: lines for each would drown the guest's own.
+        violations: opts.echo && !opts.learn,
     };
     let layers_base = LayersBase::of(&spawned);
     let pipes = GuestPipes {
@@ -643,6 +648,14 @@ pub fn build_report(
         seed: o.seed,
         clock: o.clock.map(crate::supervise::clock::format),
         skipped_paths: plan.skipped.clone(),
+        learned: plan
+            .base_grants
+            .clone()
+            .map(|(read, write)| crate::report::Learned {
+                read,
+                write,
+                violations: o.learned.clone(),
+            }),
         exit_status: v.exit_status,
     }
 }

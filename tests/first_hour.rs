@@ -286,3 +286,88 @@ fn a_policy_can_take_away_a_grant_it_inherits() {
         "{err}"
     );
 }
+
+#[test]
+fn learn_drafts_a_policy_that_lets_the_run_pass() {
+    let s = Scratch::new("fh-learn");
+    std::fs::create_dir_all(s.path("data")).unwrap();
+    std::fs::create_dir_all(s.path("out")).unwrap();
+    s.write("data/a.txt", "a");
+    s.write("data/b.txt", "b");
+    s.write("config.ini", "x");
+    let app = s.write(
+        "app.py",
+        &format!(
+            "import time\nd = {dir:?}\nfor n in ('data/a.txt', 'data/b.txt', 'config.ini'):\n    open(d + '/' + n).read()\n\
+             time.sleep(0.01)\nopen(d + '/out/result.txt', 'w').write('done')\nprint('done')\n",
+            dir = s.0.display().to_string()
+        ),
+    );
+    let draft = s.path("learned.toml");
+    let (rc, _, err) = run(
+        &[
+            "learn",
+            "-p",
+            "strict",
+            "--output",
+            draft.to_str().unwrap(),
+            "--raw",
+            "--",
+            PY,
+            app.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert_eq!(rc, 0, "the run under the draft passes: {err}");
+    assert!(err.contains("the command passes under the draft"), "{err}");
+    assert!(
+        err.contains("were refused"),
+        "the learning run's write was refused: {err}"
+    );
+    let text = std::fs::read_to_string(&draft).unwrap();
+    let dir = s.0.display().to_string();
+    // Python opened the script's directory itself (sys.path[0]): granted as it is, with the
+    // files read under it counted there; the write, read-write; the sleep, its setting.
+    for want in [
+        "extends = \"strict\"".to_string(),
+        format!("\"{dir}\",  # openat({dir}/app.py (read)) (+4 more)"),
+        format!("\"{dir}/out\",  # openat({dir}/out/result.txt (write))"),
+        "sleep = \"allow\"  # clock_nanosleep(".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want} in:\n{text}");
+    }
+    assert!(
+        !text.contains(&format!("\"{dir}/data\"")),
+        "inside a grant: {text}"
+    );
+    // The draft is a policy of its own: the run passes under it.
+    std::fs::remove_file(s.path("out/result.txt")).unwrap();
+    let (rc, out, err) = run(
+        &[
+            "run",
+            "-p",
+            draft.to_str().unwrap(),
+            "--raw",
+            "--",
+            PY,
+            app.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert_eq!((rc, out.trim()), (0, "done"), "{err}");
+}
+
+#[test]
+fn permissive_reports_sleep_and_randomness_and_lets_them_run() {
+    let o = common::py(
+        "permissive",
+        &[],
+        "import time, os\ntime.sleep(0.01)\nprint(len(os.urandom(4)))\n",
+    );
+    o.check(
+        o.status() == "ok" && o.stdout.trim() == "4",
+        "everything ran",
+    );
+    o.assert_violation("clock_nanosleep", "sleep");
+    o.assert_violation("getrandom", "random");
+}

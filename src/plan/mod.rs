@@ -51,6 +51,9 @@ pub struct PlanRequest {
     /// The guest is a `serve` session's (exec mode): RLIMIT_CPU is `limits.session_cpu`, the
     /// session's whole life; `limits.cpu` is each call's, which the session measures.
     pub session: bool,
+    /// `wfjail learn`: everything is readable (Landlock), every open goes to the supervisor,
+    /// which records it; writes stay confined to the policy's grants.
+    pub learn: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +193,9 @@ pub struct Plan {
     pub write: Vec<PathBuf>,
     /// Policy paths that do not exist on this host (skipped, listed in the report).
     pub skipped: Vec<String>,
+    /// `wfjail learn`: the grants of the policy as written (before everything was made
+    /// readable for the learning run), read and write.
+    pub base_grants: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
     /// Arguments of the command that name files the guest may not read (a script given to
     /// an interpreter outside the grants): named in the report if the guest fails.
     pub unreadable_args: Vec<PathBuf>,
@@ -476,7 +482,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
     // say so now, with the fix, instead of after a fork.
     let landlock_abi = crate::sys::landlock_abi();
-    if landlock_abi.is_ok() {
+    if landlock_abi.is_ok() && !req.learn {
         let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
         for exe in std::iter::once(&canonical_cmd).chain(interpreter.as_ref()) {
             let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.clone());
@@ -490,6 +496,11 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         }
     }
 
+    // Learning: what the policy grants is kept for the draft; the run may read anything.
+    let base_grants = req.learn.then(|| (read.clone(), write.clone()));
+    if req.learn {
+        read.push(PathBuf::from("/"));
+    }
     // Arguments that are files outside the grants, for the report's hint.
     let unreadable_args: Vec<PathBuf> = if landlock_abi.is_ok() {
         let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
@@ -528,7 +539,8 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     };
 
     // Seccomp: both programs, so the child can fall back without calling us.
-    let watch_reads = req.zygote && policy.zygote.reads_after_preload == Toggle::Deny;
+    let watch_reads =
+        req.learn || (req.zygote && policy.zygote.reads_after_preload == Toggle::Deny);
     let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?;
     let seccomp_fallback = bpf::compile(
         policy,
@@ -596,5 +608,6 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         write,
         skipped,
         unreadable_args,
+        base_grants,
     })
 }

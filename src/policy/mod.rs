@@ -857,7 +857,9 @@ fn validate(p: &Policy) -> Result<(), PolicyError> {
             message: format!("{n} is too low: use at least {MIN_OPEN_FILES}"),
         });
     }
-    if p.random.getrandom != RandomMode::Allow {
+    // Under `warn` nothing is enforced, randomness included: a grant of /dev/urandom only
+    // means reads of it are not reported.
+    if p.random.getrandom != RandomMode::Allow && p.on_violation != OnViolation::Warn {
         for rule in p.filesystem.read.iter().chain(&p.filesystem.write) {
             if covers_random_device(&rule.value.0) {
                 return Err(PolicyError::Invalid {

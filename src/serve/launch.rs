@@ -229,6 +229,7 @@ fn start_exec(
         grants: server.grants.clone(),
         extra_env,
         zygote: false,
+        learn: false,
     };
     let plan = plan::build(policy, &req)?;
     let null = std::fs::File::open("/dev/null").map_err(ExecError::DevNull)?;

@@ -818,6 +818,7 @@ impl Session {
             violations: &mut v,
             entropy: det.entropy.as_mut(),
             clock,
+            learned: None,
         };
         let rules = notify::Rules::new(&e.plan, &e.grants);
         let handled = notify::handle(l.as_fd(), &n, rules, state, || {
@@ -1089,6 +1090,7 @@ impl Session {
             seed,
             clock: clock.map(crate::supervise::clock::format),
             skipped_paths: vec![],
+            learned: None,
             exit_status: v.exit_status,
         }
     }

@@ -248,6 +248,7 @@ impl Zygote {
                 env
             },
             zygote: true,
+            learn: false,
         };
         let plan = plan::build(&policy, &req)?;
         let (ours, theirs) = socketpair(
@@ -624,6 +625,7 @@ impl Zygote {
                         violations: &mut own,
                         entropy: None,
                         clock: None,
+                        learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
                 }
@@ -684,6 +686,7 @@ impl Zygote {
                 violations: &mut v,
                 entropy,
                 clock,
+                learned: None,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
                 // The task waits on this notification: its pid cannot have been reused.

@@ -164,6 +164,9 @@ pub struct Config {
     pub clock: Option<i64>,
     /// What to patch in the guest's vDSO at its exec stop (`vdso.rs`).
     pub vdso: Option<vdso::Patch>,
+    /// `wfjail learn`: read-only opens are recorded too, and every violation is kept in
+    /// `Outcome::learned` (the report's list is capped).
+    pub learn: bool,
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
@@ -222,6 +225,8 @@ pub struct Outcome {
     pub seed: Option<u64>,
     /// The workflow time the guest's wall clock read (`clock = "virtual"`).
     pub clock: Option<i64>,
+    /// `wfjail learn`: every violation, in order, up to `notify::MAX_LEARNED`.
+    pub learned: Vec<Violation>,
     /// A malformed set-up record (a bug or a hostile child).
     pub channel_error: Option<String>,
     /// Framed mode: the result payload, the guest's error, or what broke the conversation.
@@ -671,11 +676,12 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                         clock: o.clock,
+                        learned: cfg.learn.then_some(&mut o.learned),
                     };
                     let rules = notify::Rules {
                         decisions: &cfg.decisions,
                         grants: &cfg.write_grants,
-                        late_reads: false,
+                        late_reads: cfg.learn,
                         on_violation: policy.on_violation,
                     };
                     if notify::handle(l.as_fd(), &n, rules, state, kill) == Handled::Killed {

@@ -82,7 +82,12 @@ pub struct State<'v> {
     pub entropy: Option<&'v mut Entropy>,
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
+    /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`]).
+    pub learned: Option<&'v mut Vec<Violation>>,
 }
+
+/// The most violations a learning run keeps (each open of a Python import is one).
+pub const MAX_LEARNED: usize = 100_000;
 
 /// Receives one notification (`None`: the call vanished, nothing to do).
 pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
@@ -104,6 +109,11 @@ pub fn handle(
     };
     let handled = match violation {
         Some(v) => {
+            if let Some(l) = state.learned
+                && l.len() < MAX_LEARNED
+            {
+                l.push(v.clone());
+            }
             state.violations.record(v);
             if matches!(answer, Answer::Kill(_)) {
                 Handled::Killed
