@@ -172,6 +172,11 @@ pub struct ServeArgs {
     /// itself, like the Temporal runner, takes it along when it goes).
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// Keep the server's counters (sessions by outcome, calls and their latency, violations
+    /// by category) in FILE, in the Prometheus text format, rewritten every second; a summary
+    /// is printed on stderr when the server stops either way.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
     /// The worker command and its arguments. Without one, wfjail only serves the socket
     /// (`--socket` is then required) until SIGTERM or SIGINT, for a worker started otherwise.
     #[arg(last = true, value_name = "WORKER_CMD")]

@@ -405,6 +405,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         worker: args.worker,
         exit_with_parent: args.exit_with_parent,
         echo: !args.quiet,
+        metrics: args.metrics,
     };
     match wfjail::serve::serve(policy, opts) {
         Ok(code) => Ok(u8::try_from(code).unwrap_or(1)),

@@ -371,3 +371,60 @@ fn permissive_reports_sleep_and_randomness_and_lets_them_run() {
     o.assert_violation("clock_nanosleep", "sleep");
     o.assert_violation("getrandom", "random");
 }
+
+#[test]
+fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
+    let (s, module) = common::serve_scratch(
+        "fh-metrics",
+        "met",
+        "import socket\ndef ok(req):\n    return b'ok'\ndef net(req):\n    socket.socket(socket.AF_INET)\n",
+        "",
+        &[],
+        "import time\nc = Client()\nwith c.session(handler=MOD + ':ok') as s:\n    s.call(b'1'); s.call(b'2')\n\
+         try:\n    with c.session(handler=MOD + ':net') as s:\n        s.call(b'x')\nexcept Exception:\n    pass\n\
+         time.sleep(1.5)\nprint(open(DIR + '/metrics.prom').read())\n",
+    );
+    let metrics = s.path("metrics.prom");
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote = common::zygote_args(&module, "1");
+    let mut args = vec![
+        "serve",
+        "-p",
+        &policy,
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
+    args.extend(zygote.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = Command::new(wfjail_bin())
+        .args(&args)
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // While running: the worker read the file.
+    assert!(
+        stdout.contains("wfjail_sessions_opened_total 2"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("wfjail_call_seconds_count 3"), "{stdout}");
+    assert!(
+        stdout.contains("wfjail_violations_total{category=\"network\"} 1"),
+        "{stdout}"
+    );
+    // At exit: on stderr, and the file's last state.
+    assert!(
+        stderr.contains("wfjail: served 2 sessions") && stderr.contains("3 calls"),
+        "{stderr}"
+    );
+    let last = std::fs::read_to_string(&metrics).unwrap();
+    assert!(
+        last.contains("wfjail_sessions_ended_total{status=\"ok\"} 1"),
+        "{last}"
+    );
+}

@@ -8,6 +8,7 @@
 
 pub mod control;
 pub mod launch;
+pub mod metrics;
 pub mod phases;
 pub mod session;
 pub mod worker_conn;
@@ -50,6 +51,8 @@ pub struct ServeOptions {
     pub exit_with_parent: bool,
     /// Print violations and guest logs on stderr.
     pub echo: bool,
+    /// Where to keep the counters (Prometheus text), rewritten every second.
+    pub metrics: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +262,8 @@ pub struct Server {
     pub timeout: Option<Duration>,
     pub slots: Slots,
     pub echo: bool,
+    /// Sessions, calls and violations, counted (`metrics.rs`).
+    pub metrics: metrics::Metrics,
     next_id: AtomicU64,
     /// Exec-mode children, killed at shutdown (zygote children die with their zygote).
     pub children: Mutex<std::collections::HashMap<u64, Arc<OwnedFd>>>,
@@ -419,9 +424,29 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         timeout: opts.timeout.or(policy.limits.timeout.map(|d| d.0)),
         slots: Slots::new(opts.max_executions),
         echo: opts.echo,
+        metrics: metrics::Metrics::default(),
         next_id: AtomicU64::new(0),
         children: Mutex::new(std::collections::HashMap::new()),
     });
+
+    if let Some(path) = opts.metrics.clone() {
+        // Readable while the server runs; the last write is at shutdown.
+        let s = server.clone();
+        let _ = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                loop {
+                    if let Err(e) = s.metrics.write(&path) {
+                        eprintln!(
+                            "wfjail: --metrics {}: {e}; not written again",
+                            path.display()
+                        );
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+    }
 
     // The worker, unconfined: it must reach its server.
     let mut worker = match opts.worker.split_first() {
@@ -572,6 +597,12 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         }
     };
     shutdown(&server);
+    if let Some(path) = &opts.metrics {
+        let _ = server.metrics.write(path);
+    }
+    if opts.echo {
+        eprintln!("{}", server.metrics.summary());
+    }
     Ok(status)
 }
 

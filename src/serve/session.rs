@@ -130,6 +130,8 @@ struct Session {
     /// The guest wrote output since the last sample (sample again sooner: a guest whose
     /// allocation failed prints why, then exits).
     output_since_sample: bool,
+    /// When the call in progress was issued (for the latency counter).
+    call_started: Option<Instant>,
 }
 
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T`...), `None` when the process is gone.
@@ -160,6 +162,7 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     // A session holds its slot for its whole life. With none free the worker hears so at
     // once (BUSY), instead of waiting on a thread that may have a deadline of its own.
     let Some(_slot) = server.slots.try_acquire() else {
+        server.metrics.session_busy();
         let doc = serde_json::to_vec(&capacity(&server)).unwrap_or_default();
         client.send_last(worker::BUSY, &doc);
         return;
@@ -239,6 +242,7 @@ impl Session {
             output_bytes: 0,
             output_exceeded: false,
             call_cpu_start: None,
+            call_started: None,
             call_cpu_exceeded: false,
             stopped: false,
             stop_unconfirmed: None,
@@ -279,6 +283,7 @@ impl Session {
                         return false;
                     }
                     self.conv.begin_call();
+                    self.call_started = Some(Instant::now());
                     self.start_call_cpu(true);
                     self.counts_at_call = self
                         .shared
@@ -307,6 +312,7 @@ impl Session {
                     // stream (a forked child drew before, at fork and while starting; those
                     // draws depend on whether a spare was ready, so they get fixed bytes).
                     self.shared.determinism.lock().unwrap().armed = true;
+                    self.server.metrics.session_opened();
                     let mode = if matches!(self.child, Child::Zygote { .. }) {
                         "zygote"
                     } else {
@@ -321,6 +327,9 @@ impl Session {
                 }
                 Action::Result(bytes) => {
                     self.start_call_cpu(false);
+                    if let Some(t) = self.call_started.take() {
+                        self.server.metrics.call(t.elapsed(), false);
+                    }
                     // A call that succeeded may still have been denied something (code that
                     // swallowed the error): the worker hears of it before the result.
                     let during = self.call_violations();
@@ -332,6 +341,9 @@ impl Session {
                 }
                 Action::CallError(e) => {
                     self.start_call_cpu(false);
+                    if let Some(t) = self.call_started.take() {
+                        self.server.metrics.call(t.elapsed(), true);
+                    }
                     // The violations of this call only: a guest's ERROR typed
                     // `wfjail.Violation` cannot borrow one from an earlier call.
                     let during = self.call_violations();
@@ -964,6 +976,13 @@ impl Session {
     /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
     fn finish(mut self) {
         let report = self.report();
+        self.server.metrics.session_ended(
+            report.status.as_str(),
+            report
+                .violations
+                .iter()
+                .map(|v| (v.category.as_str(), u64::from(v.count))),
+        );
         // CLOSED answers CLOSE (whatever was denied along the way); FAILED is any other end.
         let kind = if self.phases.closed() {
             worker::CLOSED
