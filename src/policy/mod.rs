@@ -1026,7 +1026,9 @@ mod tests {
         let s = sources(&[
             (
                 "p.toml",
-                "extends = \"permissive\"\non_violation = \"deny\"\n",
+                // Enforcing: randomness must then be allowed, or "/" would be refused for
+                // making /dev/urandom readable (permissive only reports it).
+                "extends = \"permissive\"\non_violation = \"deny\"\n[random]\ngetrandom = \"allow\"\n",
             ),
             ("typo.toml", "\nextends = \"stirct\"\n"),
         ]);
