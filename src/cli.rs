@@ -57,6 +57,14 @@ pub enum Command {
     /// draft the policy that extends the base and lets that run pass.
     #[command(after_help = LEARN_HELP)]
     Learn(LearnArgs),
+    /// Print a shell completion script: `wfjail completions bash > /etc/bash_completion.d/wfjail`
+    /// (also zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `wfjail manpage > wfjail.1 && man ./wfjail.1`.
+    Manpage,
 }
 
 const LEARN_HELP: &str = "\
@@ -271,7 +279,11 @@ pub struct CheckArgs {
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// List the built-in policies.
-    List,
+    List {
+        /// Print JSON: `[{"name", "description"}]`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a policy with `extends` applied and defaults filled in (a valid policy file).
     Show {
         /// A built-in name or a path.
@@ -285,5 +297,9 @@ pub enum PolicyCommand {
         /// Files to check.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Print JSON: `[{"file", "ok", "error": {"message", "file", "line", "column",
+        /// "field"} | null}]`.
+        #[arg(long)]
+        json: bool,
     },
 }

@@ -28,6 +28,18 @@ fn main() -> ExitCode {
         Command::Policy(p) => cmd_policy(p),
         Command::Serve(args) => cmd_serve(args),
         Command::Learn(args) => cmd_learn(args),
+        Command::Completions { shell } => {
+            let mut cmd = <wfjail::cli::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "wfjail", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Manpage => {
+            let cmd = <wfjail::cli::Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd)
+                .render(&mut std::io::stdout())
+                .context("writing the man page")
+                .map(|()| 0)
+        }
     };
     wfjail::timing::print(start);
     match code {
@@ -432,10 +444,18 @@ fn cmd_check(args: CheckArgs) -> anyhow::Result<u8> {
 
 fn cmd_policy(cmd: PolicyCommand) -> anyhow::Result<u8> {
     match cmd {
-        PolicyCommand::List => {
+        PolicyCommand::List { json } => {
+            let mut list = Vec::new();
             for (name, _) in policy::BUILTINS {
                 let p = policy::load(name).with_context(|| format!("built-in policy {name}"))?;
-                println!("{name:<16} {}", p.description);
+                if json {
+                    list.push(serde_json::json!({"name": name, "description": p.description}));
+                } else {
+                    println!("{name:<16} {}", p.description);
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
             }
             Ok(0)
         }
@@ -451,16 +471,39 @@ fn cmd_policy(cmd: PolicyCommand) -> anyhow::Result<u8> {
             }
             Ok(0)
         }
-        PolicyCommand::Validate { files } => {
+        PolicyCommand::Validate { files, json } => {
             let mut bad = 0;
+            let mut docs = Vec::new();
             for f in &files {
-                match policy::validate_file(f) {
-                    Ok(_) => println!("{}: ok", f.display()),
-                    Err(e) => {
-                        eprintln!("{e}");
-                        bad += 1;
+                let result = policy::validate_file(f);
+                if result.is_err() {
+                    bad += 1;
+                }
+                if json {
+                    let error = result.as_ref().err().map(|e| {
+                        let at = e.location();
+                        serde_json::json!({
+                            "message": e.to_string(),
+                            "file": at.map(|a| a.file.clone()),
+                            "line": at.map(|a| a.line),
+                            "column": at.map(|a| a.column),
+                            "field": at.and_then(|a| a.field.clone()),
+                        })
+                    });
+                    docs.push(serde_json::json!({
+                        "file": f.display().to_string(),
+                        "ok": result.is_ok(),
+                        "error": error,
+                    }));
+                } else {
+                    match result {
+                        Ok(_) => println!("{}: ok", f.display()),
+                        Err(e) => eprintln!("{e}"),
                     }
                 }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&docs)?);
             }
             Ok(if bad > 0 { 2 } else { 0 })
         }

@@ -428,3 +428,52 @@ fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
         "{last}"
     );
 }
+
+#[test]
+fn conventions_completions_a_man_page_and_json_for_policies() {
+    let (rc, out, _) = run(&["completions", "bash"], "");
+    assert_eq!(rc, 0);
+    assert!(
+        out.contains("_wfjail()") && out.contains("learn"),
+        "bash completion"
+    );
+    let (rc, out, _) = run(&["manpage"], "");
+    assert_eq!(rc, 0);
+    assert!(
+        out.contains(".TH wfjail 1") && out.contains("SUBCOMMANDS"),
+        "a roff man page"
+    );
+    let (rc, out, _) = run(&["policy", "list", "--json"], "");
+    assert_eq!(rc, 0);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["default", "strict", "temporal-python", "permissive"]
+    );
+    let s = Scratch::new("fh-validate");
+    let bad = s.write("bad.toml", "[limits]\ntimeout = \"soon\"\n");
+    let good = s.write("good.toml", "extends = \"strict\"\n");
+    let (rc, out, _) = run(
+        &[
+            "policy",
+            "validate",
+            "--json",
+            bad.to_str().unwrap(),
+            good.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert_eq!(rc, 2);
+    let docs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(docs[0]["ok"], false);
+    assert_eq!(docs[0]["error"]["line"], 2);
+    assert_eq!(docs[0]["error"]["field"], "limits.timeout");
+    assert_eq!(docs[1]["ok"], true);
+    assert!(docs[1]["error"].is_null());
+}

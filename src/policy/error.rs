@@ -124,6 +124,16 @@ fn field_prefix(at: &Location) -> String {
 }
 
 impl PolicyError {
+    /// Where the error is, when it is in a file: `(file, line, column, field)`.
+    pub fn location(&self) -> Option<&Location> {
+        match self {
+            PolicyError::Invalid { at, .. }
+            | PolicyError::Cycle { at, .. }
+            | PolicyError::TooDeep { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
     /// Builds an `Invalid` error from a `toml` parse error, keeping its span.
     pub fn from_toml(file: &str, source: &str, err: &toml::de::Error) -> Self {
         let at = match err.span() {
