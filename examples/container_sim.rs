@@ -2,7 +2,8 @@
 //! wfjail's behaviour under Docker, Kubernetes and older runtimes can be tested on a bare host.
 //!
 //! ```text
-//! container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] [--drop-sys-admin] -- CMD [ARG...]
+//! container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] [--deny-process-vm]
+//!               [--drop-sys-admin] -- CMD [ARG...]
 //! ```
 //!
 //! It sets no_new_privs, installs a classic-BPF seccomp filter (x86_64 only) built from the
@@ -31,6 +32,9 @@
 //!   Sysbox, a Kubernetes seccomp notifier): the kernel allows one listener per filter
 //!   chain, so `seccomp(SECCOMP_SET_MODE_FILTER, flags with SECCOMP_FILTER_FLAG_NEW_LISTENER)`
 //!   fails with EBUSY. Other `seccomp` calls are allowed.
+//! * `--deny-process-vm` — Docker <= 22 and containerd < 1.7 profiles (Debian's docker.io
+//!   included), which allow `process_vm_readv`/`process_vm_writev` only with
+//!   CAP_SYS_PTRACE: both fail with EPERM.
 //! * `--drop-sys-admin` — a container's root user, which Docker and Kubernetes run without
 //!   CAP_SYS_ADMIN: the capability leaves the bounding, inheritable, permitted and effective
 //!   sets (and the ambient set is cleared), so it does not come back when CMD is executed.
@@ -92,6 +96,8 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u32;
 
+const NR_PROCESS_VM_READV: u32 = 310;
+const NR_PROCESS_VM_WRITEV: u32 = 311;
 /// `SECCOMP_FILTER_FLAG_NEW_LISTENER`.
 const FLAG_NEW_LISTENER: u32 = 8;
 
@@ -101,11 +107,12 @@ struct Options {
     deny_namespaces: bool,
     deny_landlock: bool,
     deny_notify: bool,
+    deny_process_vm: bool,
     drop_sys_admin: bool,
 }
 
 const USAGE: &str = "usage: container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] \
-                     [--drop-sys-admin] -- CMD [ARG...]";
+                     [--deny-process-vm] [--drop-sys-admin] -- CMD [ARG...]";
 
 fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
     let mut o = Options::default();
@@ -116,7 +123,7 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
                 if cmd.is_empty() {
                     return Err("no command given after `--`".into());
                 }
-                if !(o.deny_namespaces || o.deny_landlock || o.deny_notify) {
+                if !(o.deny_namespaces || o.deny_landlock || o.deny_notify || o.deny_process_vm) {
                     o.deny_namespaces = true;
                 }
                 return Ok((o, cmd));
@@ -124,6 +131,7 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
             Some("--deny-namespaces") => o.deny_namespaces = true,
             Some("--deny-landlock") => o.deny_landlock = true,
             Some("--deny-notify") => o.deny_notify = true,
+            Some("--deny-process-vm") => o.deny_process_vm = true,
             Some("--drop-sys-admin") => o.drop_sys_admin = true,
             _ => return Err(format!("unknown argument {a:?}")),
         }
@@ -195,6 +203,10 @@ fn program(o: Options) -> Vec<libc::sock_filter> {
         ] {
             deny_nr(&mut p, nr, ret_errno(libc::ENOSYS));
         }
+    }
+    if o.deny_process_vm {
+        deny_nr(&mut p, NR_PROCESS_VM_READV, ret_errno(libc::EPERM));
+        deny_nr(&mut p, NR_PROCESS_VM_WRITEV, ret_errno(libc::EPERM));
     }
     // The argument checks come last: each ends the program for its syscall.
     if o.deny_namespaces {

@@ -713,3 +713,38 @@ fn no_notify_kill_policy_kills_with_sigsys() {
         "a killed violation whose hint mentions SIGSYS",
     );
 }
+
+/// Docker <= 22 and containerd < 1.7 (Debian's docker.io included): `process_vm_readv` and
+/// `process_vm_writev` need CAP_SYS_PTRACE there. Guest memory is read through
+/// `/proc/PID/mem` instead, so a write outside the grants is still reported with its path.
+const OLD_DOCKER_ROOT: &[&str] = &["--deny-namespaces", "--drop-sys-admin", "--deny-process-vm"];
+
+#[test]
+fn old_docker_root_write_outside_rw_is_reported_with_its_path() {
+    write_outside_rw_is_denied(sim_root(OLD_DOCKER_ROOT));
+}
+
+#[test]
+fn old_docker_root_workflow_time_and_seeded_randomness_are_answered() {
+    // Answers are written into the guest's memory through /proc/PID/mem, and the vDSO is
+    // read there too.
+    let code = "import time, os\nprint(time.time(), os.urandom(4).hex())\n";
+    let a = py(
+        sim_root(OLD_DOCKER_ROOT),
+        "temporal-python",
+        &["--clock", "@1000", "--seed", "5"],
+        code,
+    );
+    let b = py(
+        sim_root(&["--deny-namespaces", "--drop-sys-admin"]),
+        "temporal-python",
+        &["--clock", "@1000", "--seed", "5"],
+        code,
+    );
+    a.check(a.status() == "ok", "status ok without process_vm_*");
+    a.check(a.stdout.starts_with("1000.0 "), "the workflow time");
+    a.check(
+        a.stdout == b.stdout,
+        "the same answers as with process_vm_*",
+    );
+}

@@ -61,8 +61,8 @@ pub enum VdsoError {
     Trace(io::Error),
     #[error("the child did not stop at its exec within {0:?}")]
     NoStop(Duration),
-    #[error("cannot read the child's vDSO: {0}")]
-    Read(io::Error),
+    #[error("cannot read the child's vDSO ({0}): {1}")]
+    Read(&'static str, io::Error),
     #[error("the child's vDSO is not an ELF image wfjail can read: {0}")]
     Elf(&'static str),
     #[error("cannot patch the child's vDSO: {0}")]
@@ -73,7 +73,7 @@ impl VdsoError {
     /// The errno a start-up record carries for it.
     pub fn errno(&self) -> nix::errno::Errno {
         let raw = match self {
-            VdsoError::Trace(e) | VdsoError::Read(e) | VdsoError::Write(e) => {
+            VdsoError::Trace(e) | VdsoError::Read(_, e) | VdsoError::Write(e) => {
                 e.raw_os_error().unwrap_or(libc::EIO)
             }
             VdsoError::NoStop(_) => libc::ETIMEDOUT,
@@ -129,12 +129,15 @@ pub fn exec(
 
 /// Patches the vDSO of the tracee `pid`, stopped at its exec.
 fn patch_stopped(pid: libc::pid_t, patch: Patch) -> Result<(), VdsoError> {
-    let Some(base) = sys::auxv_entry(pid, AT_SYSINFO_EHDR).map_err(VdsoError::Read)? else {
+    let Some(base) =
+        sys::auxv_entry(pid, AT_SYSINFO_EHDR).map_err(|e| VdsoError::Read("its auxv", e))?
+    else {
         return Ok(()); // no vDSO (booted with vdso=0): every read is a syscall already
     };
-    let len = vdso_len(pid, base).map_err(VdsoError::Read)?;
+    let len = vdso_len(pid, base).map_err(|e| VdsoError::Read("its maps", e))?;
     let mut image = vec![0u8; len];
-    let got = sys::read_process_memory(pid, base, &mut image).map_err(VdsoError::Read)?;
+    let got = sys::read_process_memory(pid, base, &mut image)
+        .map_err(|e| VdsoError::Read("its memory", e))?;
     image.truncate(got);
     let mut done: Vec<u64> = Vec::new();
     for (name, offset) in symbols(&image)? {
