@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] [--deny-process-vm]
-//!               [--drop-sys-admin] -- CMD [ARG...]
+//!               [--deny-ptrace] [--drop-sys-admin] -- CMD [ARG...]
 //! ```
 //!
 //! It sets no_new_privs, installs a classic-BPF seccomp filter (x86_64 only) built from the
@@ -35,6 +35,8 @@
 //! * `--deny-process-vm` — Docker <= 22 and containerd < 1.7 profiles (Debian's docker.io
 //!   included), which allow `process_vm_readv`/`process_vm_writev` only with
 //!   CAP_SYS_PTRACE: both fail with EPERM.
+//! * `--deny-ptrace` — Docker's profile before 19.03, or on kernels before 4.8: `ptrace`
+//!   fails with EPERM.
 //! * `--drop-sys-admin` — a container's root user, which Docker and Kubernetes run without
 //!   CAP_SYS_ADMIN: the capability leaves the bounding, inheritable, permitted and effective
 //!   sets (and the ambient set is cleared), so it does not come back when CMD is executed.
@@ -96,6 +98,7 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u32;
 
+const NR_PTRACE: u32 = 101;
 const NR_PROCESS_VM_READV: u32 = 310;
 const NR_PROCESS_VM_WRITEV: u32 = 311;
 /// `SECCOMP_FILTER_FLAG_NEW_LISTENER`.
@@ -108,11 +111,12 @@ struct Options {
     deny_landlock: bool,
     deny_notify: bool,
     deny_process_vm: bool,
+    deny_ptrace: bool,
     drop_sys_admin: bool,
 }
 
 const USAGE: &str = "usage: container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] \
-                     [--deny-process-vm] [--drop-sys-admin] -- CMD [ARG...]";
+                     [--deny-process-vm] [--deny-ptrace] [--drop-sys-admin] -- CMD [ARG...]";
 
 fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
     let mut o = Options::default();
@@ -123,7 +127,12 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
                 if cmd.is_empty() {
                     return Err("no command given after `--`".into());
                 }
-                if !(o.deny_namespaces || o.deny_landlock || o.deny_notify || o.deny_process_vm) {
+                if !(o.deny_namespaces
+                    || o.deny_landlock
+                    || o.deny_notify
+                    || o.deny_process_vm
+                    || o.deny_ptrace)
+                {
                     o.deny_namespaces = true;
                 }
                 return Ok((o, cmd));
@@ -132,6 +141,7 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
             Some("--deny-landlock") => o.deny_landlock = true,
             Some("--deny-notify") => o.deny_notify = true,
             Some("--deny-process-vm") => o.deny_process_vm = true,
+            Some("--deny-ptrace") => o.deny_ptrace = true,
             Some("--drop-sys-admin") => o.drop_sys_admin = true,
             _ => return Err(format!("unknown argument {a:?}")),
         }
@@ -203,6 +213,9 @@ fn program(o: Options) -> Vec<libc::sock_filter> {
         ] {
             deny_nr(&mut p, nr, ret_errno(libc::ENOSYS));
         }
+    }
+    if o.deny_ptrace {
+        deny_nr(&mut p, NR_PTRACE, ret_errno(libc::EPERM));
     }
     if o.deny_process_vm {
         deny_nr(&mut p, NR_PROCESS_VM_READV, ret_errno(libc::EPERM));

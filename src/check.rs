@@ -279,6 +279,21 @@ pub fn check(policy: &Policy) -> CheckReport {
         None,
     );
 
+    // The exec stop (workflow time, seeded randomness): a child traced across its exec.
+    let needs_stop = crate::supervise::vdso::Patch::for_policy(policy).is_some();
+    let stop = probe_exec_stop();
+    rows.push(Row {
+        layer: "exec-stop",
+        available: stop.is_ok(),
+        required: needs_stop,
+        detail: match &stop {
+            Ok(()) => "ptrace can hold a child at its exec: the vDSO is patched for [time] clock and [random] getrandom".into(),
+            Err(e) => format!("ptrace refused ({e}): policies with [time] clock or [random] getrandom other than real/allow cannot start"),
+        },
+        enable: stop.is_err().then(|| {
+            "allow ptrace in the container's seccomp profile (Docker allows it from 19.03 on kernels >= 4.8) and keep kernel.yama.ptrace_scope below 3".into()
+        }),
+    });
     let cgroup = cgroup_summary();
     let ok = rows.iter().all(|r| r.available || !r.required);
     let mut report = CheckReport {
@@ -291,6 +306,16 @@ pub fn check(policy: &Policy) -> CheckReport {
         ok,
     };
     report.rows.push(Row {
+        layer: "guest-memory",
+        available: true,
+        required: false,
+        detail: format!(
+            "read and written with {} (violations name their paths either way)",
+            sys::guest_memory_route()
+        ),
+        enable: None,
+    });
+    report.rows.push(Row {
         layer: "cgroups",
         available: cgroup.0,
         required: false,
@@ -298,6 +323,21 @@ pub fn check(policy: &Policy) -> CheckReport {
         enable: None,
     });
     report
+}
+
+/// Whether this process may trace a child across its exec (`PTRACE_SEIZE` on a child that
+/// waits), as the exec stop does.
+fn probe_exec_stop() -> Result<(), nix::errno::Errno> {
+    let child = sys::clone_process(0, || {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        sys::exit_now(0)
+    })
+    .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EPERM)))?;
+    let seized = sys::ptrace_seize_for_exec(child.pid)
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EPERM)));
+    let _ = sys::kill_pid(child.pid, libc::SIGKILL);
+    let _ = sys::wait4(child.pid);
+    seized
 }
 
 /// cgroups are not used for enforcement (memory is limited with RLIMIT_AS); this row says

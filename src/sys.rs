@@ -742,6 +742,15 @@ fn process_vm_usable() -> bool {
     })
 }
 
+/// How guest memory is read and written here, for `wfjail check`.
+pub fn guest_memory_route() -> &'static str {
+    if process_vm_usable() {
+        "process_vm_readv/process_vm_writev"
+    } else {
+        "/proc/PID/mem (this container's seccomp profile refuses process_vm_readv: Docker <= 22, containerd < 1.7)"
+    }
+}
+
 /// `/proc/PID/mem` of process `pid`, for reading (or writing).
 fn proc_mem(pid: libc::pid_t, write: bool) -> io::Result<std::fs::File> {
     std::fs::OpenOptions::new()

@@ -748,3 +748,32 @@ fn old_docker_root_workflow_time_and_seeded_randomness_are_answered() {
         "the same answers as with process_vm_*",
     );
 }
+
+#[test]
+fn without_ptrace_a_policy_with_workflow_time_fails_before_it_starts_and_check_says_why() {
+    let how = sim_root(&["--deny-ptrace"]);
+    let o = py(how, "temporal-python", &[], "print('ran')");
+    o.check(
+        o.code == 125 && o.stdout.is_empty(),
+        "exit 125, nothing ran",
+    );
+    o.check(
+        o.report["error"].as_str().unwrap_or("").contains("ptrace"),
+        "the report names ptrace",
+    );
+    // A policy with the real clock and the kernel's randomness needs no exec stop.
+    let o = py(how, "default", &[], "print('ran')");
+    o.check(o.status() == "ok", "default still runs");
+    let c = wfjail(how, &["check", "-p", "temporal-python", "--json"]);
+    let doc: Value = serde_json::from_str(&c.stdout).unwrap();
+    let row = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["layer"] == "exec-stop")
+        .unwrap();
+    c.check(
+        row["available"] == false && row["required"] == true && c.code == 125,
+        "check: exec-stop missing and required, exit 125",
+    );
+}
