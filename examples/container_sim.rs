@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] [--deny-process-vm]
-//!               [--deny-ptrace] [--drop-sys-admin] -- CMD [ARG...]
+//!               [--deny-ptrace] [--deny-sethostname] [--drop-sys-admin] -- CMD [ARG...]
 //! ```
 //!
 //! It sets no_new_privs, installs a classic-BPF seccomp filter (x86_64 only) built from the
@@ -37,6 +37,9 @@
 //!   CAP_SYS_PTRACE: both fail with EPERM.
 //! * `--deny-ptrace` — Docker's profile before 19.03, or on kernels before 4.8: `ptrace`
 //!   fails with EPERM.
+//! * `--deny-sethostname` — podman's default profile (containers-common): namespaces are
+//!   allowed but `sethostname` fails with EPERM, so a guest's UTS namespace keeps the
+//!   container's hostname.
 //! * `--drop-sys-admin` — a container's root user, which Docker and Kubernetes run without
 //!   CAP_SYS_ADMIN: the capability leaves the bounding, inheritable, permitted and effective
 //!   sets (and the ambient set is cleared), so it does not come back when CMD is executed.
@@ -98,6 +101,7 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u32;
 
+const NR_SETHOSTNAME: u32 = 170;
 const NR_PTRACE: u32 = 101;
 const NR_PROCESS_VM_READV: u32 = 310;
 const NR_PROCESS_VM_WRITEV: u32 = 311;
@@ -112,11 +116,13 @@ struct Options {
     deny_notify: bool,
     deny_process_vm: bool,
     deny_ptrace: bool,
+    deny_sethostname: bool,
     drop_sys_admin: bool,
 }
 
 const USAGE: &str = "usage: container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] \
-                     [--deny-process-vm] [--deny-ptrace] [--drop-sys-admin] -- CMD [ARG...]";
+                     [--deny-process-vm] [--deny-ptrace] [--deny-sethostname] [--drop-sys-admin] \
+                     -- CMD [ARG...]";
 
 fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
     let mut o = Options::default();
@@ -131,7 +137,8 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
                     || o.deny_landlock
                     || o.deny_notify
                     || o.deny_process_vm
-                    || o.deny_ptrace)
+                    || o.deny_ptrace
+                    || o.deny_sethostname)
                 {
                     o.deny_namespaces = true;
                 }
@@ -142,6 +149,7 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
             Some("--deny-notify") => o.deny_notify = true,
             Some("--deny-process-vm") => o.deny_process_vm = true,
             Some("--deny-ptrace") => o.deny_ptrace = true,
+            Some("--deny-sethostname") => o.deny_sethostname = true,
             Some("--drop-sys-admin") => o.drop_sys_admin = true,
             _ => return Err(format!("unknown argument {a:?}")),
         }
@@ -216,6 +224,9 @@ fn program(o: Options) -> Vec<libc::sock_filter> {
     }
     if o.deny_ptrace {
         deny_nr(&mut p, NR_PTRACE, ret_errno(libc::EPERM));
+    }
+    if o.deny_sethostname {
+        deny_nr(&mut p, NR_SETHOSTNAME, ret_errno(libc::EPERM));
     }
     if o.deny_process_vm {
         deny_nr(&mut p, NR_PROCESS_VM_READV, ret_errno(libc::EPERM));

@@ -81,7 +81,6 @@ fn namespace_hint(errno: nix::errno::Errno, user_ok: bool) -> String {
 
 /// Probes every layer and compares with `policy.require`.
 pub fn check(policy: &Policy) -> CheckReport {
-    use nix::errno::Errno;
     let mut rows = Vec::new();
     let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
         rows.push(Row {
@@ -129,24 +128,7 @@ pub fn check(policy: &Policy) -> CheckReport {
             );
         }
         Err(e) => {
-            let (detail, enable) = match e {
-                Errno::ENOSYS => (
-                    "not in this kernel".to_string(),
-                    "Linux >= 5.13 built with CONFIG_SECURITY_LANDLOCK=y",
-                ),
-                Errno::EOPNOTSUPP => (
-                    "built in but disabled".to_string(),
-                    "add `landlock` to the kernel's lsm= boot parameter",
-                ),
-                Errno::EPERM => (
-                    "denied by a seccomp profile".to_string(),
-                    "a container runtime whose default profile allows landlock_* (Docker >= 23, recent containerd), or a custom profile",
-                ),
-                e => (
-                    format!("landlock_create_ruleset: {e}"),
-                    "see https://docs.kernel.org/userspace-api/landlock.html",
-                ),
-            };
+            let (detail, enable) = crate::plan::landlock::why_missing(e);
             for l in [Layer::Landlock, Layer::LandlockNet, Layer::LandlockScope] {
                 row(l, false, detail.clone(), Some(enable.into()));
             }
@@ -237,6 +219,32 @@ pub fn check(policy: &Policy) -> CheckReport {
         }
     }
 
+    // The pinned hostname: the namespace alone does not show it (podman's default seccomp
+    // profile allows the UTS namespace but refuses sethostname).
+    let uts = probe_in_child(base | libc::CLONE_NEWUTS, || Ok(()));
+    let hostname = uts.is_ok().then(|| {
+        let set = probe_in_child(base | libc::CLONE_NEWUTS, || {
+            sys::sethostname(crate::plan::HOSTNAME)
+        });
+        Row {
+            layer: "hostname",
+            available: set.is_ok(),
+            required: false,
+            detail: match &set {
+                Ok(()) => "sethostname in the guest's UTS namespace: it sees \"wfjail\"".into(),
+                Err(e) => format!(
+                    "sethostname refused ({e}): the guest gets a UTS namespace of its own but \
+                     sees this host's or container's hostname"
+                ),
+            },
+            enable: set.is_err().then(|| {
+                "the container's seccomp profile refuses sethostname (podman's default does): \
+                 a profile that allows it in a UTS namespace, or accept the host's name"
+                    .into()
+            }),
+        }
+    });
+
     // A private /proc, made the way `run` makes it: in the new PID namespace's first process.
     match probe_in_child(base | libc::CLONE_NEWPID, sys::private_proc) {
         Ok(()) => row(
@@ -279,6 +287,14 @@ pub fn check(policy: &Policy) -> CheckReport {
         None,
     );
 
+    if let Some(h) = hostname {
+        let at = rows
+            .iter()
+            .position(|r| r.layer == "uts-ns")
+            .map_or(rows.len(), |i| i + 1);
+        rows.insert(at, h);
+    }
+
     // The exec stop (workflow time, seeded randomness): a child traced across its exec.
     let needs_stop = crate::supervise::vdso::Patch::for_policy(policy).is_some();
     let stop = probe_exec_stop();
@@ -292,6 +308,27 @@ pub fn check(policy: &Policy) -> CheckReport {
         },
         enable: stop.is_err().then(|| {
             "allow ptrace in the container's seccomp profile (Docker allows it from 19.03 on kernels >= 4.8) and keep kernel.yama.ptrace_scope below 3".into()
+        }),
+    });
+    let unseen = sys::refused_by_outer_filter();
+    rows.push(Row {
+        layer: "container-seccomp",
+        available: unseen.is_empty(),
+        required: false,
+        detail: if unseen.is_empty() {
+            match sys::current_seccomp_mode() {
+                Some(2) => "the filter this process runs under leaves every probed call to wfjail: each violation is reported".into(),
+                _ => "no outer seccomp filter: each violation is reported".into(),
+            }
+        } else {
+            format!(
+                "this container's profile refuses {} itself, before wfjail's filter: a guest's \
+                 call fails with an errno but is not reported as a violation",
+                unseen.join(", ")
+            )
+        },
+        enable: (!unseen.is_empty()).then(|| {
+            "nothing is weaker (the call fails either way); to see these violations, a profile that leaves them to wfjail (e.g. Docker's `--security-opt seccomp=unconfined`: wfjail's own filter still applies)".into()
         }),
     });
     let cgroup = cgroup_summary();
@@ -364,19 +401,19 @@ fn cgroup_summary() -> (bool, String) {
 impl CheckReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "wfjail check: policy {} on Linux {} (uid {})\n\n{:<16} {:<10} {:<9} {}\n",
+            "wfjail check: policy {} on Linux {} (uid {})\n\n{:<18} {:<10} {:<9} {}\n",
             self.policy, self.kernel, self.uid, "LAYER", "AVAILABLE", "REQUIRED", "DETAIL"
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{:<16} {:<10} {:<9} {}\n",
+                "{:<18} {:<10} {:<9} {}\n",
                 r.layer,
                 if r.available { "yes" } else { "NO" },
                 if r.required { "yes" } else { "-" },
                 r.detail
             ));
             if let Some(e) = &r.enable {
-                s.push_str(&format!("{:<37}to enable: {e}\n", ""));
+                s.push_str(&format!("{:<39}to enable: {e}\n", ""));
             }
         }
         s.push('\n');

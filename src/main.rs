@@ -164,10 +164,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         text.extend(echo.finish());
         let _ = std::io::stderr().write_all(&text);
     }
-    if !args.quiet
-        && (report.status != Status::Ok
-            || args.report.is_none() && !report.layers.degraded.is_empty())
-    {
+    if !args.quiet && (report.status != Status::Ok || !report.layers.degraded.is_empty()) {
         eprintln!("{}", report.summary());
     }
     Ok(u8::try_from(report.exit_status).unwrap_or(125))

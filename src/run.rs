@@ -413,6 +413,11 @@ fn step_layer(step: Step) -> &'static str {
     }
 }
 
+/// The calls an outer (container) filter answers before wfjail's: never reported.
+fn sys_outer_refusals() -> &'static [&'static str] {
+    crate::sys::refused_by_outer_filter()
+}
+
 /// What would enable a degraded layer.
 fn enable_hint(layer: &str) -> &'static str {
     match layer {
@@ -421,6 +426,9 @@ fn enable_hint(layer: &str) -> &'static str {
         }
         "mount-ns" => {
             "host pids stay visible in /proc: a private /proc needs the PID namespace, and in a user namespace an unmasked /proc (a container that masks /proc paths refuses it); see `wfjail check`"
+        }
+        "hostname" => {
+            "the container's seccomp profile refuses sethostname (podman's default does): the guest's UTS namespace keeps the container's hostname; see `wfjail check`"
         }
         "seccomp-notify" => "needs Linux >= 5.0 and a runtime that allows the seccomp listener",
         "capabilities" => {
@@ -504,6 +512,15 @@ pub fn layers(
             "getrandom-seeded: no seccomp listener to answer getrandom, so it is denied instead (the guest gets no randomness, seeded or real)"
                 .into(),
         );
+    }
+    let unseen = sys_outer_refusals();
+    if !unseen.is_empty() {
+        degraded.push(format!(
+            "container-seccomp: this container's seccomp profile refuses {} itself, before \
+             wfjail's filter: a guest's call fails with an errno but no violation is reported \
+             (see `wfjail check`)",
+            unseen.join(", ")
+        ));
     }
     let seccomp = if notify {
         "user-notify"

@@ -751,6 +751,76 @@ pub fn guest_memory_route() -> &'static str {
     }
 }
 
+/// Calls the seccomp filter this process already runs under (a container's profile) answers
+/// itself. That filter stacks under wfjail's and an errno answer outranks a user
+/// notification, so a guest's call to one of these fails without wfjail ever seeing it: no
+/// violation is recorded. Each is probed here with arguments the kernel rejects harmlessly
+/// (EFAULT, EBADF, EINVAL; `unshare(0)` does nothing), so EPERM, EACCES or ENOSYS can only
+/// come from the outer filter. Empty when this process runs under no filter.
+pub fn refused_by_outer_filter() -> &'static [&'static str] {
+    static REFUSED: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    REFUSED.get_or_init(|| {
+        if current_seccomp_mode() != Some(2) {
+            return Vec::new();
+        }
+        let me = libc::c_long::from(getpid());
+        let io_uring_enabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+            .map_or(true, |v| v.trim() == "0");
+        let probes: [(&'static str, libc::c_long, [libc::c_long; 5], bool); 13] = [
+            ("unshare", libc::SYS_unshare, [0; 5], true),
+            ("setns", libc::SYS_setns, [-1, 0, 0, 0, 0], true),
+            ("mount", libc::SYS_mount, [0; 5], true),
+            ("umount2", libc::SYS_umount2, [0; 5], true),
+            ("chroot", libc::SYS_chroot, [0; 5], true),
+            ("keyctl", libc::SYS_keyctl, [-1, 0, 0, 0, 0], true),
+            ("add_key", libc::SYS_add_key, [0; 5], true),
+            ("request_key", libc::SYS_request_key, [0; 5], true),
+            (
+                "perf_event_open",
+                libc::SYS_perf_event_open,
+                [0, 0, -1, -1, 0],
+                true,
+            ),
+            ("kcmp", libc::SYS_kcmp, [me, me, 0xff, 0, 0], true),
+            (
+                "pidfd_getfd",
+                libc::SYS_pidfd_getfd,
+                [-1, -1, 0, 0, 0],
+                true,
+            ),
+            (
+                "ptrace",
+                libc::SYS_ptrace,
+                [libc::c_long::from(libc::PTRACE_PEEKUSER as i32), 0, 0, 0, 0],
+                true,
+            ),
+            (
+                "io_uring_setup",
+                libc::SYS_io_uring_setup,
+                [1, 0, 0, 0, 0],
+                io_uring_enabled,
+            ),
+        ];
+        let mut refused = Vec::new();
+        for (name, nr, a, meaningful) in probes {
+            if !meaningful {
+                continue;
+            }
+            // SAFETY: every argument is a null pointer, an invalid descriptor or an invalid
+            // operation the kernel rejects before acting; unshare(0) changes nothing.
+            let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4]) };
+            let errno = Errno::last();
+            if r == -1 && matches!(errno, Errno::EPERM | Errno::EACCES | Errno::ENOSYS) {
+                refused.push(name);
+            }
+        }
+        if !process_vm_usable() {
+            refused.extend(["process_vm_readv", "process_vm_writev"]);
+        }
+        refused
+    })
+}
+
 /// `/proc/PID/mem` of process `pid`, for reading (or writing).
 fn proc_mem(pid: libc::pid_t, write: bool) -> io::Result<std::fs::File> {
     std::fs::OpenOptions::new()

@@ -147,6 +147,11 @@ struct How {
     sim: Option<&'static [&'static str]>,
 }
 
+const ROOT_HOST: How = How {
+    nobody: false,
+    sim: None,
+};
+
 const NOBODY_HOST: How = How {
     nobody: true,
     sim: None,
@@ -610,6 +615,23 @@ fn no_landlock_default_policy_exits_125() {
             && o.stderr.contains("Landlock"),
         "the error names Landlock",
     );
+    // ENOSYS on this kernel (>= 5.13) comes from the profile: the hint says so, and names
+    // what would enable it, instead of blaming the kernel's configuration.
+    o.check(
+        o.stderr
+            .contains("this container's seccomp profile hides it")
+            && o.stderr.contains("Docker 20.10.18")
+            && !o.stderr.contains("CONFIG_SECURITY_LANDLOCK"),
+        "the error blames the runtime's profile, not the kernel",
+    );
+    let row = check_row(sim_root(&["--deny-landlock"]), "landlock");
+    assert!(
+        row["detail"]
+            .as_str()
+            .unwrap()
+            .contains("this container's seccomp profile hides it"),
+        "check says the same: {row}"
+    );
 }
 
 #[test]
@@ -776,4 +798,85 @@ fn without_ptrace_a_policy_with_workflow_time_fails_before_it_starts_and_check_s
         row["available"] == false && row["required"] == true && c.code == 125,
         "check: exec-stop missing and required, exit 125",
     );
+}
+
+/// A `check --json` row by layer name.
+fn check_row(how: How, layer: &str) -> Value {
+    let c = wfjail(how, &["check", "--json"]);
+    let doc: Value = serde_json::from_str(&c.stdout).unwrap();
+    doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["layer"] == layer)
+        .cloned()
+        .unwrap_or_else(|| panic!("check has no {layer} row: {}", c.stdout))
+}
+
+#[test]
+fn a_call_the_container_refuses_first_is_named_as_unreported_by_check_and_run() {
+    // Docker's profile answers unshare itself (EPERM outranks wfjail's notification): the
+    // guest's call fails but wfjail never sees it. That must not pass silently.
+    let how = sim_root(&["--deny-namespaces"]);
+    let o = py(
+        how,
+        "default",
+        &[],
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n\
+         print(libc.unshare(0x10000000), ctypes.get_errno())",
+    );
+    o.check(o.stdout.trim() == "-1 1", "unshare fails with EPERM");
+    assert_degraded(&o, "container-seccomp");
+    o.check(
+        degraded(&o)
+            .iter()
+            .any(|d| d.starts_with("container-seccomp: ") && d.contains("unshare, setns")),
+        "the entry names unshare and setns",
+    );
+    o.check(
+        o.stderr.contains("container-seccomp"),
+        "the console summary names it",
+    );
+    let row = check_row(how, "container-seccomp");
+    assert!(
+        row["available"] == false && row["detail"].as_str().unwrap().contains("unshare, setns"),
+        "check predicts it: {row}"
+    );
+    // On the bare host nothing is answered before wfjail: the call is reported.
+    let o = py(
+        ROOT_HOST,
+        "default",
+        &[],
+        "import ctypes; ctypes.CDLL(None).unshare(0x10000000)",
+    );
+    o.check(
+        o.code == 3 && o.report["violations"][0]["syscall"] == "unshare",
+        "reported on the host",
+    );
+    o.check(
+        !degraded(&o)
+            .iter()
+            .any(|d| d.starts_with("container-seccomp")),
+        "no container-seccomp entry on the host",
+    );
+    assert!(check_row(ROOT_HOST, "container-seccomp")["available"] == true);
+}
+
+#[test]
+fn a_refused_sethostname_is_predicted_by_check_and_degraded_in_run() {
+    // podman's default profile: a UTS namespace, but no sethostname.
+    let how = sim_root(&["--deny-sethostname"]);
+    let o = py(
+        how,
+        "default",
+        &[],
+        "import socket; print(socket.gethostname())",
+    );
+    o.check(o.status() == "ok", "status ok");
+    o.check(o.stdout.trim() != "wfjail", "the hostname is not pinned");
+    assert_degraded(&o, "hostname");
+    let row = check_row(how, "hostname");
+    assert!(row["available"] == false, "check predicts it: {row}");
+    let row = check_row(ROOT_HOST, "hostname");
+    assert!(row["available"] == true, "on the host: {row}");
 }

@@ -56,6 +56,52 @@ pub fn enforced_abi(kernel_abi: u32) -> u32 {
     kernel_abi.min(PINNED_ABI)
 }
 
+/// Why Landlock is missing when `landlock_create_ruleset` fails with `e`, and what would
+/// enable it. ENOSYS on a kernel of 5.13 or later while this process runs under a seccomp
+/// filter is that filter's answer (runtime profiles older than Landlock answer ENOSYS for
+/// calls they do not name), not the kernel's.
+pub fn why_missing(e: nix::errno::Errno) -> (String, &'static str) {
+    use nix::errno::Errno;
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut parts = release
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let filtered = crate::sys::current_seccomp_mode() == Some(2);
+    match e {
+        Errno::ENOSYS if version >= (5, 13) && filtered => (
+            format!(
+                "landlock_create_ruleset answers ENOSYS on Linux {release}, which has Landlock \
+                 since 5.13: this container's seccomp profile hides it (a profile older than \
+                 Landlock, e.g. Docker 20.10.0 to 20.10.17)"
+            ),
+            "a runtime whose profile allows landlock_create_ruleset, landlock_add_rule and \
+             landlock_restrict_self (Docker 20.10.18 and later), or run with a profile that \
+             does (`--security-opt seccomp=FILE`)",
+        ),
+        Errno::ENOSYS => (
+            "this kernel has no Landlock".into(),
+            "Linux >= 5.13 built with CONFIG_SECURITY_LANDLOCK=y",
+        ),
+        Errno::EOPNOTSUPP => (
+            "Landlock is built in but disabled".into(),
+            "add `landlock` to the kernel's lsm= boot parameter",
+        ),
+        Errno::EPERM => (
+            "a seccomp profile (e.g. an old container runtime's) denies the landlock syscalls"
+                .into(),
+            "a container runtime whose default profile allows landlock_* (Docker >= 20.10.18, \
+             recent containerd), or a custom profile",
+        ),
+        e => (
+            format!("landlock_create_ruleset: {e}"),
+            "see https://docs.kernel.org/userspace-api/landlock.html",
+        ),
+    }
+}
+
 /// Creates a ruleset for the kernel's ABI `kernel_abi` (at most [`PINNED_ABI`]) granting
 /// read+execute under `read`, everything under `write`; with `deny_tcp` all TCP
 /// bind/connect is denied (no rule grants any port).

@@ -522,12 +522,8 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let (landlock, landlock_missing) = match landlock_abi {
         Ok(abi) => (Some(landlock::build(abi, &read, &write, deny_tcp)?), None),
         Err(e) => {
-            let why = match e {
-                nix::errno::Errno::ENOSYS => "this kernel has no Landlock (Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK)".to_string(),
-                nix::errno::Errno::EOPNOTSUPP => "Landlock is built in but disabled: add `landlock` to the kernel's lsm= boot parameter".to_string(),
-                nix::errno::Errno::EPERM => "a seccomp profile (e.g. an old container runtime's) denies the landlock syscalls".to_string(),
-                e => format!("landlock_create_ruleset failed: {e}"),
-            };
+            let (what, enable) = landlock::why_missing(e);
+            let why = format!("{what}; to enable: {enable}");
             if policy.requires(Layer::Landlock) {
                 return Err(PlanError::LandlockRequired {
                     policy: policy.name.clone(),

@@ -1,0 +1,207 @@
+"""Runs inside a real OCI container (see scripts/test-oci): wfjail under the container's
+seccomp profile and user, checked as a user would see it.
+
+Mounted by the caller: the static wfjail binary at /usr/local/bin/wfjail, this directory at
+/oci and the repository's python/ (the `wfjail` package) at /wfjail-python, all read-only.
+Prints one line per check ("ok NAME" or "FAIL NAME: why") and a last JSON line with what the
+host side asserts across configurations; exits 1 when a check failed.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+WFJAIL = "/usr/local/bin/wfjail"
+PY = "/usr/bin/python3"
+WORK = tempfile.mkdtemp(prefix="wfjail-oci-")
+failed = []
+summary = {"uid": os.getuid()}
+
+
+def check(name, ok, why=""):
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
+    if not ok:
+        failed.append(name)
+
+
+def write(name, text):
+    path = os.path.join(WORK, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def run(policy, code, *extra):
+    """`wfjail run --raw` of a Python snippet with a JSON report: (exit code, report,
+    stdout + stderr)."""
+    report = os.path.join(WORK, "report.json")
+    if os.path.exists(report):
+        os.unlink(report)
+    p = subprocess.run(
+        [WFJAIL, "run", "--raw", "-p", policy, "--report", report, *extra, "--", PY, "-c",
+         code],
+        capture_output=True, text=True, timeout=60,
+    )
+    doc = None
+    if os.path.exists(report):
+        with open(report) as f:
+            doc = json.load(f)
+    return p.returncode, doc, p.stdout + p.stderr
+
+
+def violation(doc, category, syscall, arg_part=""):
+    return any(
+        v["category"] == category and v["syscall"] == syscall and arg_part in (v["args"] or "")
+        for v in (doc or {}).get("violations", [])
+    )
+
+
+def show(doc, err):
+    return "report %s; stderr %r" % (json.dumps(doc)[:1500], err[-800:])
+
+
+# What this runtime lets wfjail enforce, as `check` predicts it.
+p = subprocess.run([WFJAIL, "check", "--json"], capture_output=True, text=True)
+rows = {r["layer"]: r for r in json.loads(p.stdout)["rows"]}
+missing = sorted(name for name, r in rows.items() if not r["available"])
+summary["check_missing"] = missing
+check("check exits 0 (default requires only Landlock and seccomp)", p.returncode == 0, p.stderr)
+for needed in ("landlock", "seccomp", "seccomp-notify"):
+    check("check: %s available" % needed, rows[needed]["available"], rows[needed]["detail"])
+
+# A clean run: status ok, and `degraded` lists exactly the namespaces check said were missing.
+code, doc, err = run("default", "print('hello from the guest')")
+check("clean run exits 0 with status ok", code == 0 and doc and doc["status"] == "ok",
+      show(doc, err))
+degraded = sorted(d.split(":")[0] for d in (doc or {}).get("layers", {}).get("degraded", []))
+summary["run_degraded"] = degraded
+# cgroups are not used for enforcement and exec-stop only matters to policies that need it.
+predicted = [m for m in missing if m not in ("cgroups", "exec-stop")]
+check("run's degraded layers are the ones check reported missing", degraded == predicted,
+      "run %s, check %s" % (degraded, predicted))
+# Calls the container's profile answers before wfjail's filter (an errno outranks a user
+# notification): check and run must name them, since their violations cannot be reported.
+detail = rows["container-seccomp"]["detail"]
+unseen = []
+if not rows["container-seccomp"]["available"]:
+    unseen = detail.split("refuses ", 1)[1].split(" itself", 1)[0].split(", ")
+summary["unreported"] = unseen
+check("the console summary names what is degraded",
+      all(d in err for d in degraded), err[-800:])
+
+# Enforcement, each with its report entry.
+code, doc, err = run("default", "import socket; socket.socket(socket.AF_INET)")
+check("network: socket(AF_INET) reported, exit 3",
+      code == 3 and violation(doc, "network", "socket", "AF_INET"), show(doc, err))
+code, doc, err = run("default", "open('/etc/wfjail-oci-probe', 'w')")
+check("a write outside the grants is reported with its path, exit 3",
+      code == 3 and violation(doc, "filesystem", "openat", "/etc/wfjail-oci-probe"),
+      show(doc, err))
+check("... and the file was not created", not os.path.exists("/etc/wfjail-oci-probe"))
+code, doc, err = run("default", "import threading; threading.Thread(target=print).start()")
+check("thread: clone3 reported, exit 3",
+      code == 3 and any(v["category"] == "thread" for v in doc["violations"]),
+      show(doc, err))
+code, doc, err = run("default", "import os; os.fork()")
+check("process: fork reported, exit 3",
+      code == 3 and any(v["category"] == "subprocess" for v in doc["violations"]),
+      show(doc, err))
+code, doc, err = run("default", "import os; os.execv('/bin/true', ['true'])")
+check("exec: execve reported with its path, exit 3",
+      code == 3 and violation(doc, "exec", "execve", "/bin/true"), show(doc, err))
+# unshare(CLONE_NEWUSER) through ctypes (Python 3.11 has no os.unshare).
+code, doc, err = run(
+    "default",
+    "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+    "r = libc.unshare(0x10000000); print('unshare', r, ctypes.get_errno())",
+    "--ro", "/usr/lib/x86_64-linux-gnu",
+)
+if "unshare" in unseen:
+    check("unshare refused by the container first: EPERM, and the report says it is unseen",
+          code == 0 and "unshare -1 1" in err and doc["status"] == "ok"
+          and any(d.startswith("container-seccomp: ") and "unshare" in d
+                  for d in doc["layers"]["degraded"]), show(doc, err))
+else:
+    check("unshare from the guest: refused and reported, exit 3",
+          code == 3 and "unshare -1 1" in err
+          and any(v["syscall"] == "unshare" for v in doc["violations"]), show(doc, err))
+
+# Workflow time and seeded randomness need ptrace at exec (the vDSO is patched).
+policy = write("time.toml", 'extends = "default"\n[filesystem]\ndrop = ["/dev/urandom"]\n'
+               '[time]\nclock = "virtual"\n[random]\ngetrandom = "seeded"\n')
+code, doc, err = run(policy, "import time, os; print('T', time.time(), os.urandom(4).hex())",
+                     "--clock", "@1700000000", "--seed", "7")
+if rows["exec-stop"]["available"]:
+    check("virtual clock and seeded getrandom work (exec-stop available)",
+          code == 0 and "T 1700000000.0 " in err,
+          show(doc, err))
+else:
+    check("virtual clock without exec-stop: exit 125 naming ptrace",
+          code == 125 and "ptrace" in err, show(doc, err))
+
+# `require`d namespaces: 125 exactly when check said they are missing.
+policy = write("require.toml", 'extends = "default"\nrequire = ["landlock", "seccomp", '
+               '"namespaces"]\n')
+code, doc, err = run(policy, "print('required layers present')")
+want = 125 if any(m in missing for m in
+                  ("user-ns", "pid-ns", "net-ns", "ipc-ns", "uts-ns", "mount-ns")) else 0
+summary["require_namespaces_exit"] = code
+check("require namespaces: exit %d" % want, code == want, show(doc, err))
+
+# serve --zygote: one server, two sessions forked from a preloaded zygote.
+policy = write("serve.toml", 'extends = "default"\n[filesystem]\nread = ["/oci", '
+               '"/wfjail-python"]\n[env]\nset = { PYTHONPATH = "/wfjail-python:/oci" }\n')
+sock = os.path.join(WORK, "serve.sock")
+server = subprocess.Popen(
+    [WFJAIL, "serve", "-p", policy, "--socket", sock, "--zygote", "--zygotes", "1",
+     "--python", PY, "--preload", "oci_handler"],
+    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+)
+try:
+    sys.path.insert(0, "/wfjail-python")
+    from wfjail import Violation  # noqa: E402
+    from wfjail.client import Client  # noqa: E402
+
+    deadline = time.monotonic() + 30
+    client = Client(sock)
+    while True:
+        try:
+            client.status()
+            break
+        except (OSError, ConnectionError):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise
+            time.sleep(0.1)
+    results = []
+    for name in ("a", "b"):
+        with client.session(handler="oci_handler:echo") as s:
+            results.append(s.call(name.encode()))
+    check("serve --zygote: two sessions answer", results == [b"echo a", b"echo b"],
+          repr(results))
+    with client.session(handler="oci_handler:connect") as s:
+        try:
+            s.call(b"")
+            denied = "no error"
+        except Violation as e:
+            denied = [e.category, e.syscall]
+    check("serve --zygote: a session's socket() is denied and reported",
+          denied == ["network", "socket"], repr(denied))
+except Exception as e:  # noqa: BLE001 (every failure becomes a FAIL line)
+    check("serve --zygote works", False, "%s: %s" % (type(e).__name__, e))
+finally:
+    server.terminate()
+    try:
+        out, err = server.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        out, err = server.communicate()
+check("serve exits 0 on SIGTERM", server.returncode == 0,
+      "exit %s: %s" % (server.returncode, err[-1500:]))
+
+summary["failed"] = failed
+print(json.dumps(summary))
+sys.exit(1 if failed else 0)
