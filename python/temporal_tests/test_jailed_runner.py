@@ -442,6 +442,40 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertEqual(jailed, "Hello, extern! (record 1)")
         self.assertEqual(recorded, ["started Greeting"], "recorded in the worker's process")
 
+    def test_the_opentelemetry_interceptor_exports_the_workflows_spans_from_the_worker(self):
+        # Its extern function takes a frozen dataclass (an enum, an exception, nested dicts):
+        # typed JSON, rebuilt in the worker from the function's own type hints.
+        try:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+                InMemorySpanExporter)
+            from temporalio.contrib.opentelemetry import TracingInterceptor
+        except ImportError as e:
+            self.fail("scripts/test installs opentelemetry-sdk into the test venv: %s" % e)
+
+        async def go(runner):
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            tracer = provider.get_tracer("wfjail-test")
+            client = await self.server.client()
+            client = type(client)(client.service_client, namespace=client.namespace,
+                                  interceptors=[TracingInterceptor(tracer)])
+            queue = "otel-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=CLEAN, activities=[W.greet],
+                              workflow_runner=runner):
+                with tracer.start_as_current_span("test-root"):
+                    result = await client.execute_workflow(
+                        W.Greeting.run, "otel", id=str(uuid.uuid4()), task_queue=queue)
+            return result, sorted({s.name for s in exporter.get_finished_spans()})
+
+        jailed = self.run_async(go(JailedWorkflowRunner()))
+        plain = self.run_async(go(UnsandboxedWorkflowRunner()))
+        self.assertEqual(jailed, plain)
+        self.assertIn("RunWorkflow:Greeting", jailed[1])
+        self.assertIn("StartActivity:greet", jailed[1])
+
     def test_a_workflow_can_have_a_policy_of_its_own(self):
         runner = JailedWorkflowRunner()
         capture = _Capture("wfjail.temporal")

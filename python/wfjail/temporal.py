@@ -19,9 +19,9 @@ and a hint), even when the workflow caught the error.
 
 Importing this module needs ``temporalio``; the rest of the ``wfjail`` package does not.
 Extern functions (interceptors' ``unsafe_extern_functions``, the local-activity check) and
-``patch_activation_callback`` run in the worker, called by name from the child (JSON
-arguments and results); metric records ride on the completions to the worker's meter. Not
-done yet (docs/temporal.md): a stack dump on deadlock (the child is ended instead).
+``patch_activation_callback`` run in the worker, called by name from the child (typed JSON
+arguments and results, rebuilt from the worker function's own type hints: ``typed_json``);
+metric records ride on the completions to the worker's meter.
 """
 
 import asyncio
@@ -52,6 +52,7 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
+from . import typed_json
 from .client import Busy, Client, GuestError, SessionFailed
 from .errors import ProtocolError
 
@@ -520,8 +521,10 @@ def _upcalls_in_worker(det):
             args = doc.get("args", [])
             if not isinstance(args, list):
                 raise ValueError("the arguments of an upcall are a JSON array")
-            result = fn(*args)
-        return json.dumps(result).encode()
+            # Rebuilt as the worker's function declares its parameters (typed_json): a
+            # dataclass, enum or exception argument, never a class the child names.
+            result = fn(*typed_json.decode_args(fn, args))
+        return json.dumps(typed_json.encode(result)).encode()
 
     return on_upcall
 
@@ -702,13 +705,15 @@ def _warm_up(paths):
 
 
 def _extern_proxy(name):
-    """In the child: an extern function that runs in the worker (JSON arguments and result;
-    what is not JSON raises TypeError here, in the workflow)."""
+    """In the child: an extern function that runs in the worker. Arguments and result are
+    typed JSON (``typed_json``: JSON values, bytes, tuples, dataclasses, enums, exceptions);
+    anything else raises TypeError here, in the workflow."""
     from . import guest
 
     def call(*args):
-        answer = guest.upcall(json.dumps({"fn": name, "args": list(args)}).encode())
-        return json.loads(answer)
+        doc = {"fn": name, "args": [typed_json.encode(a) for a in args]}
+        answer = guest.upcall(json.dumps(doc).encode())
+        return typed_json.decode(json.loads(answer))
 
     call.__name__ = name
     return call
