@@ -11,7 +11,9 @@ venv and runs this):
 
 import asyncio
 import datetime
+import inspect
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -339,15 +341,27 @@ class JailedRunnerTests(unittest.TestCase):
                 h = await client.start_workflow(W.Spin.run, id=str(uuid.uuid4()),
                                                 task_queue=queue)
                 message = await task_failure(h, wait=30.0)
+                stack = ""
+                async for e in h.fetch_history_events():
+                    if e.HasField("workflow_task_failed_event_attributes"):
+                        stack = e.workflow_task_failed_event_attributes.failure.stack_trace
+                        break
                 await h.terminate()
                 after = await client.execute_workflow(W.Greeting.run, "after",
                                                       id=str(uuid.uuid4()), task_queue=queue)
-                return message, after
+                return message, stack, after
 
         with _Capture("wfjail.temporal") as kept:
-            message, after = self.run_async(go())
+            message, stack, after = self.run_async(go())
         records = [r.getMessage() for r in kept]
         self.assertIn("[TMPRL1101] Potential deadlock detected", message)
+        # The SDK's own deadlock failure shows the workflow's stack, as it does in process:
+        # the frame of the loop in the workflow file, with its source line (the child's).
+        spin = inspect.getsourcelines(W.Spin.run)[1]
+        self.assertRegex(stack, r'File "%s \[confined child\]", line (%d|%d), in run\n'
+                         r'\s+(while True:|pass)' % (re.escape(inspect.getsourcefile(W.Spin)),
+                                                      spin + 2, spin + 3))
+        self.assertIn("_workflow_instance.py [confined child]", stack)
         self.assertEqual(after, "Hello, after!")
         # Interrupted before it was ended, the child said where the workflow was.
         where = [r for r in records if "did not yield" in r]
@@ -611,6 +625,39 @@ class JailedRunnerTests(unittest.TestCase):
             self.run_async(go())
         text = "%s %s" % (caught.exception, caught.exception.__cause__)
         self.assertIn("defined in the script run as __main__", text)
+
+
+class StandInTests(unittest.TestCase):
+    """The deadlock stand-in thread: the child's stack as frames of the worker, without the
+    worker ever reading a file the child names."""
+
+    def test_frames_carry_the_childs_lines_and_never_the_workers_files(self):
+        import traceback
+
+        from wfjail import temporal as T
+
+        told = ('Traceback (most recent call last):\n'
+                '  File "/etc/passwd", line 1, in leak\n'
+                '    what the child says\n'
+                '  File "/app/wf.py", line 40, in run\n'
+                '    while True: x += 1\n'
+                '  File "%s", line 114, in _interrupt\n'
+                '    raise Interrupted()\n' % os.path.join("site", "wfjail", "guest.py"))
+        frames = T._parse_stack(told)
+        self.assertEqual([f[:3] for f in frames], [("/etc/passwd", 1, "leak"),
+                                                   ("/app/wf.py", 40, "run")])
+        stand_in = T._StandInThread(frames)
+        try:
+            frame = sys._current_frames()[stand_in.ident]
+            text = "".join(traceback.format_stack(frame))
+        finally:
+            stand_in.release()
+        self.assertIn('File "/etc/passwd [confined child]", line 1, in leak\n'
+                      '    what the child says', text)
+        self.assertIn('File "/app/wf.py [confined child]", line 40, in run\n'
+                      '    while True: x += 1\n', text)
+        self.assertNotIn("root:", text)
+        self.assertNotIn("^", text)
 
 
 class PolicyFileTests(unittest.TestCase):

@@ -316,6 +316,11 @@ class _JailedInstance(WorkflowInstance):
         self._interrupting = False
         self._idle = threading.Event()
         self._state = threading.Lock()
+        # The SDK's deadlock error: the stack of the stuck workflow, told by the interrupted
+        # child, and the stand-in thread that shows it (get_thread_id).
+        self._stack = None
+        self._stack_told = threading.Event()
+        self._stand_in = None
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -347,6 +352,8 @@ class _JailedInstance(WorkflowInstance):
             _record_metrics(self._det, metrics)
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
+                self._stack = failure.stack_trace
+                self._stack_told.set()
                 logging.getLogger("wfjail.temporal").warning(
                     "workflow %s (run %s) did not yield; where it was when interrupted:\n%s%s",
                     self._det.info.workflow_type, self._det.info.run_id,
@@ -378,6 +385,28 @@ class _JailedInstance(WorkflowInstance):
             if close:
                 self._session.close()
 
+    def get_thread_id(self):
+        """The SDK calls this when an activation did not yield within its deadlock timeout,
+        to build ``[TMPRL1101] Potential deadlock detected`` from that thread's stack, then
+        again to interrupt it. The workflow runs in the child, so the first call interrupts
+        the child (which answers with where the workflow was) and returns a stand-in thread
+        whose frames are the workflow's; the second ends the stand-in."""
+        if self._stand_in is not None:
+            self._stand_in.release()
+            self._stand_in = None
+            return None
+        if not self._calling or self._interrupting:
+            return None
+        self._interrupting = True
+        self._session.interrupt()
+        if not self._stack_told.wait(DEADLOCK_STACK_WAIT) or not self._stack:
+            return None  # stuck outside Python code: the eviction ends it
+        try:
+            self._stand_in = _StandInThread(_parse_stack(self._stack))
+        except Exception:  # noqa: BLE001  (no stand-in: the SDK's message has no stack)
+            return None
+        return self._stand_in.ident
+
     def get_serialization_context(self, command_info):
         if command_info is None:
             return self._context
@@ -395,6 +424,111 @@ class _JailedInstance(WorkflowInstance):
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
+# How long the SDK's deadlock handler (on the worker's event loop) waits for the child's
+# stack; past it the deadlock error has no stack and the eviction ends the child.
+DEADLOCK_STACK_WAIT = 0.5
+# A stand-in thread parks at most this long (the SDK reads it at once).
+STAND_IN_PARK = 10.0
+# Bounds on a stack a child tells: frames, line numbers, name lengths.
+MAX_STAND_IN_FRAMES = 200
+MAX_STAND_IN_LINE = 100_000
+MAX_STAND_IN_NAME = 1024
+# Frames of the child show with this after their file name: the worker never reads the file
+# a child names (linecache gets the child's own source lines instead), so a hostile
+# workflow cannot get lines of the worker's files into its failure.
+CHILD_FILE_SUFFIX = " [confined child]"
+
+_FRAME_LINE = None
+
+
+def _parse_stack(text):
+    """[(file, line, function, source line)] from a Python traceback's text, outermost
+    first (the child's failure stack trace)."""
+    import re
+
+    global _FRAME_LINE
+    if _FRAME_LINE is None:
+        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+    frames = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _FRAME_LINE.match(line)
+        if not m:
+            continue
+        source = ""
+        if i + 1 < len(lines) and not _FRAME_LINE.match(lines[i + 1]):
+            source = lines[i + 1].strip()
+        n = int(m.group(2))
+        if 1 <= n <= MAX_STAND_IN_LINE:
+            frames.append((m.group(1)[:MAX_STAND_IN_NAME], n, m.group(3)[:MAX_STAND_IN_NAME],
+                           source[:MAX_STAND_IN_NAME]))
+    # The interruption's own frame (where wfjail raised in the child) is not the workflow's.
+    while frames and frames[-1][0].endswith(os.path.join("wfjail", "guest.py")):
+        frames.pop()
+    return frames[-MAX_STAND_IN_FRAMES:]
+
+
+class _StandInThread:
+    """A thread of the worker whose Python frames carry the child's stack (file, line and
+    function of each frame; the code they run is only a call to the next one), parked until
+    released, so that the SDK's deadlock error, built from a thread's frames, shows where the
+    workflow was. Source lines come from the child's traceback through ``linecache``."""
+
+    def __init__(self, frames):
+        import functools
+        import linecache
+        import types
+
+        if not frames:
+            raise ValueError("no frames")
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        # The innermost frame blocks in a C call: no frame of ours below the workflow's.
+        call = functools.partial(self._lock.acquire, True, STAND_IN_PARK)
+        for filename, lineno, name, source in reversed(frames):
+            shown = filename + CHILD_FILE_SUFFIX
+            entry = linecache.cache.get(shown)
+            lines = list(entry[2]) if entry and len(entry) == 4 else []
+            lines.extend([""] * (lineno - len(lines)))
+            lines[lineno - 1] = " " + source + "\n"
+            # mtime None: checkcache keeps it and never looks for the file.
+            linecache.cache[shown] = (len(lines), None, lines, shown)
+            # The call to the next frame on the child's line number, spanning at least the
+            # child's source line there (so that no caret marks a part of it).
+            call_text = "_next(" + " " * max(0, len(source) - 7) + ")"
+            src = ("def _f(): " + call_text + "\n" if lineno == 1
+                   else "\n" * (lineno - 2) + "def _f():\n " + call_text + "\n")
+            code = next(c for c in compile(src, shown, "exec").co_consts
+                        if isinstance(c, types.CodeType))
+            code = code.replace(co_name=name, co_qualname=name)
+            call = types.FunctionType(code, {"_next": call, "__builtins__": {}})
+        ready = threading.Event()
+
+        def run(outermost=call):
+            ready.set()
+            outermost()
+
+        self._thread = threading.Thread(target=run, name="wfjail-deadlocked-workflow",
+                                        daemon=True)
+        self._thread.start()
+        ready.wait(1.0)
+        # Until the thread is inside the innermost frame, the SDK could read a shorter stack.
+        for _ in range(100):
+            frame = sys._current_frames().get(self._thread.ident)
+            depth = 0
+            while frame is not None:
+                depth += 1
+                frame = frame.f_back
+            if depth >= len(frames):
+                break
+            time.sleep(0.001)
+        self.ident = self._thread.ident
+
+    def release(self):
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass
 
 # The serialization contexts a child may send (plain data: rebuilt field by field, nothing
 # else is ever constructed from what a child says).
@@ -663,6 +797,7 @@ def _instance_factory(recipe):
         side = {"contexts": contexts, "metrics": _take_metric_records()}
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
+    activate.loop = loop  # the warm-up closes it; a child's lives as long as the child
     return activate
 
 
@@ -699,7 +834,10 @@ def _warm_up(paths):
                 last_failure=None)
             recipe = _recipe(det, [])
             for _ in range(3):
-                _instance_factory(recipe)
+                # Closed here: a loop left to the garbage collector would be closed after the
+                # zygote has closed the descriptors it does not keep (its self-pipe among
+                # them), which Python reports as an ignored exception.
+                _instance_factory(recipe).loop.close()
         except Exception:  # noqa: BLE001  (warming is an optimisation; children rebuild anyway)
             pass
 
