@@ -160,7 +160,16 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     let mut settings: BTreeMap<&'static str, (String, Needed)> = BTreeMap::new();
     let mut allow: BTreeMap<String, Needed> = BTreeMap::new();
     let mut never: BTreeMap<String, Needed> = BTreeMap::new();
+    // A draft that allows threads leaves timed futex waits unjudged (threads wait for each
+    // other that way: CPython's GIL), so those the learning run saw need no sleep grant.
+    let threads = learned
+        .violations
+        .iter()
+        .any(|v| v.category == Category::Thread);
     for v in &learned.violations {
+        if threads && v.category == Category::Sleep && v.syscall.starts_with("futex") {
+            continue;
+        }
         let call = format!("{}({})", v.syscall, one_line(&v.args, 120));
         if let Some((path, write)) = recorded_path(v) {
             if write {
@@ -302,6 +311,27 @@ mod tests {
             hint: String::new(),
             count: 1,
         }
+    }
+
+    #[test]
+    fn a_draft_with_threads_grants_no_sleep_for_timed_futex_waits() {
+        let futex = v(Category::Sleep, "futex", "0xa5b8f0, 0x89, 0x0");
+        let thread = v(Category::Thread, "clone", "CLONE_VM|CLONE_THREAD");
+        let with = Learned {
+            read: vec![],
+            write: vec![],
+            violations: vec![thread, futex.clone()],
+        };
+        let text = draft("strict", &with, &["python3".into()]);
+        assert!(text.contains("threads = \"allow\""), "{text}");
+        assert!(!text.contains("sleep"), "{text}");
+        // Without threads, a timed futex wait is Lock.acquire(timeout=...): a sleep.
+        let without = Learned {
+            read: vec![],
+            write: vec![],
+            violations: vec![futex],
+        };
+        assert!(draft("strict", &without, &["python3".into()]).contains("sleep = \"allow\""));
     }
 
     #[test]

@@ -22,6 +22,15 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if matches!(
+        cli.command,
+        Command::Check(_) | Command::Policy(_) | Command::Completions { .. } | Command::Manpage
+    ) {
+        // Commands that only print: a closed stdout (`| head`) ends them quietly, as it ends
+        // other Unix tools. The supervising commands keep SIGPIPE ignored (a guest closing a
+        // pipe must not kill wfjail).
+        let _ = wfjail::sys::reset_signals();
+    }
     let code = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Check(args) => cmd_check(args),
@@ -477,25 +486,39 @@ fn cmd_policy(cmd: PolicyCommand) -> anyhow::Result<u8> {
                     bad += 1;
                 }
                 if json {
-                    let error = result.as_ref().err().map(|e| {
-                        let at = e.location();
-                        serde_json::json!({
-                            "message": e.to_string(),
-                            "file": at.map(|a| a.file.clone()),
-                            "line": at.map(|a| a.line),
-                            "column": at.map(|a| a.column),
-                            "field": at.and_then(|a| a.field.clone()),
+                    let errors: Vec<serde_json::Value> = result
+                        .as_ref()
+                        .err()
+                        .into_iter()
+                        .flatten()
+                        .map(|e| {
+                            let at = e.location();
+                            serde_json::json!({
+                                "message": e.to_string(),
+                                "file": at.map(|a| a.file.clone()),
+                                "line": at.map(|a| a.line),
+                                "column": at.map(|a| a.column),
+                                "field": at.and_then(|a| a.field.clone()),
+                            })
                         })
-                    });
+                        .collect();
                     docs.push(serde_json::json!({
                         "file": f.display().to_string(),
                         "ok": result.is_ok(),
-                        "error": error,
+                        "error": errors.first(),
+                        "errors": errors,
                     }));
                 } else {
                     match result {
                         Ok(_) => println!("{}: ok", f.display()),
-                        Err(e) => eprintln!("{e}"),
+                        Err(errors) => {
+                            for e in &errors {
+                                eprintln!("{e}");
+                            }
+                            if errors.len() > 1 {
+                                eprintln!("{}: {} errors", f.display(), errors.len());
+                            }
+                        }
                     }
                 }
             }

@@ -552,3 +552,41 @@ fn a_virtualenv_interpreter_runs_under_every_built_in_that_grants_the_interprete
         );
     }
 }
+
+#[test]
+fn with_threads_allowed_contending_threads_are_not_sleeps() {
+    // CPython's GIL waits on a futex with a 5 ms timeout whenever two threads contend: with
+    // threads allowed, timed futex waits are threads waiting for each other, not sleeps.
+    // select/poll with a timeout still are.
+    let code = r#"
+import select, threading
+def spin():
+    x = 0
+    for i in range(2000000):
+        x += i
+ts = [threading.Thread(target=spin) for _ in range(3)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("joined")
+try:
+    select.select([], [], [], 0.05)
+except OSError as e:
+    print("select errno=%d" % e.errno)
+"#;
+    let o = common::py_policy(
+        "extends = \"strict\"\n[process]\nthreads = \"allow\"\n",
+        code,
+    );
+    o.check(o.stdout.contains("joined"), "the threads ran");
+    o.check(
+        o.stdout.contains("select errno=1"),
+        "select with a timeout is denied",
+    );
+    let futex = o.report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["syscall"] == "futex");
+    o.check(!futex, "no futex sleep violation");
+    o.assert_violation("pselect6", "sleep");
+}

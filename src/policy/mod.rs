@@ -882,19 +882,168 @@ pub fn covers_random_device(path: &str) -> bool {
     ["", "/dev", "/dev/random", "/dev/urandom"].contains(&p)
 }
 
+/// At most this many errors are reported for one file by [`validate_file`].
+pub const MAX_ERRORS_PER_FILE: usize = 20;
+
 /// Checks one file (and what it extends) without running anything: `wfjail policy validate`.
-pub fn validate_file(path: &Path) -> Result<Policy, PolicyError> {
+/// Reports every error in the file, not only the first: each error's line is blanked (a
+/// table header's whole table) and the file is checked again, until it loads or an error is
+/// not in this file, repeats, or is about `extends`, or blanking would break the TOML.
+pub fn validate_file(path: &Path) -> Result<Policy, Vec<PolicyError>> {
+    validate_file_from(path, &FileSystem)
+}
+
+/// [`validate_file`] with the files read from `sources`.
+pub fn validate_file_from(path: &Path, sources: &dyn Sources) -> Result<Policy, Vec<PolicyError>> {
     let spec = path.to_string_lossy();
-    if looks_like_path(&spec) {
-        load(&spec)
+    let spec = if looks_like_path(&spec) {
+        spec.into_owned()
     } else {
-        load(&format!("./{spec}"))
+        format!("./{spec}")
+    };
+    let first = match load_from(&spec, sources) {
+        Ok(p) => return Ok(p),
+        Err(e) => e,
+    };
+    let target = PathBuf::from(&spec);
+    let display = Origin::File(target.clone()).display();
+    let Ok(original) = sources.read(&target) else {
+        return Err(vec![first]);
+    };
+    let mut text = original.text.clone();
+    let mut errors = vec![first];
+    while errors.len() < MAX_ERRORS_PER_FILE {
+        let last = errors.last().expect("one error at least");
+        let Some(at) = last.location() else { break };
+        let about_extends = at.field.as_deref() == Some("extends")
+            || matches!(
+                last,
+                PolicyError::Cycle { .. } | PolicyError::TooDeep { .. }
+            );
+        if at.file != display || about_extends {
+            break;
+        }
+        let masked = blank_line(&text, at.line);
+        if masked == text || masked.parse::<toml::Table>().is_err() {
+            break;
+        }
+        text = masked;
+        let overlay = Overlay {
+            path: &target,
+            text: SourceText {
+                text: text.clone(),
+                identity: original.identity.clone(),
+            },
+            inner: sources,
+        };
+        match load_from(&spec, &overlay) {
+            Ok(_) => break,
+            Err(e) => {
+                let seen = errors.iter().any(|x| {
+                    x.location().map(|l| (l.line, l.column))
+                        == e.location().map(|l| (l.line, l.column))
+                });
+                if seen {
+                    break;
+                }
+                errors.push(e);
+            }
+        }
+    }
+    // In the file's order (the checks find them in the order of the policy's sections).
+    errors.sort_by_key(|e| e.location().map(|l| (l.line, l.column)));
+    Err(errors)
+}
+
+/// `text` with line `line` (1-based) emptied, keeping every other line where it was; a
+/// table header takes its table's lines along (its keys would otherwise land in the table
+/// before it).
+fn blank_line(text: &str, line: usize) -> String {
+    let is_header = |l: &str| l.trim_start().starts_with('[');
+    let mut out = String::with_capacity(text.len());
+    let mut blanking_table = false;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        let n = i + 1;
+        if n == line {
+            blanking_table = is_header(l);
+        } else if n > line && blanking_table && is_header(l) {
+            blanking_table = false;
+        }
+        let blank = n == line || (blanking_table && n > line);
+        if blank {
+            if l.ends_with('\n') {
+                out.push('\n');
+            }
+        } else {
+            out.push_str(l);
+        }
+    }
+    out
+}
+
+/// One file's text replaced, the others read from `inner` (for [`validate_file_from`]).
+struct Overlay<'a> {
+    path: &'a Path,
+    text: SourceText,
+    inner: &'a dyn Sources,
+}
+
+impl Sources for Overlay<'_> {
+    fn read(&self, path: &Path) -> std::io::Result<SourceText> {
+        if path == self.path {
+            Ok(SourceText {
+                text: self.text.text.clone(),
+                identity: self.text.identity.clone(),
+            })
+        } else {
+            self.inner.read(path)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validate_reports_every_error_in_a_file() {
+        let mut files = InMemory::new();
+        files.insert(
+            "p.toml",
+            "extends = \"default\"\n\
+             on_violation = \"explode\"\n\
+             [limits]\n\
+             timeout = \"30 sec\"\n\
+             memory = \"1GiB\"\n\
+             [filesytem]\n\
+             read = [\"/x\"]\n\
+             [syscalls]\n\
+             deny = [\"opneat\"]\n",
+        );
+        let errors = validate_file_from(Path::new("p.toml"), &files).unwrap_err();
+        let lines: Vec<usize> = errors.iter().map(|e| e.location().unwrap().line).collect();
+        assert_eq!(lines, vec![2, 4, 6, 9], "{errors:#?}");
+        assert!(errors[3].to_string().contains("openat"), "{}", errors[3]);
+        // A valid file: Ok; an error in `extends` stops there.
+        files.insert("ok.toml", "extends = \"strict\"\n");
+        assert!(validate_file_from(Path::new("ok.toml"), &files).is_ok());
+        // An error in `extends` is the last one looked for (without the base, later errors
+        // could be artefacts); those found before it stay.
+        files.insert(
+            "ext.toml",
+            "extends = \"nope\"\n[limits]\ntimeout = \"x\"\n[x]\n",
+        );
+        let errors = validate_file_from(Path::new("ext.toml"), &files).unwrap_err();
+        let lines: Vec<usize> = errors.iter().map(|e| e.location().unwrap().line).collect();
+        assert_eq!(lines, vec![1, 3, 4], "{errors:#?}");
+    }
+
+    #[test]
+    fn blanking_a_header_takes_its_table_along() {
+        let t = "a = 1\n[x]\nb = 2\n[y]\nc = 3\n";
+        assert_eq!(blank_line(t, 2), "a = 1\n\n\n[y]\nc = 3\n");
+        assert_eq!(blank_line(t, 5), "a = 1\n[x]\nb = 2\n[y]\n\n");
+    }
 
     #[test]
     fn from_source_parses_like_load_without_files() {
