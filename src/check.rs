@@ -392,9 +392,21 @@ fn cgroup_summary() -> (bool, String) {
     } else {
         "no cgroup file system mounted"
     };
+    // Host root is exempt from RLIMIT_NPROC: a pids cgroup per guest bounds limits.processes
+    // (when a policy allows forks or threads). Probed by making one.
+    let pids = if nix::unistd::geteuid().is_root() {
+        match crate::process::pids_cgroup::PidsCgroup::create() {
+            Ok(_) => "; as root, a pids cgroup per guest bounds limits.processes".to_string(),
+            Err(e) => format!(
+                "; as root, limits.processes cannot be bounded with forks allowed (RLIMIT_NPROC exempts root, and no pids cgroup: {e})"
+            ),
+        }
+    } else {
+        String::new()
+    };
     (
         unified || hybrid || v1_memory,
-        format!("{what}; not used for enforcement: memory is limited per process with RLIMIT_AS"),
+        format!("{what}; memory is limited per process with RLIMIT_AS{pids}"),
     )
 }
 

@@ -166,6 +166,7 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
         .violations
         .iter()
         .any(|v| v.category == Category::Thread);
+    let mut started: u64 = 0;
     for v in &learned.violations {
         if threads && v.category == Category::Sleep && v.syscall.starts_with("futex") {
             continue;
@@ -202,7 +203,10 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
                 .entry(key)
                 .or_insert_with(|| (text.to_string(), Needed::default()))
                 .1
-                .add(call);
+                .add(call.clone());
+            if matches!(v.category, Category::Thread | Category::Subprocess) {
+                started += u64::from(v.count);
+            }
         } else if v.action == crate::report::Action::Warned
             && v.category != Category::Privilege
             && syscalls::number(&v.syscall).is_some()
@@ -212,6 +216,28 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
             allow.entry(v.syscall.clone()).or_default().add(call);
         } else {
             never.entry(v.syscall.clone()).or_default().add(call);
+        }
+    }
+    // Threads and processes count against limits.processes (RLIMIT_NPROC, or a pids
+    // cgroup): a base that allows one task (strict, default) would refuse what the draft
+    // allows. Room for twice what the run started, at least 16.
+    if started > 0
+        && let Some(max) = learned.processes
+    {
+        let need = (2 * (started + 1)).max(16);
+        if need > max {
+            settings.insert(
+                "processes",
+                (
+                    format!("[limits]\nprocesses = {need}"),
+                    Needed {
+                        first: format!(
+                            "the run started {started} thread(s) or process(es); the base allows {max} task(s) in all"
+                        ),
+                        more: 0,
+                    },
+                ),
+            );
         }
     }
     let reads = outermost(read_grants(read_targets));
@@ -321,15 +347,20 @@ mod tests {
             read: vec![],
             write: vec![],
             violations: vec![thread, futex.clone()],
+            processes: Some(1),
         };
         let text = draft("strict", &with, &["python3".into()]);
         assert!(text.contains("threads = \"allow\""), "{text}");
+        // strict allows one task: the thread needs room under limits.processes.
+        assert!(text.contains("processes = 16"), "{text}");
+        crate::policy::from_source("d.toml", &text).unwrap();
         assert!(!text.contains("sleep"), "{text}");
         // Without threads, a timed futex wait is Lock.acquire(timeout=...): a sleep.
         let without = Learned {
             read: vec![],
             write: vec![],
             violations: vec![futex],
+            processes: None,
         };
         assert!(draft("strict", &without, &["python3".into()]).contains("sleep = \"allow\""));
     }
@@ -348,6 +379,7 @@ mod tests {
                 v(Category::Sleep, "nanosleep", "0.2 s"),
                 v(Category::Other, "setpriority", "0, 0, 10"),
             ],
+            processes: None,
         };
         let text = draft("default", &learned, &["/usr/bin/python3".into()]);
         let p = crate::policy::from_source("learned.toml", &text).unwrap();

@@ -305,6 +305,9 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     };
     let mut learning = base.clone();
     learning.on_violation = policy::OnViolation::Warn;
+    // Threads and processes the run starts are let through and recorded: a process limit
+    // would stop them before they are seen (the draft raises it when it allows them).
+    learning.limits.processes = None;
     eprintln!(
         "wfjail: learning what {} needs beyond policy {}",
         args.command.join(" "),
@@ -323,7 +326,12 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         );
         return Ok(125);
     }
-    let text = wfjail::learn::draft(&extends, learned, &args.command);
+    // The learning run lifted the process limit; the draft is measured against the base's.
+    let learned = wfjail::report::Learned {
+        processes: base.limits.processes,
+        ..learned.clone()
+    };
+    let text = wfjail::learn::draft(&extends, &learned, &args.command);
     let refused_writes = learned
         .violations
         .iter()

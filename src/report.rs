@@ -177,6 +177,8 @@ pub struct Learned {
     pub read: Vec<std::path::PathBuf>,
     pub write: Vec<std::path::PathBuf>,
     pub violations: Vec<Violation>,
+    /// The base policy's `limits.processes` (threads and processes count against it).
+    pub processes: Option<u64>,
 }
 
 /// The JSON report of one execution.

@@ -96,10 +96,17 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     }
     // Blocked before the guest exists, so that a SIGTERM from now on ends in a report.
     let stop_signals = supervise::block_stop_signals();
-    let spawned = match process::spawn(&plan, &targets) {
+    // limits.processes for a guest that runs as host root: a pids cgroup (see pids_cgroup).
+    let pids_cgroup = process::pids_cgroup::for_policy(policy);
+    let spawned = match process::spawn(
+        &plan,
+        &targets,
+        pids_cgroup.as_ref().and_then(|c| c.as_ref().ok()),
+    ) {
         Ok(s) => s,
         Err(e) => return fail(e.to_string(), 125),
     };
+    let nproc_bound = process::pids_cgroup::apply(policy, &pids_cgroup);
     crate::timing::mark("spawn (clone)");
     drop((stdin, out_w, err_w));
     if let Some(feed) = stdin_feed {
@@ -138,13 +145,15 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         // Learning records every open: lines for each would drown the guest's own.
         violations: opts.echo && !opts.learn,
     };
-    let layers_base = LayersBase::of(&spawned);
+    let mut layers_base = LayersBase::of(&spawned);
+    layers_base.nproc_bound = nproc_bound;
     let pipes = GuestPipes {
         stdout: out_r,
         stderr: err_r,
         protocol,
     };
     let outcome = supervise::supervise(spawned, pipes, policy, &cfg, sinks);
+    drop(pids_cgroup); // the guest is reaped: its cgroup goes
     crate::timing::mark("supervise (child set-up, exec, guest run, exit)");
     if let Some(result) = &outcome.result {
         let _ = stdout.write_all(result);
@@ -384,6 +393,9 @@ pub struct LayersBase {
     user_ns: bool,
     pid_ns: bool,
     clone_degraded: Vec<(Layer, Errno)>,
+    /// `limits.processes` through a pids cgroup, when only that can bind it: whether it
+    /// does, or why not (`process::pids_cgroup::apply`).
+    pub nproc_bound: Option<Result<(), String>>,
 }
 
 impl LayersBase {
@@ -392,6 +404,7 @@ impl LayersBase {
             user_ns: s.user_ns,
             pid_ns: s.pid_ns,
             clone_degraded: s.clone_degraded.clone(),
+            nproc_bound: None,
         }
     }
 }
@@ -490,16 +503,14 @@ pub fn layers(
         }
     };
     let pol = &plan.policy;
-    let forks_allowed = pol.process.subprocess == crate::policy::Toggle::Allow
-        || pol.process.threads == crate::policy::Toggle::Allow;
-    if pol.limits.processes.is_some() && forks_allowed && nix::unistd::geteuid().is_root() {
-        // The guest's uid maps to host root, which the kernel exempts from RLIMIT_NPROC: with
-        // fork or threads allowed, nothing bounds its processes. Say so instead of pretending.
-        degraded.push(
-            "rlimit-nproc: limits.processes does not bind a guest that runs as host root (the kernel exempts uid 0); \
+    if let Some(Err(why)) = &base.nproc_bound {
+        // The guest's uid maps to host root, which the kernel exempts from RLIMIT_NPROC, and
+        // no pids cgroup could bound it: with fork or threads allowed, nothing bounds its
+        // processes. Say so instead of pretending.
+        degraded.push(format!(
+            "rlimit-nproc: limits.processes does not bind a guest that runs as host root (the kernel exempts uid 0), and no pids cgroup could bound it here ({why}); \
              run wfjail as an unprivileged user, or keep process.subprocess and process.threads denied"
-                .into(),
-        );
+        ));
     }
     if pol.time.clock == crate::policy::ClockMode::Virtual && !notify {
         degraded.push(
@@ -672,6 +683,7 @@ pub fn build_report(
                 read,
                 write,
                 violations: o.learned.clone(),
+                processes: plan.policy.limits.processes,
             }),
         exit_status: v.exit_status,
     }

@@ -574,7 +574,7 @@ except OSError as e:
     print("select errno=%d" % e.errno)
 "#;
     let o = common::py_policy(
-        "extends = \"strict\"\n[process]\nthreads = \"allow\"\n",
+        "extends = \"strict\"\n[process]\nthreads = \"allow\"\n[limits]\nprocesses = 16\n",
         code,
     );
     o.check(o.stdout.contains("joined"), "the threads ran");

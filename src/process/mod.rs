@@ -2,6 +2,7 @@
 //! the host refuses them and the policy allows it), the set-up channel, and the child entry.
 
 pub mod channel;
+pub mod pids_cgroup;
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Instant;
@@ -45,6 +46,8 @@ pub enum SpawnError {
     MountNeedsPid,
     #[error("clone: {0}")]
     Clone(std::io::Error),
+    #[error("entering the guest's pids cgroup: {0}")]
+    Cgroup(pids_cgroup::CgroupError),
 }
 
 /// Whether a failed `clone` means "namespaces not allowed here" (so a smaller set may work).
@@ -59,7 +62,11 @@ fn namespace_refused(e: &std::io::Error) -> bool {
 
 /// Starts the child: it applies `plan` through [`confine::apply`] and execs the guest, with
 /// `fd_targets` (source, target) as its descriptors 0..=4.
-pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, SpawnError> {
+pub fn spawn(
+    plan: &Plan,
+    fd_targets: &[(RawFd, RawFd)],
+    cgroup: Option<&pids_cgroup::PidsCgroup>,
+) -> Result<Spawned, SpawnError> {
     let (parent_end, child_end) = socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -139,7 +146,15 @@ pub fn spawn(plan: &Plan, fd_targets: &[(RawFd, RawFd)]) -> Result<Spawned, Spaw
         };
         crate::timing::mark("spawn: before clone");
         let started = Instant::now();
-        match sys::clone_process(flags, || confine::apply(&mut spec)) {
+        let clone = |spec: &mut ChildSpec| sys::clone_process(flags, || confine::apply(spec));
+        // In a pids cgroup, the child is born inside it (see pids_cgroup).
+        let cloned = match cgroup {
+            Some(cg) => cg
+                .born_inside(|| clone(&mut spec))
+                .map_err(SpawnError::Cgroup)?,
+            None => clone(&mut spec),
+        };
+        match cloned {
             Ok(c) => {
                 drop(child_end);
                 let mut clone_degraded = Vec::new();

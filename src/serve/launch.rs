@@ -91,6 +91,8 @@ pub struct ExecChild {
     pub grants: WriteGrants,
     pub startup: Startup,
     pub reaped: Option<Reaped>,
+    /// `limits.processes` for a guest that runs as host root; removed with the session.
+    pub pids_cgroup: Option<crate::process::pids_cgroup::PidsCgroup>,
 }
 
 /// A guest started for a session, and what the session holds of it.
@@ -240,9 +242,15 @@ fn start_exec(
         (theirs.as_raw_fd(), 3),
         (theirs.as_raw_fd(), 4),
     ];
-    let spawned = crate::process::spawn(&plan, &targets)?;
+    let pids_cgroup = crate::process::pids_cgroup::for_policy(policy);
+    let spawned = crate::process::spawn(
+        &plan,
+        &targets,
+        pids_cgroup.as_ref().and_then(|c| c.as_ref().ok()),
+    )?;
     drop((null, theirs, log));
-    let base = LayersBase::of(&spawned);
+    let mut base = LayersBase::of(&spawned);
+    base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
     set_nonblocking(&spawned.chan);
     let grants = WriteGrants::new(&plan.write);
     Ok(ExecChild {
@@ -256,6 +264,7 @@ fn start_exec(
         startup: Startup::new(),
         reaped: None,
         plan,
+        pids_cgroup: pids_cgroup.and_then(Result::ok),
     })
 }
 

@@ -269,7 +269,7 @@ impl Zygote {
             (log.as_raw_fd(), 2),
             (theirs.as_raw_fd(), 3),
         ];
-        let spawned = process::spawn(&plan, &targets)?;
+        let spawned = process::spawn(&plan, &targets, None)?;
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
