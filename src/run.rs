@@ -96,6 +96,14 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     }
     // Blocked before the guest exists, so that a SIGTERM from now on ends in a report.
     let stop_signals = supervise::block_stop_signals();
+    // limits.disk: the baseline of the write grants, before the guest can write.
+    let disk = match policy.limits.disk {
+        Some(limit) => match supervise::disk::DiskAccount::new(plan.write.clone(), limit.0) {
+            Ok(a) => Some(std::cell::RefCell::new(a)),
+            Err(e) => return fail(format!("limits.disk: {e}"), 125),
+        },
+        None => None,
+    };
     // limits.processes for a guest that runs as host root: a pids cgroup (see pids_cgroup).
     let pids_cgroup = process::pids_cgroup::for_policy(policy);
     let spawned = match process::spawn(
@@ -135,6 +143,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         clock: opts.clock,
         vdso: plan.vdso,
         learn: opts.learn,
+        disk,
     };
     let mut stderr = std::io::stderr();
     let framed = protocol.is_some();
@@ -633,6 +642,7 @@ pub fn build_report(
         cpu_limit: policy.limits.cpu.map(|c| c.0),
         memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
         vm_peak: o.vm_peak,
+        disk_exceeded: o.disk_exceeded,
         memory_refused: o.memory_refused.is_some(),
         file_at_limit: o.file_at_limit.is_some(),
         errored: o.guest_error.is_some(),

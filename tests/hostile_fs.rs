@@ -507,3 +507,95 @@ fn without_a_listener_locks_and_leases_are_simply_denied() {
         "even under --rw a lock is EPERM without a supervisor; unlocking and F_GETFD work",
     );
 }
+
+/// Bytes allocated under `dir` (what limits.disk counts).
+fn allocated(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+#[test]
+fn limits_disk_bounds_what_a_guest_adds_under_its_write_grants() {
+    // Finding D: limits.file_size bounds each file, not their sum (512 MiB in 8 files).
+    let scratch = Scratch::new("disk");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    // What was there before the guest does not count against it.
+    std::fs::write(out.join("before"), vec![7u8; 20 << 20]).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
+    );
+    let run = |code: &str| {
+        py(
+            policy.to_str().unwrap(),
+            &["--rw", out.to_str().unwrap()],
+            code,
+        )
+    };
+    // A little: fine.
+    let o = run(&format!(
+        "open('{}/small', 'wb').write(b'x' * (1 << 20))",
+        s(&out)
+    ));
+    o.check(o.status() == "ok", "1 MiB added: ok");
+    // A writer that keeps going is stopped (killed between two samples of 100 ms).
+    let o = run(&format!(
+        "import time\nfor i in range(64):\n    with open('{}/slow%d' % i, 'wb') as f:\n        f.write(b'x' * (1 << 20))\n    time.sleep(0.02)\nprint('wrote all')\n",
+        s(&out)
+    ));
+    o.check(
+        o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
+        "status limit, limit disk, exit 5",
+    );
+    o.check(!o.stdout.contains("wrote all"), "killed before it finished");
+    let added = allocated(&out) - (20 << 20) - (1 << 20);
+    o.check(
+        added < 32 << 20,
+        &format!("stopped near the limit: {} MiB added", added >> 20),
+    );
+    for e in std::fs::read_dir(&out).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("slow") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    // Eight files of 8 MiB written at once, then exit, between two samples: still a limit.
+    let o = run(&format!(
+        "for i in range(8):\n    open('{}/fast%d' % i, 'wb').write(b'x' * (8 << 20))\n",
+        s(&out)
+    ));
+    o.check(
+        o.status() == "limit" && o.report["limit"] == "disk",
+        "64 MiB at once: limit disk",
+    );
+    // Unlinked while open, the bytes still count.
+    let o = run(&format!(
+        "import os, time\nf = open('{}/gone', 'wb')\nos.unlink('{}/gone')\nfor i in range(40):\n    f.write(b'x' * (1 << 20)); f.flush()\n    time.sleep(0.01)\nprint('wrote all')\n",
+        s(&out),
+        s(&out)
+    ));
+    o.check(
+        o.status() == "limit" && o.report["limit"] == "disk" && !o.stdout.contains("wrote all"),
+        "an unlinked file's bytes count while it is open",
+    );
+}
+
+#[test]
+fn serve_refuses_a_policy_with_limits_disk() {
+    let s = Scratch::new("disk-serve");
+    let policy = s.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
+    );
+    let o = common::wfjail(&["serve", "-p", policy.to_str().unwrap(), "--", "/bin/true"]);
+    o.check(
+        o.code == 2 && o.stderr.contains("limits.disk"),
+        "exit 2 naming limits.disk",
+    );
+}

@@ -148,6 +148,9 @@ pub struct Limits {
     pub file_size: Option<Size>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<u64>,
+    /// What the guest may add, in all, under its write grants (`wfjail run`, sampled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<Size>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -228,6 +231,7 @@ impl Policy {
                 open_files: None,
                 output: Size(DEFAULT_OUTPUT),
                 file_size: None,
+                disk: None,
                 processes: None,
             },
             env: EnvRules {
@@ -769,6 +773,7 @@ fn apply(
         t.output = l.output.unwrap_or(t.output);
         t.file_size = l.file_size.or(t.file_size);
         t.processes = l.processes.or(t.processes);
+        t.disk = l.disk.or(t.disk);
     }
     if let Some(e) = &f.env {
         if let Some(c) = e.clear {

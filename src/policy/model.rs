@@ -216,6 +216,7 @@ pub struct Limits {
     pub output: Option<Size>,
     pub file_size: Option<Size>,
     pub processes: Option<u64>,
+    pub disk: Option<Size>,
 }
 
 #[derive(Debug, Default, Deserialize)]

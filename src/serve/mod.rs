@@ -62,6 +62,13 @@ pub enum ServeError {
          socket the worker knows with --socket PATH"
     )]
     NoWorker,
+    #[error(
+        "policy {0} sets limits.disk, which `wfjail run` enforces but `serve` cannot: its \
+         sessions share their write grants, so one session's account would hold its siblings' \
+         writes; remove limits.disk from the policy serve uses (or give it a directory on a \
+         file system with a size limit, such as a tmpfs with size=)"
+    )]
+    DiskLimit(String),
     #[error("socket {path}: {source}")]
     Socket {
         path: String,
@@ -92,7 +99,7 @@ impl ServeError {
     /// wfjail's exit status for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ServeError::NoWorker | ServeError::Socket { .. } => 2,
+            ServeError::NoWorker | ServeError::DiskLimit(_) | ServeError::Socket { .. } => 2,
             ServeError::Worker { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 127
             }
@@ -331,6 +338,9 @@ fn default_socket() -> PathBuf {
 pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     if opts.worker.is_empty() && opts.socket.is_none() {
         return Err(ServeError::NoWorker);
+    }
+    if policy.limits.disk.is_some() {
+        return Err(ServeError::DiskLimit(policy.name.clone()));
     }
     // The parent first, before it can go: a pidfd that becomes readable when it exits.
     let parent = if opts.exit_with_parent {

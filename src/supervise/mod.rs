@@ -10,6 +10,7 @@
 
 pub mod clock;
 pub mod decode;
+pub mod disk;
 pub mod entropy;
 pub mod memory;
 pub mod notify;
@@ -167,6 +168,8 @@ pub struct Config {
     /// `wfjail learn`: read-only opens are recorded too, and every violation is kept in
     /// `Outcome::learned` (the report's list is capped).
     pub learn: bool,
+    /// `limits.disk`: the guest's account, its baseline taken before it started.
+    pub disk: Option<std::cell::RefCell<disk::DiskAccount>>,
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it starts later) and
@@ -210,6 +213,8 @@ pub struct Outcome {
     pub duration: Duration,
     pub timed_out: bool,
     pub output_exceeded: bool,
+    /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
+    pub disk_exceeded: bool,
     /// A required step failed in the child (no guest ran).
     pub fatal: Option<(Step, Errno)>,
     /// Best-effort steps that failed.
@@ -499,6 +504,16 @@ pub fn supervise(
                 o.vm_peak = o.vm_peak.max(Some(peak));
             }
         }
+        // limits.disk: what the guest added under its write grants, on its own timer.
+        if let Some(acct) = &cfg.disk
+            && exited_at.is_none()
+            && chan.is_none()
+            && !o.disk_exceeded
+            && acct.borrow_mut().over(child.pid)
+        {
+            o.disk_exceeded = true;
+            kill();
+        }
         let streams_open = stdout.is_some()
             || stderr.is_some()
             || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
@@ -577,6 +592,11 @@ pub fn supervise(
         }
         if cfg.memory_limit.is_some() && exited_at.is_none() {
             wait = wait.min(VM_SAMPLE_WAIT);
+        }
+        if let Some(acct) = &cfg.disk
+            && exited_at.is_none()
+        {
+            wait = wait.min(acct.borrow().due_in().max(Duration::from_millis(1)));
         }
         let ready = match poll(&mut fds, poll_timeout(wait)) {
             Ok(n) => n,
@@ -826,6 +846,14 @@ pub fn supervise(
     crate::timing::mark("output drained");
     o.reaped = sys::wait4(child.pid).ok();
     o.duration = child.started.elapsed();
+    // A guest that wrote past limits.disk and exited between two samples.
+    if let Some(acct) = &cfg.disk
+        && !o.disk_exceeded
+        && startup.exec_confirmed()
+        && acct.borrow_mut().over_at_end()
+    {
+        o.disk_exceeded = true;
+    }
     if tail.len() > STDERR_TAIL {
         tail.drain(..tail.len() - STDERR_TAIL);
     }

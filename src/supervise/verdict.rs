@@ -74,6 +74,8 @@ pub struct Facts {
     pub protocol_error: bool,
     /// The guest's output and frames went beyond `limits.output` (wfjail then killed it).
     pub output_exceeded: bool,
+    /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
+    pub disk_exceeded: bool,
     /// wfjail sent the guest SIGKILL itself, for whatever reason: a SIGKILL it did not send
     /// is the kernel's (RLIMIT_CPU's hard limit).
     pub killed_by_supervisor: bool,
@@ -111,6 +113,7 @@ pub enum Limit {
     Output,
     Cpu,
     FileSize,
+    Disk,
 }
 
 impl Limit {
@@ -118,6 +121,7 @@ impl Limit {
     pub fn as_str(self) -> &'static str {
         match self {
             Limit::Memory => "memory",
+            Limit::Disk => "disk",
             Limit::Output => "output",
             Limit::Cpu => "cpu",
             Limit::FileSize => "file_size",
@@ -252,6 +256,8 @@ pub fn classify(f: &Facts) -> Verdict {
         limit(Limit::Memory)
     } else if f.output_exceeded {
         limit(Limit::Output)
+    } else if f.disk_exceeded {
+        limit(Limit::Disk)
     } else if cpu_hit {
         limit(Limit::Cpu)
     } else if file_size_hit {
