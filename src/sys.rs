@@ -688,6 +688,85 @@ pub fn notif_send(listener: BorrowedFd<'_>, id: u64, answer: NotifAnswer) -> io:
     }
 }
 
+/// Answers notification `id` with a descriptor installed in the notifying task
+/// (`SECCOMP_IOCTL_NOTIF_ADDFD` with `SECCOMP_ADDFD_FLAG_SEND`, Linux 5.14): the call
+/// returns the new descriptor's number, atomically with the install. `cloexec`: the new
+/// descriptor is close-on-exec.
+pub fn notif_addfd_send(
+    listener: BorrowedFd<'_>,
+    id: u64,
+    fd: BorrowedFd<'_>,
+    cloexec: bool,
+) -> io::Result<i32> {
+    let mut add = libc::seccomp_notif_addfd {
+        id,
+        flags: libc::SECCOMP_ADDFD_FLAG_SEND as u32,
+        srcfd: fd.as_raw_fd() as u32,
+        newfd: 0,
+        newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
+    };
+    // SAFETY: `add` is a valid seccomp_notif_addfd for the duration of the call; the kernel
+    // only reads it.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ADDFD,
+            &mut add as *mut _,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `openat2(dir, rel, {flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS})`: opens `rel`
+/// without leaving `dir` on the way, whatever symbolic links it meets (EXDEV if one leads
+/// out), and without /proc's magic links.
+pub fn openat2_beneath(
+    dir: BorrowedFd<'_>,
+    rel: &CStr,
+    flags: u64,
+    mode: u64,
+) -> SysResult<OwnedFd> {
+    // SAFETY: plain old data; zero is valid (the struct is non_exhaustive).
+    let mut how: libc::open_how = unsafe { zeroed() };
+    how.flags = flags;
+    how.mode = mode;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `rel` is NUL-terminated and `how` lives for the call, its size passed with it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const libc::open_how,
+            size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sets this process's file mode creation mask, returning the previous one.
+pub fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// Clears `O_NONBLOCK` from a descriptor's status flags.
+pub fn clear_nonblock(fd: BorrowedFd<'_>) -> SysResult<()> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we hold.
+    let flags = check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) })
+        .map(drop)
+}
+
 /// Asks the kernel to wake the notifying task on the CPU that answers it
 /// (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`, Linux 6.6): an answered syscall — a virtual clock
 /// read, a seeded `getrandom` — then returns in microseconds instead of waiting for the

@@ -14,6 +14,7 @@ pub mod disk;
 pub mod entropy;
 pub mod memory;
 pub mod notify;
+pub mod opener;
 pub mod paths;
 pub mod startup;
 pub mod vdso;

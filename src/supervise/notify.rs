@@ -20,6 +20,7 @@ use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 use super::decode;
 use super::entropy::Entropy;
 use super::memory::ProcessMemory;
+use super::opener;
 use super::paths::WriteGrants;
 use super::violations::Violations;
 
@@ -47,6 +48,19 @@ impl<'a> Rules<'a> {
     }
 }
 
+/// A descriptor the supervisor opened for the guest (`opener.rs`).
+#[derive(Debug, Clone)]
+pub struct HeldFd(pub std::sync::Arc<std::os::fd::OwnedFd>);
+
+impl PartialEq for HeldFd {
+    fn eq(&self, other: &Self) -> bool {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd() == other.0.as_raw_fd()
+    }
+}
+
+impl Eq for HeldFd {}
+
 /// How to answer one notification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -62,6 +76,9 @@ pub enum Answer {
         ret: i64,
         writes: Vec<(u64, Vec<u8>)>,
     },
+    /// Install this descriptor in the guest and return its number (an open the supervisor
+    /// made, `opener.rs`); close-on-exec when `cloexec`.
+    Fd { fd: HeldFd, cloexec: bool },
 }
 
 /// What handling one notification led to.
@@ -167,11 +184,39 @@ fn decide(
         return Some((clock_answer(d.name, &n.args, now), None));
     }
     let mem = ProcessMemory { pid: n.pid };
+    // A write-open inside the grants: the supervisor opens what it judged (opener.rs). One
+    // it judged refused must not run after all if a second look (below) finds it granted.
+    let mut refused_open: Option<opener::Target> = None;
+    if let Some(d) = decision
+        && d.check == Check::Writes
+        && let Some(t) = opener::candidate(n, &mem, d.name, rules.grants)
+    {
+        if !sys::notif_id_valid(listener, n.id) {
+            return None;
+        }
+        match opener::open(n.pid, &t) {
+            Some(opener::Opened::Fd(fd)) => {
+                let cloexec = t.flags & libc::O_CLOEXEC as u64 != 0;
+                let fd = HeldFd(std::sync::Arc::new(fd));
+                return Some((Answer::Fd { fd, cloexec }, None));
+            }
+            Some(opener::Opened::Errno(e)) => return Some((Answer::Errno(e), None)),
+            Some(opener::Opened::Escaped) => return Some(changed_while_judged(&t, rules)),
+            None if t.how == crate::supervise::paths::GrantedOpen::Refused => {
+                refused_open = Some(t);
+            }
+            None => {} // left to the kernel
+        }
+    }
     let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads);
     if !sys::notif_id_valid(listener, n.id) {
         return None;
     }
     let Some(d) = verdict else {
+        if let Some(t) = &refused_open {
+            // Refused a moment ago, granted now: the path is changing under the judgement.
+            return Some(changed_while_judged(t, rules));
+        }
         // A watched write inside the grants: Landlock has the last word.
         return Some((Answer::Continue, None));
     };
@@ -192,11 +237,42 @@ fn decide(
     Some((answer, Some(violation)))
 }
 
+/// The answer to a write-open whose path changed while it was judged (a symbolic link
+/// swapped in a shared directory): refused as Landlock would, and reported.
+fn changed_while_judged(t: &opener::Target, rules: Rules<'_>) -> (Answer, Option<Violation>) {
+    let (answer, action) = match rules.on_violation {
+        OnViolation::Kill => (Answer::Kill(libc::EACCES), Action::Killed),
+        _ => (Answer::Errno(libc::EACCES), Action::Denied),
+    };
+    let category = crate::policy::syscalls::Category::Filesystem;
+    let violation = Violation {
+        category,
+        syscall: t.syscall.to_string(),
+        args: format!("{} (write)", t.shown),
+        action,
+        rule: "filesystem.write: the path left the grants while it was judged (a symbolic link changed)".into(),
+        hint: category.hint().to_string(),
+        count: 1,
+    };
+    (answer, Some(violation))
+}
+
 /// Sends `answer` for `n`. A value's bytes are written first, and only into a call that is
 /// still pending before and after the write; a write the guest's memory refuses fails the
 /// call with EFAULT, as the kernel's own copy would.
 pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
     let reply = match answer {
+        Answer::Fd { fd, cloexec } => {
+            use std::os::fd::AsFd;
+            match sys::notif_addfd_send(listener, n.id, fd.0.as_fd(), cloexec) {
+                Ok(_) => return,
+                // The call is gone: nothing to answer.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+                // Still pending (a kernel before 5.14 without the atomic send, ...): the
+                // guest's own call runs, as before the supervisor opened for it.
+                Err(_) => NotifAnswer::Continue,
+            }
+        }
         Answer::Continue => NotifAnswer::Continue,
         Answer::Errno(e) | Answer::Kill(e) => NotifAnswer::Error(e),
         Answer::Value { ret, writes } if writes.is_empty() => NotifAnswer::Value(ret),

@@ -26,6 +26,19 @@ pub struct WriteGrants {
     ids: HashSet<(u64, u64)>,
 }
 
+/// An open inside the grants, as the supervisor makes it ([`WriteGrants::granted_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantedOpen {
+    /// Open resolved path `.1` beneath granted directory (or granted file) `.0`.
+    Beneath(PathBuf, PathBuf),
+    /// The path stops resolving below a grant: the open fails with this errno.
+    Fails(i32),
+    /// Outside the grants, or not to be judged: a violation (`decode.rs` words it).
+    Refused,
+    /// Left to the kernel: a path under `/proc`, a descriptor without a path.
+    Kernel,
+}
+
 /// How a write to one path is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -48,7 +61,7 @@ enum Resolved {
     /// it exists, its identity.
     Full(PathBuf, Option<(u64, u64)>),
     /// Stopped at existing directory `.0`: `.1` says why.
-    Partial(PathBuf, String),
+    Partial(PathBuf, String, i32),
     /// A descriptor without a path (pipe, socket, anonymous inode) reached through
     /// `/proc/PID/fd/N`: the guest already holds it.
     Pseudo,
@@ -151,6 +164,7 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
                         "/proc/{}: another process of the guest's PID namespace",
                         name.to_string_lossy()
                     ),
+                    libc::ENOENT,
                 );
             }
             OsString::from(pid.to_string())
@@ -164,16 +178,26 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
             Err(e) if last && e.kind() == io::ErrorKind::NotFound => {
                 return Resolved::Full(cand, None);
             }
-            Err(e) => return Resolved::Partial(cur, format!("{}: {e}", cand.display())),
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+                return Resolved::Partial(cur, format!("{}: {e}", cand.display()), errno);
+            }
         };
         if meta.file_type().is_symlink() && (!last || follow) {
             links += 1;
             if links > MAX_SYMLINKS {
-                return Resolved::Partial(cur, format!("{}: too many symlinks", cand.display()));
+                return Resolved::Partial(
+                    cur,
+                    format!("{}: too many symlinks", cand.display()),
+                    libc::ELOOP,
+                );
             }
             let target = match std::fs::read_link(&cand) {
                 Ok(t) => t,
-                Err(e) => return Resolved::Partial(cur, format!("{}: {e}", cand.display())),
+                Err(e) => {
+                    let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+                    return Resolved::Partial(cur, format!("{}: {e}", cand.display()), errno);
+                }
             };
             let mut target = target.into_os_string();
             if in_proc_pid(&cand) {
@@ -184,7 +208,11 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
                     if last {
                         return Resolved::Pseudo;
                     }
-                    return Resolved::Partial(cur, format!("{}: not a directory", cand.display()));
+                    return Resolved::Partial(
+                        cur,
+                        format!("{}: not a directory", cand.display()),
+                        libc::ENOTDIR,
+                    );
                 }
                 if let Some(live) = bytes.strip_suffix(b" (deleted)") {
                     target = OsStr::from_bytes(live).to_os_string();
@@ -200,7 +228,11 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
             return Resolved::Full(cand, Some((meta.dev(), meta.ino())));
         }
         if !meta.is_dir() {
-            return Resolved::Partial(cur, format!("{}: not a directory", cand.display()));
+            return Resolved::Partial(
+                cur,
+                format!("{}: not a directory", cand.display()),
+                libc::ENOTDIR,
+            );
         }
         cur = cand;
     }
@@ -240,8 +272,50 @@ impl WriteGrants {
                 }
             }
             // The kernel stops where we stopped: below a granted directory it is its call.
-            Resolved::Partial(at, _) if self.covers_dir(&at) => Verdict::Granted,
-            Resolved::Partial(_, why) => Verdict::CannotJudge(why),
+            Resolved::Partial(at, _, _) if self.covers_dir(&at) => Verdict::Granted,
+            Resolved::Partial(_, why, _) => Verdict::CannotJudge(why),
+        }
+    }
+
+    /// For an open of `path` that [`WriteGrants::judge`] grants: the granted directory (or
+    /// the granted file itself) it lies under and the path as resolved, both as the
+    /// supervisor names them, so that the supervisor can open it without leaving the grant
+    /// (`opener.rs`); or the error the open meets where the path stops resolving below a
+    /// grant (a name missing, or not a directory, while it was judged). `None` when there
+    /// is nothing to open that way: a path outside the grants or under `/proc`, a descriptor
+    /// without a path.
+    pub fn granted_target(&self, pid: u32, path: &Path, follow: bool) -> GrantedOpen {
+        match resolve(pid, path, follow) {
+            Resolved::Full(p, _) if p.starts_with("/proc") => GrantedOpen::Kernel,
+            Resolved::Full(p, id) => {
+                if id.is_some_and(|id| self.ids.contains(&id)) {
+                    return GrantedOpen::Beneath(p.clone(), p);
+                }
+                let dir = p.parent().and_then(|parent| {
+                    parent
+                        .ancestors()
+                        .find(|a| id_of(a).is_some_and(|id| self.ids.contains(&id)))
+                        .map(Path::to_path_buf)
+                });
+                match dir {
+                    Some(dir) => GrantedOpen::Beneath(dir, p),
+                    None => GrantedOpen::Refused,
+                }
+            }
+            Resolved::Pseudo => GrantedOpen::Kernel,
+            Resolved::Partial(at, _, _) if at.starts_with("/proc") => GrantedOpen::Kernel,
+            // What the kernel answers where a path stops below a grant; anything else (a
+            // link read back as no link: the path changed while it was resolved) is refused.
+            Resolved::Partial(at, _, errno)
+                if self.covers_dir(&at)
+                    && matches!(
+                        errno,
+                        libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG
+                    ) =>
+            {
+                GrantedOpen::Fails(errno)
+            }
+            Resolved::Partial(..) => GrantedOpen::Refused,
         }
     }
 

@@ -1,0 +1,204 @@
+//! Opens for writing done by the supervisor, for the guest (finding F). Judging a write-open
+//! and then letting the kernel run it leaves a window: between the supervisor's reading of
+//! the path (from guest memory, through the file system) and the kernel's, a sibling can
+//! change either, and a path that was inside the grants reaches outside. Landlock still
+//! refuses that write, but the refusal is nobody's report. So for `open`, `openat` and
+//! `creat` with write intent, the supervisor opens the very path it judged, beneath the
+//! grant it judged it under (`openat2` with `RESOLVE_BENEATH`: a symbolic link that leads out
+//! fails with EXDEV, which is then reported), and hands the descriptor to the guest
+//! (`SECCOMP_IOCTL_NOTIF_ADDFD`), as the call's result.
+//!
+//! The open is made as the guest would make it: with the guest's umask, without the
+//! supervisor's capabilities (a root supervisor drops its effective set around the open, as
+//! the guest has none), `O_NONBLOCK` only while opening (a FIFO must not block the
+//! supervisor) and cleared after unless the guest asked for it, and `O_CLOEXEC` on the guest's
+//! descriptor only if it asked. Paths under `/proc`, descriptors without a path and paths the
+//! kernel will refuse anyway keep the old way (the call continues).
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+
+use super::memory::GuestMemory;
+use super::paths::{self, WriteGrants};
+use crate::sys::{self, Notif};
+
+/// What the guest asked to open, as read once from its memory and judged granted.
+#[derive(Debug)]
+pub struct Target {
+    pub syscall: &'static str,
+    /// The path as the guest named it (for a report).
+    pub shown: String,
+    /// Where to open it, or the error it meets.
+    pub how: paths::GrantedOpen,
+    pub flags: u64,
+    pub mode: u64,
+}
+
+/// The open's outcome.
+#[derive(Debug)]
+pub enum Opened {
+    /// The descriptor to hand over.
+    Fd(OwnedFd),
+    /// The error the guest's own open would have met.
+    Errno(i32),
+    /// The path led out of the grant between the judgement and the open.
+    Escaped,
+}
+
+const WRITE_BITS: u64 = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+
+/// The open that notification `n` asks for, when it is one the supervisor makes: a write-open
+/// (`open`, `openat`, `creat`) of a path inside the grants. Reads the path once.
+pub fn candidate(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    grants: &WriteGrants,
+) -> Option<Target> {
+    let a = &n.args;
+    let (syscall, dirfd, path_addr, flags, mode) = match name {
+        "open" => ("open", libc::AT_FDCWD, a[0], a[1], a[2]),
+        "openat" => ("openat", a[0] as i32, a[1], a[2], a[3]),
+        "creat" => (
+            "creat",
+            libc::AT_FDCWD,
+            a[0],
+            (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u64,
+            a[1],
+        ),
+        _ => return None,
+    };
+    if flags & WRITE_BITS == 0 || flags & libc::O_PATH as u64 != 0 {
+        return None;
+    }
+    let raw = mem.read_path(path_addr).ok()?;
+    let path = paths::guest_path(dirfd, &raw);
+    // O_NOFOLLOW, and O_CREAT|O_EXCL, do not follow a final symlink.
+    let excl = (libc::O_CREAT | libc::O_EXCL) as u64;
+    let follow = flags & libc::O_NOFOLLOW as u64 == 0 && flags & excl != excl;
+    Some(Target {
+        syscall,
+        shown: paths::display(n.pid, &path).display().to_string(),
+        how: grants.granted_target(n.pid, &path, follow),
+        flags,
+        mode,
+    })
+}
+
+/// The guest's file mode creation mask (`Umask:` of `/proc/PID/status`).
+fn guest_umask(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(field.trim(), 8).ok()
+}
+
+/// Opens `t` for guest `pid` as described in the module's comment; `None` when it is left
+/// to the kernel after all.
+pub fn open(pid: u32, t: &Target) -> Option<Opened> {
+    let (grant, resolved) = match &t.how {
+        paths::GrantedOpen::Beneath(g, r) => (g, r),
+        // Stopped below a grant while judged (a name missing, not a directory): the kernel's
+        // answer for that path.
+        paths::GrantedOpen::Fails(errno) => return Some(Opened::Errno(*errno)),
+        paths::GrantedOpen::Refused | paths::GrantedOpen::Kernel => return None,
+    };
+    let (dir, rel) = if grant == resolved {
+        (resolved.parent()?, Path::new(resolved.file_name()?))
+    } else {
+        (grant.as_path(), resolved.strip_prefix(grant).ok()?)
+    };
+    if rel.as_os_str().is_empty() {
+        return None;
+    }
+    let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
+    let umask = guest_umask(pid)?;
+    let dirfd = nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    let flags = t.flags | (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+    // openat2 refuses a mode without O_CREAT or O_TMPFILE (open ignores it).
+    let creates = t.flags & (libc::O_CREAT | libc::O_TMPFILE) as u64 != 0;
+    let mode = if creates {
+        t.mode & 0o7777 & !u64::from(umask)
+    } else {
+        0
+    };
+    // As the guest: no capabilities (a root supervisor has CAP_DAC_OVERRIDE), no umask of
+    // ours (the guest's is applied to the mode above).
+    let dropped = drop_effective_caps();
+    let old = sys::set_umask(0);
+    let r = sys::openat2_beneath(dirfd.as_fd(), &rel, flags, mode);
+    sys::set_umask(old);
+    if let Some(saved) = dropped {
+        let _ = caps::set(None, caps::CapSet::Effective, &saved);
+    }
+    Some(match r {
+        Ok(fd) => {
+            if t.flags & libc::O_NONBLOCK as u64 == 0 {
+                let _ = sys::clear_nonblock(fd.as_fd());
+            }
+            Opened::Fd(fd)
+        }
+        Err(Errno::EXDEV) => Opened::Escaped,
+        // Flags openat2 refuses and open ignores (unknown bits), or openat2 refused by a
+        // container's profile (Linux < 5.6 or a profile that predates it): the kernel's call.
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EPERM) => return None,
+        Err(e) => Opened::Errno(e as i32),
+    })
+}
+
+/// Empties this thread's effective capability set when it has one; the set to restore.
+fn drop_effective_caps() -> Option<caps::CapsHashSet> {
+    let saved = caps::read(None, caps::CapSet::Effective).ok()?;
+    if saved.is_empty() {
+        return None;
+    }
+    caps::clear(None, caps::CapSet::Effective).ok()?;
+    Some(saved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_never_leaves_its_grant_whatever_a_link_became() {
+        let dir = std::env::temp_dir().join(format!("wfjail-opener-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("grant/sub")).unwrap();
+        let t = |rel: &str| Target {
+            syscall: "openat",
+            shown: rel.into(),
+            how: paths::GrantedOpen::Beneath(dir.join("grant"), dir.join("grant").join(rel)),
+            flags: (libc::O_WRONLY | libc::O_CREAT) as u64,
+            mode: 0o666,
+        };
+        let me = std::process::id();
+        // Inside: opened, with the umask applied.
+        let Some(Opened::Fd(_)) = open(me, &t("sub/a")) else {
+            panic!("inside the grant")
+        };
+        assert!(dir.join("grant/sub/a").exists());
+        // `sub` judged a directory, then swapped for a link out of the grant: EXDEV.
+        std::fs::remove_dir_all(dir.join("grant/sub")).unwrap();
+        std::os::unix::fs::symlink(dir.as_path(), dir.join("grant/sub")).unwrap();
+        assert!(
+            matches!(open(me, &t("sub/escaped")), Some(Opened::Escaped)),
+            "a link that leads out"
+        );
+        assert!(!dir.join("escaped").exists());
+        // The kernel's own errors come back as they are.
+        assert!(matches!(
+            open(me, &t("missing/x")),
+            Some(Opened::Errno(libc::ENOENT))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
