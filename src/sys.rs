@@ -752,6 +752,58 @@ pub fn openat2_beneath(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// One of the path operations the supervisor makes for a guest beneath a grant
+/// (`supervise/opener.rs`), each relative to a directory descriptor; a name is one
+/// component.
+pub enum PathOp<'a> {
+    Mkdir {
+        name: &'a CStr,
+        mode: u32,
+    },
+    Unlink {
+        name: &'a CStr,
+        flags: i32,
+    },
+    Rename {
+        from: &'a CStr,
+        to_dir: BorrowedFd<'a>,
+        to: &'a CStr,
+        flags: u32,
+    },
+    Symlink {
+        target: &'a CStr,
+        name: &'a CStr,
+    },
+}
+
+/// Runs `op` relative to `dir` (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`).
+pub fn path_op(dir: BorrowedFd<'_>, op: &PathOp<'_>) -> SysResult<()> {
+    let d = dir.as_raw_fd();
+    // SAFETY: every name is NUL-terminated and every descriptor is held by the caller for the
+    // call; the kernel reads them only.
+    let ret = unsafe {
+        match op {
+            PathOp::Mkdir { name, mode } => libc::mkdirat(d, name.as_ptr(), *mode as libc::mode_t),
+            PathOp::Unlink { name, flags } => libc::unlinkat(d, name.as_ptr(), *flags),
+            PathOp::Rename {
+                from,
+                to_dir,
+                to,
+                flags,
+            } => libc::syscall(
+                libc::SYS_renameat2,
+                d,
+                from.as_ptr(),
+                to_dir.as_raw_fd(),
+                to.as_ptr(),
+                *flags,
+            ) as libc::c_int,
+            PathOp::Symlink { target, name } => libc::symlinkat(target.as_ptr(), d, name.as_ptr()),
+        }
+    };
+    check_int(ret).map(drop)
+}
+
 /// Sets this process's file mode creation mask, returning the previous one.
 pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask cannot fail.

@@ -603,8 +603,8 @@ fn serve_refuses_a_policy_with_limits_disk() {
 #[test]
 fn a_path_flipped_while_judged_is_refused_and_reported_every_time() {
     // Finding F: the supervisor judged `rw/d/x` inside the grants, then `d` became a link
-    // out of them before the kernel opened it. The supervisor now opens what it judged,
-    // beneath the grant: every refused open is a reported one.
+    // out of them before the kernel opened it. The supervisor now opens (and makes
+    // directories) where it judged, beneath the grant: every refusal is a reported one.
     let scratch = Scratch::new("flip");
     let rw = scratch.path("rw");
     let outside = scratch.path("outside");
@@ -629,7 +629,7 @@ fn a_path_flipped_while_judged_is_refused_and_reported_every_time() {
         })
     };
     let code = format!(
-        "import collections, os\nseen = collections.Counter()\nfor i in range(4000):\n    try:\n        os.close(os.open('{}/d/x', os.O_WRONLY | os.O_CREAT, 0o644))\n        seen['ok'] += 1\n    except OSError as e:\n        seen[e.errno] += 1\nprint(dict(seen))\n",
+        "import collections, os\nseen = collections.Counter()\nfor i in range(2000):\n    for op in (lambda: os.close(os.open('{0}/d/x', os.O_WRONLY | os.O_CREAT, 0o644)), lambda: os.mkdir('{0}/d/m%d' % i)):\n        try:\n            op()\n            seen['ok'] += 1\n        except OSError as e:\n            seen[e.errno] += 1\nprint(dict(seen))\n",
         s(&rw)
     );
     let o = py("default", &["--rw", rw.to_str().unwrap()], &code);

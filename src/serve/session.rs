@@ -161,7 +161,7 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     };
     // A session holds its slot for its whole life. With none free the worker hears so at
     // once (BUSY), instead of waiting on a thread that may have a deadline of its own.
-    let Some(_slot) = server.slots.try_acquire() else {
+    let Some(slot) = server.slots.try_acquire() else {
         server.metrics.session_busy();
         let doc = serde_json::to_vec(&capacity(&server)).unwrap_or_default();
         client.send_last(worker::BUSY, &doc);
@@ -182,7 +182,9 @@ pub fn run(conn: UnixStream, server: Arc<Server>) {
     let acts = session.phases.worker(early, gone, Instant::now());
     session.act(acts);
     session.event_loop();
-    session.finish();
+    // The slot is free before the worker hears the session ended: a worker that opens its
+    // next session as soon as CLOSED arrives must find room.
+    session.finish(move || drop(slot));
 }
 
 /// The server's capacity, for STATUS and BUSY.
@@ -973,8 +975,10 @@ impl Session {
         echo_stderr(&self.echo.finish());
     }
 
-    /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
-    fn finish(mut self) {
+    /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up;
+    /// `release` frees the session's slot, once its guest is gone and before the worker is
+    /// told.
+    fn finish(mut self, release: impl FnOnce()) {
         let report = self.report();
         self.server.metrics.session_ended(
             report.status.as_str(),
@@ -989,6 +993,7 @@ impl Session {
         } else {
             worker::FAILED
         };
+        release();
         if !self.client.gone() {
             self.client.send_last(kind, report.to_json().as_bytes());
         }

@@ -208,6 +208,45 @@ fn decide(
             None => {} // left to the kernel
         }
     }
+    // mkdir, unlink, rename, symlink inside the grants: made by the supervisor too.
+    if let Some(d) = decision
+        && d.check == Check::Writes
+        && refused_open.is_none()
+        && let Some(r) = opener::candidate_op(n, &mem, d.name, rules.grants)
+    {
+        if !sys::notif_id_valid(listener, n.id) {
+            return None;
+        }
+        let shown = r.paths.first().map(|(s, _)| s.clone()).unwrap_or_default();
+        let as_target = || opener::Target {
+            syscall: r.syscall,
+            shown: shown.clone(),
+            how: crate::supervise::paths::GrantedOpen::Refused,
+            flags: 0,
+            mode: 0,
+        };
+        match opener::path_op(n.pid, &r) {
+            Some(Ok(())) => {
+                return Some((
+                    Answer::Value {
+                        ret: 0,
+                        writes: vec![],
+                    },
+                    None,
+                ));
+            }
+            Some(Err(opener::Opened::Errno(e))) => return Some((Answer::Errno(e), None)),
+            Some(Err(_)) => return Some(changed_while_judged(&as_target(), rules)),
+            None if r
+                .paths
+                .iter()
+                .any(|(_, h)| *h == crate::supervise::paths::GrantedOpen::Refused) =>
+            {
+                refused_open = Some(as_target());
+            }
+            None => {}
+        }
+    }
     let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads);
     if !sys::notif_id_valid(listener, n.id) {
         return None;

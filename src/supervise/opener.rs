@@ -1,4 +1,4 @@
-//! Opens for writing done by the supervisor, for the guest (finding F). Judging a write-open
+//! Opens for writing, and path operations, done by the supervisor for the guest (finding F). Judging a write-open
 //! and then letting the kernel run it leaves a window: between the supervisor's reading of
 //! the path (from guest memory, through the file system) and the kernel's, a sibling can
 //! change either, and a path that was inside the grants reaches outside. Landlock still
@@ -14,6 +14,12 @@
 //! supervisor) and cleared after unless the guest asked for it, and `O_CLOEXEC` on the guest's
 //! descriptor only if it asked. Paths under `/proc`, descriptors without a path and paths the
 //! kernel will refuse anyway keep the old way (the call continues).
+//!
+//! The same holds for `mkdir`, `rmdir`, `unlink`, `rename` and `symlink` (and their `*at`
+//! forms): the supervisor reaches each path's directory beneath its grant and makes the call
+//! relative to it (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`: the last name is never
+//! followed), and the guest's call returns what it returned. `link`/`linkat`, `mknod`,
+//! `truncate` and a guest's own `openat2` keep the old way.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -151,6 +157,147 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
         // container's profile (Linux < 5.6 or a profile that predates it): the kernel's call.
         Err(Errno::EINVAL | Errno::ENOSYS | Errno::EPERM) => return None,
         Err(e) => Opened::Errno(e as i32),
+    })
+}
+
+/// A path operation (`mkdir`, `unlink`, `rmdir`, `rename`, `symlink` and their `*at`
+/// forms) the supervisor makes for the guest: each path it names, read once, resolved, and
+/// judged inside the grants, its directory to be reached beneath its grant.
+#[derive(Debug)]
+pub struct PathRequest {
+    pub syscall: &'static str,
+    /// Each named path: as shown in a report, and where it was judged.
+    pub paths: Vec<(String, paths::GrantedOpen)>,
+    /// The link's target (`symlink`), as the guest gave it.
+    pub target: Option<Vec<u8>>,
+    /// `mkdir`'s mode, `unlinkat`'s and `renameat2`'s flags.
+    pub mode_or_flags: u64,
+}
+
+/// The path operation notification `n` asks for, when it is one the supervisor makes.
+pub fn candidate_op(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    grants: &WriteGrants,
+) -> Option<PathRequest> {
+    let a = &n.args;
+    let (syscall, extra): (&'static str, u64) = match name {
+        "mkdir" => ("mkdir", a[1]),
+        "mkdirat" => ("mkdirat", a[2]),
+        "rmdir" => ("rmdir", libc::AT_REMOVEDIR as u64),
+        "unlink" => ("unlink", 0),
+        "unlinkat" => ("unlinkat", a[2]),
+        "rename" => ("rename", 0),
+        "renameat" => ("renameat", 0),
+        "renameat2" => ("renameat2", a[4]),
+        "symlink" => ("symlink", 0),
+        "symlinkat" => ("symlinkat", 0),
+        _ => return None,
+    };
+    let target = match syscall {
+        "symlink" | "symlinkat" => Some(mem.read_path(a[0]).ok()?),
+        _ => None,
+    };
+    let mut paths = Vec::new();
+    for &(dirfd_arg, path_arg, _) in crate::policy::decisions::watched_paths(name) {
+        let raw = mem.read_path(a[path_arg]).ok()?;
+        let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
+        let path = paths::guest_path(dirfd, &raw);
+        let shown = paths::display(n.pid, &path).display().to_string();
+        paths.push((shown, grants.granted_target(n.pid, &path, false)));
+    }
+    Some(PathRequest {
+        syscall,
+        paths,
+        target,
+        mode_or_flags: extra,
+    })
+}
+
+/// The directory of `resolved` reached beneath `grant`, and its last name; `None` where the
+/// path is not below a granted directory (a granted file itself: left to the kernel).
+fn parent_beneath(grant: &Path, resolved: &Path) -> Option<Result<(OwnedFd, CString), Opened>> {
+    let parent = resolved.parent()?;
+    let name = CString::new(resolved.file_name()?.as_bytes()).ok()?;
+    let rel = parent.strip_prefix(grant).ok()?;
+    let grant_fd = nix::fcntl::open(
+        grant,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    if rel.as_os_str().is_empty() {
+        return Some(Ok((grant_fd, name)));
+    }
+    let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
+    let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    Some(
+        match sys::openat2_beneath(grant_fd.as_fd(), &rel, flags, 0) {
+            Ok(fd) => Ok((fd, name)),
+            Err(Errno::EXDEV) => Err(Opened::Escaped),
+            Err(Errno::EINVAL | Errno::ENOSYS | Errno::EPERM) => return None,
+            Err(e) => Err(Opened::Errno(e as i32)),
+        },
+    )
+}
+
+/// Makes path operation `r` for guest `pid` beneath its grants: `Ok` (the call returns 0),
+/// the error the guest's call would meet, or [`Opened::Escaped`]; `None` when it is left
+/// to the kernel (a path not below a granted directory, a refused one, `/proc`).
+pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
+    let mut dirs = Vec::with_capacity(2);
+    for (_, how) in &r.paths {
+        match how {
+            paths::GrantedOpen::Beneath(grant, resolved) if grant != resolved => {
+                match parent_beneath(grant, resolved)? {
+                    Ok(d) => dirs.push(d),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            paths::GrantedOpen::Fails(errno) => return Some(Err(Opened::Errno(*errno))),
+            _ => return None,
+        }
+    }
+    let umask = guest_umask(pid)?;
+    let (dir, name) = dirs.first()?;
+    let target = r.target.as_ref().and_then(|t| CString::new(t.clone()).ok());
+    let op = match r.syscall {
+        "mkdir" | "mkdirat" => sys::PathOp::Mkdir {
+            name,
+            mode: (r.mode_or_flags as u32) & 0o7777 & !umask,
+        },
+        "rmdir" | "unlink" | "unlinkat" => sys::PathOp::Unlink {
+            name,
+            flags: r.mode_or_flags as i32,
+        },
+        "rename" | "renameat" | "renameat2" => {
+            let (to_dir, to) = dirs.get(1)?;
+            sys::PathOp::Rename {
+                from: name,
+                to_dir: to_dir.as_fd(),
+                to,
+                flags: r.mode_or_flags as u32,
+            }
+        }
+        "symlink" | "symlinkat" => sys::PathOp::Symlink {
+            target: target.as_deref()?,
+            name,
+        },
+        _ => return None,
+    };
+    let dropped = drop_effective_caps();
+    let old = sys::set_umask(0);
+    let result = sys::path_op(dir.as_fd(), &op);
+    sys::set_umask(old);
+    if let Some(saved) = dropped {
+        let _ = caps::set(None, caps::CapSet::Effective, &saved);
+    }
+    Some(match result {
+        Ok(()) => Ok(()),
+        Err(Errno::EXDEV) if r.syscall.starts_with("rename") => Err(Opened::Errno(libc::EXDEV)),
+        Err(Errno::ENOSYS) => return None,
+        Err(e) => Err(Opened::Errno(e as i32)),
     })
 }
 
