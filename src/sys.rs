@@ -774,9 +774,14 @@ pub enum PathOp<'a> {
         target: &'a CStr,
         name: &'a CStr,
     },
+    Link {
+        from: &'a CStr,
+        to_dir: BorrowedFd<'a>,
+        to: &'a CStr,
+    },
 }
 
-/// Runs `op` relative to `dir` (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`).
+/// Runs `op` relative to `dir` (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`, `linkat`).
 pub fn path_op(dir: BorrowedFd<'_>, op: &PathOp<'_>) -> SysResult<()> {
     let d = dir.as_raw_fd();
     // SAFETY: every name is NUL-terminated and every descriptor is held by the caller for the
@@ -799,9 +804,46 @@ pub fn path_op(dir: BorrowedFd<'_>, op: &PathOp<'_>) -> SysResult<()> {
                 *flags,
             ) as libc::c_int,
             PathOp::Symlink { target, name } => libc::symlinkat(target.as_ptr(), d, name.as_ptr()),
+            PathOp::Link { from, to_dir, to } => {
+                libc::linkat(d, from.as_ptr(), to_dir.as_raw_fd(), to.as_ptr(), 0)
+            }
         }
     };
     check_int(ret).map(drop)
+}
+
+/// `ftruncate` of a regular file (EISDIR for a directory and EINVAL for anything else, as
+/// `truncate` answers).
+pub fn ftruncate_regular(fd: BorrowedFd<'_>, len: i64) -> SysResult<()> {
+    let meta = nix::sys::stat::fstat(fd)?;
+    match meta.st_mode & libc::S_IFMT {
+        libc::S_IFREG => {}
+        libc::S_IFDIR => return Err(Errno::EISDIR),
+        _ => return Err(Errno::EINVAL),
+    }
+    // SAFETY: ftruncate on a descriptor the caller holds.
+    check_int(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }).map(drop)
+}
+
+/// Process `pid`'s soft RLIMIT_FSIZE: `Some(None)` when unlimited, `None` when unreadable.
+pub fn file_size_limit(pid: u32) -> Option<Option<u64>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit with a null new limit only reads process `pid`'s into `lim`.
+    let r = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            std::ptr::null(),
+            &mut lim,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    Some((lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur))
 }
 
 /// Sets this process's file mode creation mask, returning the previous one.

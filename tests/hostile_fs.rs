@@ -604,12 +604,14 @@ fn serve_refuses_a_policy_with_limits_disk() {
 fn a_path_flipped_while_judged_is_refused_and_reported_every_time() {
     // Finding F: the supervisor judged `rw/d/x` inside the grants, then `d` became a link
     // out of them before the kernel opened it. The supervisor now opens (and makes
-    // directories) where it judged, beneath the grant: every refusal is a reported one.
+    // directories, truncates, links) where it judged, beneath the grant: every refusal is a
+    // reported one.
     let scratch = Scratch::new("flip");
     let rw = scratch.path("rw");
     let outside = scratch.path("outside");
     std::fs::create_dir_all(rw.join("d")).unwrap();
     std::fs::create_dir_all(rw.join("spare")).unwrap();
+    std::fs::write(rw.join("base"), b"").unwrap();
     std::fs::create_dir_all(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, rw.join("link")).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -629,7 +631,7 @@ fn a_path_flipped_while_judged_is_refused_and_reported_every_time() {
         })
     };
     let code = format!(
-        "import collections, os\nseen = collections.Counter()\nfor i in range(2000):\n    for op in (lambda: os.close(os.open('{0}/d/x', os.O_WRONLY | os.O_CREAT, 0o644)), lambda: os.mkdir('{0}/d/m%d' % i)):\n        try:\n            op()\n            seen['ok'] += 1\n        except OSError as e:\n            seen[e.errno] += 1\nprint(dict(seen))\n",
+        "import collections, os\nseen = collections.Counter()\nfor i in range(1000):\n    for op in (lambda: os.close(os.open('{0}/d/x', os.O_WRONLY | os.O_CREAT, 0o644)), lambda: os.mkdir('{0}/d/m%d' % i), lambda: os.truncate('{0}/d/x', 0), lambda: os.link('{0}/base', '{0}/d/l%d' % i)):\n        try:\n            op()\n            seen['ok'] += 1\n        except OSError as e:\n            seen[e.errno] += 1\nprint(dict(seen))\n",
         s(&rw)
     );
     let o = py("default", &["--rw", rw.to_str().unwrap()], &code);
@@ -663,4 +665,52 @@ fn a_path_flipped_while_judged_is_refused_and_reported_every_time() {
         seen.get("ok").copied().unwrap_or(0) > 0 && refused > 0,
         &format!("both ways were seen: {seen:?}"),
     );
+}
+
+#[test]
+fn openat2_without_resolve_flags_is_opened_by_the_supervisor_and_with_them_by_the_kernel() {
+    let scratch = Scratch::new("openat2");
+    let rw = scratch.path("rw");
+    std::fs::create_dir_all(&rw).unwrap();
+    let code = format!(
+        "import ctypes, os\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class How(ctypes.Structure):\n\
+         \x20   _fields_ = [('flags', ctypes.c_uint64), ('mode', ctypes.c_uint64), ('resolve', ctypes.c_uint64)]\n\
+         def openat2(path, resolve):\n\
+         \x20   how = How(os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, resolve)\n\
+         \x20   fd = libc.syscall(437, -100, path.encode(), ctypes.byref(how), ctypes.sizeof(how))\n\
+         \x20   if fd < 0:\n\
+         \x20       return 'errno %d' % ctypes.get_errno()\n\
+         \x20   os.write(fd, b'x'); os.close(fd)\n\
+         \x20   return 'ok'\n\
+         print('plain', openat2('{0}/a', 0))\n\
+         print('no_symlinks', openat2('{0}/b', 0x04))\n\
+         print('outside', openat2('/etc/wfjail-openat2', 0))\n",
+        s(&rw)
+    );
+    let o = py(
+        "default",
+        &[
+            "--rw",
+            rw.to_str().unwrap(),
+            "--ro",
+            "/usr/lib/x86_64-linux-gnu",
+        ],
+        &code,
+    );
+    o.check(o.stdout.contains("plain ok"), "openat2 in the grant works");
+    o.check(
+        o.stdout.contains("no_symlinks ok"),
+        "with the guest's own resolve flags, the kernel opens it",
+    );
+    o.check(
+        o.stdout.contains("outside errno 13"),
+        "outside the grants: EACCES",
+    );
+    assert_reported(&o, "openat2", "filesystem", "/etc/wfjail-openat2 (write)");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(rw.join("a")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
 }

@@ -15,11 +15,14 @@
 //! descriptor only if it asked. Paths under `/proc`, descriptors without a path and paths the
 //! kernel will refuse anyway keep the old way (the call continues).
 //!
-//! The same holds for `mkdir`, `rmdir`, `unlink`, `rename` and `symlink` (and their `*at`
-//! forms): the supervisor reaches each path's directory beneath its grant and makes the call
-//! relative to it (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`: the last name is never
-//! followed), and the guest's call returns what it returned. `link`/`linkat`, `mknod`,
-//! `truncate` and a guest's own `openat2` keep the old way.
+//! The same holds for `openat2` without resolve flags of the guest's own, and for `mkdir`,
+//! `rmdir`, `unlink`, `rename`, `symlink`, `link` (and their `*at` forms): the supervisor
+//! reaches each path's directory beneath its grant and makes the call relative to it
+//! (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`, `linkat`: the last name as resolved,
+//! never followed again), and the guest's call returns what it returned; `truncate` is an
+//! open beneath the grant and `ftruncate` (a length past the guest's RLIMIT_FSIZE is left to
+//! the kernel, which answers EFBIG and SIGXFSZ). An `openat2` with the guest's own resolve
+//! flags, and `linkat` with `AT_EMPTY_PATH`, keep the old way.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -69,6 +72,20 @@ pub fn candidate(
     let (syscall, dirfd, path_addr, flags, mode) = match name {
         "open" => ("open", libc::AT_FDCWD, a[0], a[1], a[2]),
         "openat" => ("openat", a[0] as i32, a[1], a[2], a[3]),
+        // struct open_how { u64 flags; u64 mode; u64 resolve; }, read once. The guest's own
+        // resolve flags are its own rules: with any, the kernel makes the call.
+        "openat2" => {
+            let how = mem.read_bytes(a[2], 24)?;
+            let word = |i: usize| -> Option<u64> {
+                Some(u64::from_ne_bytes(
+                    how.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+                ))
+            };
+            if word(2)? != 0 || a[3] < 24 {
+                return None;
+            }
+            ("openat2", a[0] as i32, a[1], word(0)?, word(1)?)
+        }
         "creat" => (
             "creat",
             libc::AT_FDCWD,
@@ -193,6 +210,11 @@ pub fn candidate_op(
         "renameat2" => ("renameat2", a[4]),
         "symlink" => ("symlink", 0),
         "symlinkat" => ("symlinkat", 0),
+        "link" => ("link", 0),
+        // AT_EMPTY_PATH (the descriptor itself) is the kernel's; AT_SYMLINK_FOLLOW is
+        // applied here when the source is resolved.
+        "linkat" if a[4] & libc::AT_EMPTY_PATH as u64 == 0 => ("linkat", a[4]),
+        "truncate" => ("truncate", a[1]),
         _ => return None,
     };
     let target = match syscall {
@@ -200,12 +222,16 @@ pub fn candidate_op(
         _ => None,
     };
     let mut paths = Vec::new();
-    for &(dirfd_arg, path_arg, _) in crate::policy::decisions::watched_paths(name) {
+    for &(dirfd_arg, path_arg, follows) in crate::policy::decisions::watched_paths(name) {
         let raw = mem.read_path(a[path_arg]).ok()?;
+        let follow = match (syscall, path_arg) {
+            ("linkat", 1) => extra & libc::AT_SYMLINK_FOLLOW as u64 != 0,
+            _ => follows,
+        };
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
         let path = paths::guest_path(dirfd, &raw);
         let shown = paths::display(n.pid, &path).display().to_string();
-        paths.push((shown, grants.granted_target(n.pid, &path, false)));
+        paths.push((shown, grants.granted_target(n.pid, &path, follow)));
     }
     Some(PathRequest {
         syscall,
@@ -260,6 +286,9 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
         }
     }
     let umask = guest_umask(pid)?;
+    if r.syscall == "truncate" {
+        return truncate(pid, r, umask);
+    }
     let (dir, name) = dirs.first()?;
     let target = r.target.as_ref().and_then(|t| CString::new(t.clone()).ok());
     let op = match r.syscall {
@@ -284,6 +313,15 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
             target: target.as_deref()?,
             name,
         },
+        // The source was resolved (followed or not, as the guest asked): linked as it is.
+        "link" | "linkat" => {
+            let (to_dir, to) = dirs.get(1)?;
+            sys::PathOp::Link {
+                from: name,
+                to_dir: to_dir.as_fd(),
+                to,
+            }
+        }
         _ => return None,
     };
     let dropped = drop_effective_caps();
@@ -298,6 +336,38 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
         Err(Errno::EXDEV) if r.syscall.starts_with("rename") => Err(Opened::Errno(libc::EXDEV)),
         Err(Errno::ENOSYS) => return None,
         Err(e) => Err(Opened::Errno(e as i32)),
+    })
+}
+
+/// `truncate(path, length)` beneath the grant: an open for writing (the permission truncate
+/// needs), then `ftruncate`. A length past the guest's RLIMIT_FSIZE is the kernel's (it
+/// fails the guest's own call with EFBIG and SIGXFSZ, which the supervisor's must not skip).
+fn truncate(pid: u32, r: &PathRequest, _umask: u32) -> Option<Result<(), Opened>> {
+    let (_, paths::GrantedOpen::Beneath(grant, resolved)) = r.paths.first()? else {
+        return None;
+    };
+    let len = r.mode_or_flags as i64;
+    let limit = sys::file_size_limit(pid)?;
+    if len < 0 || limit.is_some_and(|l| len as u64 > l) {
+        return None;
+    }
+    let t = Target {
+        syscall: "truncate",
+        shown: String::new(),
+        how: paths::GrantedOpen::Beneath(grant.clone(), resolved.clone()),
+        flags: libc::O_WRONLY as u64,
+        mode: 0,
+    };
+    Some(match open(pid, &t)? {
+        Opened::Fd(fd) => {
+            let dropped = drop_effective_caps();
+            let res = sys::ftruncate_regular(fd.as_fd(), len);
+            if let Some(saved) = dropped {
+                let _ = caps::set(None, caps::CapSet::Effective, &saved);
+            }
+            res.map_err(|e| Opened::Errno(e as i32))
+        }
+        other => Err(other),
     })
 }
 
