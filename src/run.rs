@@ -143,6 +143,9 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         clock: opts.clock,
         vdso: plan.vdso,
         learn: opts.learn,
+        read_grants: plan
+            .warn_files
+            .then(|| supervise::paths::WriteGrants::new(&plan.read)),
         disk,
     };
     let mut stderr = std::io::stderr();

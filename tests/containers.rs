@@ -880,3 +880,22 @@ fn a_refused_sethostname_is_predicted_by_check_and_degraded_in_run() {
     let row = check_row(ROOT_HOST, "hostname");
     assert!(row["available"] == true, "on the host: {row}");
 }
+
+#[test]
+fn warn_without_a_listener_stops_instead_of_letting_every_path_through_unseen() {
+    // Under warn, Landlock lets every path through and the supervisor judges each open: with
+    // no listener (a runtime holding it), nothing would judge them.
+    let o = wfjail(
+        sim_root(&["--deny-notify"]),
+        &["run", "-p", "permissive", "--raw", "--", "/bin/true"],
+    );
+    o.check(o.code == 125, "exit 125 before the guest runs");
+    let o = wfjail(
+        sim_root(&["--deny-notify"]),
+        &["run", "-p", "default", "--raw", "--", "/bin/true"],
+    );
+    o.check(
+        o.code == 0,
+        "a deny policy still runs, with seccomp-notify degraded",
+    );
+}

@@ -373,6 +373,37 @@ fn permissive_reports_sleep_and_randomness_and_lets_them_run() {
 }
 
 #[test]
+fn permissive_reports_reads_and_writes_outside_the_default_grants_and_lets_them_run() {
+    let s = Scratch::new("fh-permissive-fs");
+    let out = s.path("out.txt");
+    let code = format!(
+        "print(open('/etc/hostname').read() != '')
+open('{}', 'w').write('x')
+print('wrote')
+",
+        out.display()
+    );
+    let o = common::py("permissive", &[], &code);
+    o.check(
+        o.status() == "ok" && o.stdout.contains("True") && o.stdout.contains("wrote"),
+        "the read and the write ran",
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "x");
+    let v = o.assert_violation("openat", "filesystem");
+    let args: Vec<&str> = o.report["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["args"].as_str())
+        .collect();
+    o.check(
+        args.contains(&"/etc/hostname (read)")
+            && args.contains(&format!("{} (write)", out.display()).as_str()),
+        &format!("both named, as warned: {args:?} ({v})"),
+    );
+}
+
+#[test]
 fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
     let (s, module) = common::serve_scratch(
         "fh-metrics",

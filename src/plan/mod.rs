@@ -191,6 +191,10 @@ pub struct Plan {
     pub last_cap: u32,
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
+    /// `on_violation = "warn"` in `wfjail run`: Landlock lets every path through, and the
+    /// supervisor judges each open against `read` and `write` (a file the policy would refuse
+    /// is read or written, and reported).
+    pub warn_files: bool,
     /// Policy paths that do not exist on this host (skipped, listed in the report).
     pub skipped: Vec<String>,
     /// `wfjail learn`: the grants of the policy as written (before everything was made
@@ -482,7 +486,13 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
     // say so now, with the fix, instead of after a fork.
     let landlock_abi = crate::sys::landlock_abi();
-    if landlock_abi.is_ok() && !req.learn {
+    // Warn: a call the policy denies runs and is reported. For files that means Landlock
+    // lets every path through while the supervisor judges each open against the grants. Not
+    // for learn (writes outside the base fail there by design), nor in serve (a zygote's own
+    // reads are no session's to report; sessions are judged by the zygote's router).
+    let warn_files =
+        policy.on_violation == OnViolation::Warn && !req.learn && !req.session && !req.zygote;
+    if landlock_abi.is_ok() && !req.learn && !warn_files {
         let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
         for exe in std::iter::once(&canonical_cmd).chain(interpreter.as_ref()) {
             let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.clone());
@@ -520,6 +530,13 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let deny_tcp =
         policy.network.mode == NetworkMode::None && policy.on_violation != OnViolation::Warn;
     let (landlock, landlock_missing) = match landlock_abi {
+        Ok(abi) if warn_files => {
+            let everything = [PathBuf::from("/")];
+            (
+                Some(landlock::build(abi, &[], &everything, deny_tcp)?),
+                None,
+            )
+        }
         Ok(abi) => (Some(landlock::build(abi, &read, &write, deny_tcp)?), None),
         Err(e) => {
             let (what, enable) = landlock::why_missing(e);
@@ -535,8 +552,9 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     };
 
     // Seccomp: both programs, so the child can fall back without calling us.
-    let watch_reads =
-        req.learn || (req.zygote && policy.zygote.reads_after_preload == Toggle::Deny);
+    let watch_reads = req.learn
+        || warn_files
+        || (req.zygote && policy.zygote.reads_after_preload == Toggle::Deny);
     let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?;
     let seccomp_fallback = bpf::compile(
         policy,
@@ -604,6 +622,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         write,
         skipped,
         unreadable_args,
+        warn_files,
         base_grants,
     })
 }

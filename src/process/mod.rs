@@ -139,7 +139,9 @@ pub fn spawn(
             seccomp_fallback: &mut fallback_prog,
             self_pid_slots: (&plan.self_pid_slots.0, &plan.self_pid_slots.1),
             seccomp_required: p.requires(Layer::Seccomp),
-            seccomp_notify_required: p.requires(Layer::SeccompNotify),
+            // Under warn (plan.warn_files) Landlock lets every path through: only the supervisor
+            // stands between the guest and a file it may not touch, so it must be there.
+            seccomp_notify_required: p.requires(Layer::SeccompNotify) || plan.warn_files,
             exec_path: &plan.exec.path,
             argv: &plan.exec.argv_ptrs,
             envp: &plan.exec.envp_ptrs,

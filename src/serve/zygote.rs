@@ -320,6 +320,7 @@ impl Zygote {
                         grants: &grants,
                         late_reads: late,
                         on_violation,
+                        reads: None,
                     };
                     z.route_notifications(listener, rules)
                 })

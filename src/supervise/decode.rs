@@ -53,6 +53,50 @@ fn fs_violation(name: &str, args: String, rule: &str) -> Decoded {
 }
 
 const OUTSIDE_RULE: &str = "filesystem.write does not grant this path";
+const READ_OUTSIDE_RULE: &str = "filesystem.read does not grant this path";
+const READ_HINT: &str = "reading outside filesystem.read is denied in workflow code; grant the file or its directory with --ro (or [filesystem] read), or read it in an activity";
+
+/// A read-only open (`open`, `openat`, `openat2`) judged against `reads`: the violation when
+/// its path is outside them. Only `wfjail run` under `on_violation = "warn"` asks (there
+/// Landlock lets everything through, so that a read the policy would deny runs and is
+/// reported).
+pub fn check_read(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    reads: &WriteGrants,
+) -> Option<Decoded> {
+    let a = &n.args;
+    let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+    let flags = match name {
+        "open" => a[1],
+        "openat" => a[2],
+        "openat2" => u64::from_ne_bytes(mem.read_bytes(a[2], 8)?.get(..8)?.try_into().ok()?),
+        _ => return None,
+    };
+    if flags & write_bits != 0 {
+        return None;
+    }
+    let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
+    let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
+    let raw = mem.read_path(a[path_arg]).ok()?;
+    let full = paths::guest_path(dirfd, &raw);
+    let follow = flags & libc::O_NOFOLLOW as u64 == 0;
+    let shown = match reads.judge(n.pid, &full, follow, true) {
+        Verdict::Granted => return None,
+        Verdict::Outside(p) => p.display().to_string(),
+        Verdict::CannotJudge(_) => paths::display(n.pid, &full).display().to_string(),
+    };
+    Some(Decoded {
+        category: Category::Filesystem,
+        syscall: name.to_string(),
+        args: format!("{shown} (read)"),
+        rule: READ_OUTSIDE_RULE.into(),
+        always_deny: false,
+        errno: libc::EACCES,
+        hint: Some(READ_HINT),
+    })
+}
 const CANNOT_JUDGE_RULE: &str =
     "a write the supervisor cannot judge is refused (filesystem.write must be shown to grant it)";
 

@@ -169,6 +169,9 @@ pub struct Config {
     /// `wfjail learn`: read-only opens are recorded too, and every violation is kept in
     /// `Outcome::learned` (the report's list is capped).
     pub learn: bool,
+    /// Under `on_violation = "warn"` (`wfjail run`): the read grants every read is judged
+    /// against (Landlock lets all through; `plan.warn_files`).
+    pub read_grants: Option<paths::WriteGrants>,
     /// `limits.disk`: the guest's account, its baseline taken before it started.
     pub disk: Option<std::cell::RefCell<disk::DiskAccount>>,
 }
@@ -704,6 +707,7 @@ pub fn supervise(
                         grants: &cfg.write_grants,
                         late_reads: cfg.learn,
                         on_violation: policy.on_violation,
+                        reads: cfg.read_grants.as_ref(),
                     };
                     if notify::handle(l.as_fd(), &n, rules, state, kill) == Handled::Killed {
                         o.killed_for_violation = true;

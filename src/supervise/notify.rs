@@ -35,6 +35,9 @@ pub struct Rules<'a> {
     /// What a violation does: the policy's `on_violation`, or `deny` where the guest must not
     /// be killed for it (the zygote itself).
     pub on_violation: OnViolation,
+    /// The read grants reads are judged against (`wfjail run` under `warn`, where Landlock
+    /// lets every path through: a read the policy would refuse runs and is reported).
+    pub reads: Option<&'a WriteGrants>,
 }
 
 impl<'a> Rules<'a> {
@@ -44,6 +47,7 @@ impl<'a> Rules<'a> {
             grants,
             late_reads: false,
             on_violation: plan.policy.on_violation,
+            reads: None,
         }
     }
 }
@@ -247,7 +251,12 @@ fn decide(
             None => {}
         }
     }
-    let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads);
+    let verdict = decode::classify(n, &mem, rules.decisions, rules.grants, rules.late_reads)
+        .or_else(|| {
+            let reads = rules.reads?;
+            let d = decision.filter(|d| d.check == Check::Writes)?;
+            decode::check_read(n, &mem, d.name, reads)
+        });
     if !sys::notif_id_valid(listener, n.id) {
         return None;
     }
