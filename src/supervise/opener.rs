@@ -153,15 +153,7 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
     } else {
         0
     };
-    // As the guest: no capabilities (a root supervisor has CAP_DAC_OVERRIDE), no umask of
-    // ours (the guest's is applied to the mode above).
-    let dropped = drop_effective_caps();
-    let old = sys::set_umask(0);
-    let r = sys::openat2_beneath(dirfd.as_fd(), &rel, flags, mode);
-    sys::set_umask(old);
-    if let Some(saved) = dropped {
-        let _ = caps::set(None, caps::CapSet::Effective, &saved);
-    }
+    let r = as_guest(|| sys::openat2_beneath(dirfd.as_fd(), &rel, flags, mode));
     Some(match r {
         Ok(fd) => {
             if t.flags & libc::O_NONBLOCK as u64 == 0 {
@@ -324,13 +316,7 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
         }
         _ => return None,
     };
-    let dropped = drop_effective_caps();
-    let old = sys::set_umask(0);
-    let result = sys::path_op(dir.as_fd(), &op);
-    sys::set_umask(old);
-    if let Some(saved) = dropped {
-        let _ = caps::set(None, caps::CapSet::Effective, &saved);
-    }
+    let result = as_guest(|| sys::path_op(dir.as_fd(), &op));
     Some(match result {
         Ok(()) => Ok(()),
         Err(Errno::EXDEV) if r.syscall.starts_with("rename") => Err(Opened::Errno(libc::EXDEV)),
@@ -359,16 +345,24 @@ fn truncate(pid: u32, r: &PathRequest, _umask: u32) -> Option<Result<(), Opened>
         mode: 0,
     };
     Some(match open(pid, &t)? {
-        Opened::Fd(fd) => {
-            let dropped = drop_effective_caps();
-            let res = sys::ftruncate_regular(fd.as_fd(), len);
-            if let Some(saved) = dropped {
-                let _ = caps::set(None, caps::CapSet::Effective, &saved);
-            }
-            res.map_err(|e| Opened::Errno(e as i32))
-        }
+        Opened::Fd(fd) => as_guest(|| sys::ftruncate_regular(fd.as_fd(), len))
+            .map_err(|e| Opened::Errno(e as i32)),
         other => Err(other),
     })
+}
+
+/// Runs `f` as the guest would make the call: without capabilities (a root supervisor has
+/// CAP_DAC_OVERRIDE; the guest has none) and without a umask of ours (the guest's is applied
+/// to the mode by the caller).
+fn as_guest<T>(f: impl FnOnce() -> T) -> T {
+    let dropped = drop_effective_caps();
+    let old = sys::set_umask(0);
+    let r = f();
+    sys::set_umask(old);
+    if let Some(saved) = dropped {
+        let _ = caps::set(None, caps::CapSet::Effective, &saved);
+    }
+    r
 }
 
 /// Empties this thread's effective capability set when it has one; the set to restore.
