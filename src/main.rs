@@ -208,23 +208,7 @@ fn check_determinism(
     report: Option<&str>,
 ) -> anyhow::Result<u8> {
     // Every run reads the same request: stdin is read once into a file of our own.
-    let _stdin_copy = match &opts.input {
-        Some(_) => None,
-        None => {
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .take(wfjail::protocol::MAX_FRAME as u64 + 1)
-                .read_to_end(&mut bytes)
-                .context("reading the request from stdin")?;
-            let path = std::env::temp_dir().join(format!(
-                "wfjail-check-determinism-{}.request",
-                std::process::id()
-            ));
-            std::fs::write(&path, &bytes).context("keeping the request for every run")?;
-            opts.input = Some(path.clone());
-            Some(RemoveOnDrop(path))
-        }
-    };
+    let _stdin_copy = keep_stdin(&mut opts, "check-determinism")?;
     let checked = wfjail::determinism::check(policy, &opts, runs);
     eprintln!(
         "wfjail: determinism check: {runs} runs of {} under policy {}",
@@ -288,21 +272,7 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         learn: true,
     };
     // Both runs read the same request.
-    let _stdin_copy = match &opts.input {
-        Some(_) => None,
-        None => {
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .take(wfjail::protocol::MAX_FRAME as u64 + 1)
-                .read_to_end(&mut bytes)
-                .context("reading the request from stdin")?;
-            let path =
-                std::env::temp_dir().join(format!("wfjail-learn-{}.request", std::process::id()));
-            std::fs::write(&path, &bytes).context("keeping the request for both runs")?;
-            opts.input = Some(path.clone());
-            Some(RemoveOnDrop(path))
-        }
-    };
+    let _stdin_copy = keep_stdin(&mut opts, "learn")?;
     let mut learning = base.clone();
     learning.on_violation = policy::OnViolation::Warn;
     // Threads and processes the run starts are let through and recorded: a process limit
@@ -391,6 +361,24 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
 }
 
 /// Removes a file of ours when dropped.
+/// For commands that run a framed guest more than once: the request on stdin (unless
+/// `--input` names a file), read once into a file of ours that each run reads, removed when
+/// the returned guard drops.
+fn keep_stdin(opts: &mut RunOptions, tag: &str) -> anyhow::Result<Option<RemoveOnDrop>> {
+    if opts.input.is_some() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .take(wfjail::protocol::MAX_FRAME as u64 + 1)
+        .read_to_end(&mut bytes)
+        .context("reading the request from stdin")?;
+    let path = std::env::temp_dir().join(format!("wfjail-{tag}-{}.request", std::process::id()));
+    std::fs::write(&path, &bytes).context("keeping the request for every run")?;
+    opts.input = Some(path.clone());
+    Ok(Some(RemoveOnDrop(path)))
+}
+
 struct RemoveOnDrop(std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
