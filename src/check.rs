@@ -180,6 +180,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     let user = probe_in_child(libc::CLONE_NEWUSER, || Ok(()));
     let user_ok = user.is_ok();
     let base = if user_ok { libc::CLONE_NEWUSER } else { 0 };
+    let mut uts_ok = false;
     for (layer, flag, what) in [
         (
             Layer::UserNs,
@@ -208,6 +209,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         } else {
             probe_in_child(base | flag, || Ok(()))
         };
+        uts_ok |= layer == Layer::UtsNs && r.is_ok();
         match r {
             Ok(()) => row(layer, true, what.into(), None),
             Err(e) => row(
@@ -221,8 +223,7 @@ pub fn check(policy: &Policy) -> CheckReport {
 
     // The pinned hostname: the namespace alone does not show it (podman's default seccomp
     // profile allows the UTS namespace but refuses sethostname).
-    let uts = probe_in_child(base | libc::CLONE_NEWUTS, || Ok(()));
-    let hostname = uts.is_ok().then(|| {
+    let hostname = uts_ok.then(|| {
         let set = probe_in_child(base | libc::CLONE_NEWUTS, || {
             sys::sethostname(crate::plan::HOSTNAME)
         });

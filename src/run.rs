@@ -438,11 +438,6 @@ fn step_layer(step: Step) -> &'static str {
     }
 }
 
-/// The calls an outer (container) filter answers before wfjail's: never reported.
-fn sys_outer_refusals() -> &'static [&'static str] {
-    crate::sys::refused_by_outer_filter()
-}
-
 /// What would enable a degraded layer.
 fn enable_hint(layer: &str) -> &'static str {
     match layer {
@@ -536,7 +531,8 @@ pub fn layers(
                 .into(),
         );
     }
-    let unseen = sys_outer_refusals();
+    // Calls an outer (container) filter answers before wfjail's: never reported.
+    let unseen = crate::sys::refused_by_outer_filter();
     if !unseen.is_empty() {
         degraded.push(format!(
             "container-seccomp: this container's seccomp profile refuses {} itself, before \

@@ -78,8 +78,8 @@ fn write(path: &Path, text: &str) -> Result<(), CgroupError> {
     std::fs::write(path, text).map_err(io_err(path))
 }
 
-/// The pids hierarchy: (its directory for this process's cgroup, whether it is cgroup v2).
-fn locate() -> Result<(PathBuf, bool), CgroupError> {
+/// This process's cgroup in the pids hierarchy (cgroup v1 `pids`, or the v2 root).
+fn locate() -> Result<PathBuf, CgroupError> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(io_err(Path::new("/proc/self/mountinfo")))?;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
@@ -108,7 +108,7 @@ fn locate() -> Result<(PathBuf, bool), CgroupError> {
                 })
                 .ok_or(CgroupError::NoController)?;
             let rel = path.strip_prefix(root).unwrap_or(path);
-            return Ok((Path::new(mount).join(rel.trim_start_matches('/')), false));
+            return Ok(Path::new(mount).join(rel.trim_start_matches('/')));
         }
         if *fstype == "cgroup2" {
             v2_mount = Some(PathBuf::from(mount));
@@ -130,7 +130,7 @@ fn locate() -> Result<(PathBuf, bool), CgroupError> {
         return Err(CgroupError::NoController);
     }
     write(&mount.join("cgroup.subtree_control"), "+pids")?;
-    Ok((mount, true))
+    Ok(mount)
 }
 
 impl PidsCgroup {
@@ -138,7 +138,7 @@ impl PidsCgroup {
     /// [`PidsCgroup::limit`]).
     pub fn create() -> Result<Self, CgroupError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let (ours, _v2) = locate()?;
+        let ours = locate()?;
         let name = format!(
             "wfjail-{}-{}",
             std::process::id(),

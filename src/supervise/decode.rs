@@ -56,6 +56,25 @@ const OUTSIDE_RULE: &str = "filesystem.write does not grant this path";
 const READ_OUTSIDE_RULE: &str = "filesystem.read does not grant this path";
 const READ_HINT: &str = "reading outside filesystem.read is denied in workflow code; grant the file or its directory with --ro (or [filesystem] read), or read it in an activity";
 
+/// The open flags that make an open a write.
+pub const OPEN_WRITE_BITS: u64 =
+    (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+
+/// The flags of open call `name` with arguments `a`: `struct open_how`'s first word for
+/// `openat2`, a write's for `creat`; `None` for other calls or an unreadable `open_how`.
+fn open_flags(name: &str, a: &[u64; 6], mem: &dyn GuestMemory) -> Option<u64> {
+    match name {
+        "open" => Some(a[1]),
+        "openat" => Some(a[2]),
+        // struct open_how { u64 flags; u64 mode; u64 resolve; }
+        "openat2" => Some(u64::from_ne_bytes(
+            mem.read_bytes(a[2], 8)?.get(..8)?.try_into().ok()?,
+        )),
+        "creat" => Some(OPEN_WRITE_BITS),
+        _ => None,
+    }
+}
+
 /// A read-only open (`open`, `openat`, `openat2`) judged against `reads`: the violation when
 /// its path is outside them. Only `wfjail run` under `on_violation = "warn"` asks (there
 /// Landlock lets everything through, so that a read the policy would deny runs and is
@@ -67,14 +86,8 @@ pub fn check_read(
     reads: &WriteGrants,
 ) -> Option<Decoded> {
     let a = &n.args;
-    let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
-    let flags = match name {
-        "open" => a[1],
-        "openat" => a[2],
-        "openat2" => u64::from_ne_bytes(mem.read_bytes(a[2], 8)?.get(..8)?.try_into().ok()?),
-        _ => return None,
-    };
-    if flags & write_bits != 0 {
+    let flags = open_flags(name, a, mem)?;
+    if flags & OPEN_WRITE_BITS != 0 {
         return None;
     }
     let (dirfd_arg, path_arg, _) = watched_paths(name)[0];
@@ -111,19 +124,9 @@ fn check_writes(
     late_reads: bool,
 ) -> Option<Decoded> {
     let a = &n.args;
-    let write_bits = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
-    let flags = match name {
-        "open" => Some(a[1]),
-        "openat" => Some(a[2]),
-        // struct open_how { u64 flags; u64 mode; u64 resolve; }
-        "openat2" => mem
-            .read_bytes(a[2], 8)
-            .and_then(|how| Some(u64::from_ne_bytes(how.get(..8)?.try_into().ok()?))),
-        "creat" => Some(write_bits),
-        _ => None,
-    };
+    let flags = open_flags(name, a, mem);
     if let Some(flags) = flags
-        && flags & write_bits == 0
+        && flags & OPEN_WRITE_BITS == 0
     {
         // A read: only watched in prefork mode after preload, where it is a late import.
         if !late_reads {

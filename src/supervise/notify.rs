@@ -190,7 +190,8 @@ fn decide(
     let mem = ProcessMemory { pid: n.pid };
     // A write-open inside the grants: the supervisor opens what it judged (opener.rs). One
     // it judged refused must not run after all if a second look (below) finds it granted.
-    let mut refused_open: Option<opener::Target> = None;
+    // (syscall, the path as shown)
+    let mut refused_open: Option<(&'static str, String)> = None;
     if let Some(d) = decision
         && d.check == Check::Writes
         && let Some(t) = opener::candidate(n, &mem, d.name, rules.grants)
@@ -205,9 +206,11 @@ fn decide(
                 return Some((Answer::Fd { fd, cloexec }, None));
             }
             Some(opener::Opened::Errno(e)) => return Some((Answer::Errno(e), None)),
-            Some(opener::Opened::Escaped) => return Some(changed_while_judged(&t, rules)),
+            Some(opener::Opened::Escaped) => {
+                return Some(changed_while_judged(t.syscall, &t.shown, rules));
+            }
             None if t.how == crate::supervise::paths::GrantedOpen::Refused => {
-                refused_open = Some(t);
+                refused_open = Some((t.syscall, t.shown));
             }
             None => {} // left to the kernel
         }
@@ -222,13 +225,6 @@ fn decide(
             return None;
         }
         let shown = r.paths.first().map(|(s, _)| s.clone()).unwrap_or_default();
-        let as_target = || opener::Target {
-            syscall: r.syscall,
-            shown: shown.clone(),
-            how: crate::supervise::paths::GrantedOpen::Refused,
-            flags: 0,
-            mode: 0,
-        };
         match opener::path_op(n.pid, &r) {
             Some(Ok(())) => {
                 return Some((
@@ -240,13 +236,13 @@ fn decide(
                 ));
             }
             Some(Err(opener::Opened::Errno(e))) => return Some((Answer::Errno(e), None)),
-            Some(Err(_)) => return Some(changed_while_judged(&as_target(), rules)),
+            Some(Err(_)) => return Some(changed_while_judged(r.syscall, &shown, rules)),
             None if r
                 .paths
                 .iter()
                 .any(|(_, h)| *h == crate::supervise::paths::GrantedOpen::Refused) =>
             {
-                refused_open = Some(as_target());
+                refused_open = Some((r.syscall, shown));
             }
             None => {}
         }
@@ -261,9 +257,9 @@ fn decide(
         return None;
     }
     let Some(d) = verdict else {
-        if let Some(t) = &refused_open {
+        if let Some((syscall, shown)) = &refused_open {
             // Refused a moment ago, granted now: the path is changing under the judgement.
-            return Some(changed_while_judged(t, rules));
+            return Some(changed_while_judged(syscall, shown, rules));
         }
         // A watched write inside the grants: Landlock has the last word.
         return Some((Answer::Continue, None));
@@ -287,7 +283,11 @@ fn decide(
 
 /// The answer to a write-open whose path changed while it was judged (a symbolic link
 /// swapped in a shared directory): refused as Landlock would, and reported.
-fn changed_while_judged(t: &opener::Target, rules: Rules<'_>) -> (Answer, Option<Violation>) {
+fn changed_while_judged(
+    syscall: &str,
+    shown: &str,
+    rules: Rules<'_>,
+) -> (Answer, Option<Violation>) {
     let (answer, action) = match rules.on_violation {
         OnViolation::Kill => (Answer::Kill(libc::EACCES), Action::Killed),
         _ => (Answer::Errno(libc::EACCES), Action::Denied),
@@ -295,8 +295,8 @@ fn changed_while_judged(t: &opener::Target, rules: Rules<'_>) -> (Answer, Option
     let category = crate::policy::syscalls::Category::Filesystem;
     let violation = Violation {
         category,
-        syscall: t.syscall.to_string(),
-        args: format!("{} (write)", t.shown),
+        syscall: syscall.to_string(),
+        args: format!("{shown} (write)"),
         action,
         rule: "filesystem.write: the path left the grants while it was judged (a symbolic link changed)".into(),
         hint: category.hint().to_string(),

@@ -58,8 +58,6 @@ pub enum Opened {
     Escaped,
 }
 
-const WRITE_BITS: u64 = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
-
 /// The open that notification `n` asks for, when it is one the supervisor makes: a write-open
 /// (`open`, `openat`, `creat`) of a path inside the grants. Reads the path once.
 pub fn candidate(
@@ -95,7 +93,7 @@ pub fn candidate(
         ),
         _ => return None,
     };
-    if flags & WRITE_BITS == 0 || flags & libc::O_PATH as u64 != 0 {
+    if flags & super::decode::OPEN_WRITE_BITS == 0 || flags & libc::O_PATH as u64 != 0 {
         return None;
     }
     let raw = mem.read_path(path_addr).ok()?;
@@ -139,12 +137,7 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
     }
     let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
     let umask = guest_umask(pid)?;
-    let dirfd = nix::fcntl::open(
-        dir,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .ok()?;
+    let dirfd = open_dir(dir)?;
     let flags = t.flags | (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     // openat2 refuses a mode without O_CREAT or O_TMPFILE (open ignores it).
     let creates = t.flags & (libc::O_CREAT | libc::O_TMPFILE) as u64 != 0;
@@ -239,12 +232,7 @@ fn parent_beneath(grant: &Path, resolved: &Path) -> Option<Result<(OwnedFd, CStr
     let parent = resolved.parent()?;
     let name = CString::new(resolved.file_name()?.as_bytes()).ok()?;
     let rel = parent.strip_prefix(grant).ok()?;
-    let grant_fd = nix::fcntl::open(
-        grant,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .ok()?;
+    let grant_fd = open_dir(grant)?;
     if rel.as_os_str().is_empty() {
         return Some(Ok((grant_fd, name)));
     }
@@ -264,6 +252,9 @@ fn parent_beneath(grant: &Path, resolved: &Path) -> Option<Result<(OwnedFd, CStr
 /// the error the guest's call would meet, or [`Opened::Escaped`]; `None` when it is left
 /// to the kernel (a path not below a granted directory, a refused one, `/proc`).
 pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
+    if r.syscall == "truncate" {
+        return truncate(pid, r); // an open beneath the grant, not a directory's
+    }
     let mut dirs = Vec::with_capacity(2);
     for (_, how) in &r.paths {
         match how {
@@ -278,9 +269,6 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
         }
     }
     let umask = guest_umask(pid)?;
-    if r.syscall == "truncate" {
-        return truncate(pid, r, umask);
-    }
     let (dir, name) = dirs.first()?;
     let target = r.target.as_ref().and_then(|t| CString::new(t.clone()).ok());
     let op = match r.syscall {
@@ -328,9 +316,11 @@ pub fn path_op(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
 /// `truncate(path, length)` beneath the grant: an open for writing (the permission truncate
 /// needs), then `ftruncate`. A length past the guest's RLIMIT_FSIZE is the kernel's (it
 /// fails the guest's own call with EFBIG and SIGXFSZ, which the supervisor's must not skip).
-fn truncate(pid: u32, r: &PathRequest, _umask: u32) -> Option<Result<(), Opened>> {
-    let (_, paths::GrantedOpen::Beneath(grant, resolved)) = r.paths.first()? else {
-        return None;
+fn truncate(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
+    let (grant, resolved) = match &r.paths.first()?.1 {
+        paths::GrantedOpen::Beneath(g, r) => (g, r),
+        paths::GrantedOpen::Fails(errno) => return Some(Err(Opened::Errno(*errno))),
+        _ => return None,
     };
     let len = r.mode_or_flags as i64;
     let limit = sys::file_size_limit(pid)?;
@@ -349,6 +339,17 @@ fn truncate(pid: u32, r: &PathRequest, _umask: u32) -> Option<Result<(), Opened>
             .map_err(|e| Opened::Errno(e as i32)),
         other => Err(other),
     })
+}
+
+/// A directory, as a handle to resolve beneath (`O_PATH`).
+fn open_dir(dir: &Path) -> Option<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        dir,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()
 }
 
 /// Runs `f` as the guest would make the call: without capabilities (a root supervisor has

@@ -250,8 +250,13 @@ impl WriteGrants {
 
     /// Whether `dir` (resolved, existing) or one of its ancestors is granted.
     fn covers_dir(&self, dir: &Path) -> bool {
+        self.covering(dir).is_some()
+    }
+
+    /// The granted directory `dir` (resolved, existing) is, or lies under.
+    fn covering<'p>(&self, dir: &'p Path) -> Option<&'p Path> {
         dir.ancestors()
-            .any(|p| id_of(p).is_some_and(|id| self.ids.contains(&id)))
+            .find(|p| id_of(p).is_some_and(|id| self.ids.contains(&id)))
     }
 
     /// Judges a write to `path` (absolute; `/proc/self` means guest `pid`). `follow`: the call
@@ -291,12 +296,10 @@ impl WriteGrants {
                 if id.is_some_and(|id| self.ids.contains(&id)) {
                     return GrantedOpen::Beneath(p.clone(), p);
                 }
-                let dir = p.parent().and_then(|parent| {
-                    parent
-                        .ancestors()
-                        .find(|a| id_of(a).is_some_and(|id| self.ids.contains(&id)))
-                        .map(Path::to_path_buf)
-                });
+                let dir = p
+                    .parent()
+                    .and_then(|parent| self.covering(parent))
+                    .map(Path::to_path_buf);
                 match dir {
                     Some(dir) => GrantedOpen::Beneath(dir, p),
                     None => GrantedOpen::Refused,
