@@ -714,3 +714,54 @@ fn openat2_without_resolve_flags_is_opened_by_the_supervisor_and_with_them_by_th
     );
     assert_eq!(mode & 0o777, 0o600);
 }
+
+#[test]
+fn a_fifo_opened_for_writing_does_not_block_the_supervisor() {
+    // The supervisor opens write-opens for the guest (opener.rs): a FIFO with no reader
+    // must not hang it. It opens non-blocking, so the guest gets ENXIO at once (the kernel
+    // would have blocked the guest), and the run goes on to its end and its deadline.
+    let scratch = Scratch::new("fifo");
+    let rw = scratch.path("rw");
+    std::fs::create_dir_all(&rw).unwrap();
+    let fifo = std::ffi::CString::new(rw.join("pipe").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    let code = format!(
+        "import os\nfor i in range(3):\n    try:\n        os.open('{}/pipe', os.O_WRONLY)\n    except OSError as e:\n        print('errno', e.errno)\nprint('done')\n",
+        s(&rw)
+    );
+    let o = py(
+        "default",
+        &["--rw", rw.to_str().unwrap(), "--timeout", "10s"],
+        &code,
+    );
+    o.check(
+        o.status() == "ok" && o.stdout.matches("errno 6").count() == 3 && o.stdout.contains("done"),
+        "ENXIO three times, then the guest ends",
+    );
+}
+
+#[test]
+fn write_grants_too_large_to_account_refuse_a_disk_limited_run() {
+    // limits.disk cannot judge more than 100,000 entries: a refusal, never a pass (a guest
+    // that makes that many while it runs is killed the same way).
+    let scratch = Scratch::new("disk-many");
+    let rw = scratch.path("rw");
+    std::fs::create_dir_all(&rw).unwrap();
+    for i in 0..100_001 {
+        std::fs::File::create(rw.join(i.to_string())).unwrap();
+    }
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", rw.to_str().unwrap()],
+        "print('ran')",
+    );
+    o.check(
+        o.code == 125 && !o.stdout.contains("ran") && o.stderr.contains("limits.disk"),
+        "exit 125 before the guest runs, naming limits.disk",
+    );
+}
