@@ -485,6 +485,38 @@ fn filling_memory_to_the_limit_is_a_memory_limit() {
     );
 }
 
+/// A guest that fills its address space in a few microseconds (mappings too small for the
+/// filter to send) and exits at once leaves no time for a timed sample: the evidence is the
+/// peak read at its `exit_group`, while its memory is whole.
+#[test]
+fn a_guest_that_fails_and_exits_between_two_samples_still_shows_the_memory_limit() {
+    let s = Scratch::new("memx");
+    let policy = s.write(
+        "p.toml",
+        "extends = \"default\"\n[limits]\nmemory = \"256MiB\"\n",
+    );
+    // 8 MiB mappings, under the sixteenth (16 MiB) that the filter sends, never touched.
+    let code = "import mmap, os\nkeep = []\ntry:\n    while True:\n        \
+                keep.append(mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE))\n\
+                except (MemoryError, OSError):\n    os._exit(3)\n";
+    for _ in 0..5 {
+        let o = wfjail(&[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            code,
+        ]);
+        o.check(
+            o.code == 5 && o.status() == "limit" && o.report["limit"] == "memory",
+            "the peak read at exit_group is near the limit",
+        );
+    }
+}
+
 #[test]
 fn a_file_written_to_the_size_limit_is_a_file_size_limit() {
     let s = Scratch::new("fsz");

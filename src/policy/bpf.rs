@@ -461,6 +461,11 @@ pub fn decisions(
                 )?]),
             );
         }
+        // And the guest's end: its peak address space is read before the kernel frees it,
+        // so that a guest that failed and exited between two samples still shows it.
+        if !policy.syscalls.denies("exit_group") {
+            map.insert(nr("exit_group"), Leaf::Watch);
+        }
     }
     if watch_reads {
         // Prefork with `reads_after_preload = "deny"`: every open goes to the supervisor, which
@@ -1121,5 +1126,13 @@ mod tests {
         assert_eq!(run(&notify, "mremap", [0, 4096, 8192, 1, 0, 0]), RET_ALLOW);
         assert_eq!(run(&fallback, "mmap", mmap(big, private | anon)), RET_ALLOW);
         assert_eq!(run(&zygote, "mmap", mmap(big, private | anon)), RET_ALLOW);
+        // The guest's end, where its peak is read: sent only where mappings are.
+        assert_eq!(run(&notify, "exit_group", [0; 6]), RET_USER_NOTIF);
+        assert_eq!(run(&fallback, "exit_group", [0; 6]), RET_ALLOW);
+        assert_eq!(run(&zygote, "exit_group", [0; 6]), RET_ALLOW);
+        let mut unlimited = p.clone();
+        unlimited.limits.memory = None;
+        let plain = compile(&unlimited, Mode::Notify, None, false, false).unwrap();
+        assert_eq!(run(&plain, "exit_group", [0; 6]), RET_ALLOW);
     }
 }

@@ -30,6 +30,9 @@ pub enum Check {
     /// `mmap`/`mremap`: a large private mapping is evidence for `limits.memory` and runs; a
     /// shared one (sent in prefork plans only) is a violation.
     Mapping,
+    /// `exit_group` under `limits.memory`: the guest's peak address space is read before the
+    /// kernel frees it (evidence for the memory limit), then it runs.
+    Exit,
     /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
     Seeded,
     /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
@@ -225,6 +228,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "flock" => Check::Lock,
             "fcntl" => Check::Fcntl,
             "mmap" | "mremap" => Check::Mapping,
+            "exit_group" => Check::Exit,
             "getrandom" if policy.random.getrandom == RandomMode::Seeded => Check::Seeded,
             "sched_getaffinity" if policy.process.cpu_count.is_some() => Check::CpuCount(
                 policy

@@ -824,6 +824,11 @@ impl Session {
         {
             self.memory_refused = true;
         }
+        if self.applied.memory.is_some()
+            && let Some(peak) = crate::supervise::peak_at_exit(l.as_fd(), &n, &e.plan.decisions)
+        {
+            self.vm_peak = self.vm_peak.max(Some(peak));
+        }
         let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
         let mut det = self.shared.determinism.lock().unwrap();

@@ -484,6 +484,8 @@ fn classify_unbounded(
             Check::Mapping if d.name == "mremap" || n.args[3] & libc::MAP_SHARED as u64 == 0 => {
                 return None;
             }
+            // The guest ends; its peak address space was read as evidence (the caller's).
+            Check::Exit => return None,
             // A wait without a timeout, or with a zero one, runs; one that would block for a
             // while is a sleep (and one whose timeout cannot be read is judged one).
             Check::TimedWait if !waits_a_while(n, mem, d.name) => return None,

@@ -314,6 +314,26 @@ pub fn mapping_beyond_limit(
     .then_some(grow)
 }
 
+/// Kernel evidence for the memory limit: when notification `n` is an `exit_group` the filter
+/// sent for `limits.memory`, the peak address space of the task ending, read while it waits
+/// (its memory is whole until it is let go). A read whose notification is no longer pending
+/// may be another process's, and is dropped.
+pub fn peak_at_exit(
+    listener: std::os::fd::BorrowedFd<'_>,
+    n: &sys::Notif,
+    decisions: &crate::policy::decisions::Decisions,
+) -> Option<u64> {
+    let exit = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
+        && decisions
+            .get(n.nr as u32)
+            .is_some_and(|d| d.check == crate::policy::decisions::Check::Exit);
+    if !exit {
+        return None;
+    }
+    let peak = vm_peak(n.pid as libc::pid_t)?;
+    sys::notif_id_valid(listener, n.id).then_some(peak)
+}
+
 /// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
 pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
     proc_status_kb(pid, "VmPeak:").map(|kb| kb * 1024)
@@ -696,6 +716,11 @@ pub fn supervise(
                     {
                         o.memory_refused = Some(grow);
                     }
+                    if cfg.memory_limit.is_some()
+                        && let Some(peak) = peak_at_exit(l.as_fd(), &n, &cfg.decisions)
+                    {
+                        o.vm_peak = o.vm_peak.max(Some(peak));
+                    }
                     let state = notify::State {
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
@@ -810,6 +835,14 @@ pub fn supervise(
                                     f.close_when_flushed = true;
                                 }
                                 Event::Error(e) => {
+                                    // The guest waits for the end of its input now, its
+                                    // address space whole: the memory limit may explain
+                                    // the failure (serve samples here too).
+                                    if cfg.memory_limit.is_some()
+                                        && let Some(peak) = vm_peak(child.pid)
+                                    {
+                                        o.vm_peak = o.vm_peak.max(Some(peak));
+                                    }
                                     o.guest_error = Some(e);
                                     f.close_when_flushed = true;
                                 }
