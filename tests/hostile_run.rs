@@ -517,6 +517,37 @@ fn a_guest_that_fails_and_exits_between_two_samples_still_shows_the_memory_limit
     }
 }
 
+/// The peak read at `exit_group` is the guest's own: a process it forked that filled its
+/// address space and exited is not evidence that the guest met the limit.
+#[test]
+fn a_forked_child_at_the_limit_is_not_the_guests_memory_limit() {
+    let s = Scratch::new("memf");
+    let policy = s.write(
+        "p.toml",
+        "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
+         [limits]\nmemory = \"256MiB\"\nprocesses = 4\n",
+    );
+    let code = "import mmap, os, sys\nif os.fork() == 0:\n    keep = []\n    try:\n        \
+                while True:\n            \
+                keep.append(mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE))\n    \
+                except (MemoryError, OSError):\n        os._exit(0)\n\
+                os.wait()\nsys.exit(1)\n";
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        code,
+    ]);
+    o.check(
+        o.code == 1 && o.status() == "guest_error" && o.report["limit"].is_null(),
+        "the guest failed on its own, far from the limit",
+    );
+}
+
 #[test]
 fn a_file_written_to_the_size_limit_is_a_file_size_limit() {
     let s = Scratch::new("fsz");

@@ -825,7 +825,8 @@ impl Session {
             self.memory_refused = true;
         }
         if self.applied.memory.is_some()
-            && let Some(peak) = crate::supervise::peak_at_exit(l.as_fd(), &n, &e.plan.decisions)
+            && let Some(peak) =
+                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.decisions)
         {
             self.vm_peak = self.vm_peak.max(Some(peak));
         }

@@ -263,6 +263,12 @@ fn vm_size(pid: libc::pid_t) -> Option<u64> {
 /// A `kB` field of /proc/PID/status.
 fn proc_status_kb(pid: libc::pid_t, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_field(&status, field)
+}
+
+/// The number in the line of /proc/PID/status text `status` that starts with `field`
+/// (without a `kB` unit).
+fn status_field(status: &str, field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     line[field.len()..]
         .trim()
@@ -315,12 +321,14 @@ pub fn mapping_beyond_limit(
 }
 
 /// Kernel evidence for the memory limit: when notification `n` is an `exit_group` the filter
-/// sent for `limits.memory`, the peak address space of the task ending, read while it waits
-/// (its memory is whole until it is let go). A read whose notification is no longer pending
-/// may be another process's, and is dropped.
+/// sent for `limits.memory`, made by a thread of the guest's process `guest` (not by a
+/// process it forked), the guest's peak address space, read while the call waits (its memory
+/// is whole until it is let go). A read whose notification is no longer pending may be
+/// another process's, and is dropped.
 pub fn peak_at_exit(
     listener: std::os::fd::BorrowedFd<'_>,
     n: &sys::Notif,
+    guest: libc::pid_t,
     decisions: &crate::policy::decisions::Decisions,
 ) -> Option<u64> {
     let exit = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
@@ -330,8 +338,10 @@ pub fn peak_at_exit(
     if !exit {
         return None;
     }
-    let peak = vm_peak(n.pid as libc::pid_t)?;
-    sys::notif_id_valid(listener, n.id).then_some(peak)
+    let status = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).ok()?;
+    let tgid = status_field(&status, "Tgid:")?;
+    let peak = status_field(&status, "VmPeak:")? * 1024;
+    (tgid == guest as u64 && sys::notif_id_valid(listener, n.id)).then_some(peak)
 }
 
 /// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
@@ -717,7 +727,7 @@ pub fn supervise(
                         o.memory_refused = Some(grow);
                     }
                     if cfg.memory_limit.is_some()
-                        && let Some(peak) = peak_at_exit(l.as_fd(), &n, &cfg.decisions)
+                        && let Some(peak) = peak_at_exit(l.as_fd(), &n, child.pid, &cfg.decisions)
                     {
                         o.vm_peak = o.vm_peak.max(Some(peak));
                     }
