@@ -730,17 +730,34 @@ pub fn openat2_beneath(
     flags: u64,
     mode: u64,
 ) -> SysResult<OwnedFd> {
+    openat2(
+        dir,
+        rel,
+        flags,
+        mode,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2(dir, path, {flags, mode, resolve})`.
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+) -> SysResult<OwnedFd> {
     // SAFETY: plain old data; zero is valid (the struct is non_exhaustive).
     let mut how: libc::open_how = unsafe { zeroed() };
     how.flags = flags;
     how.mode = mode;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `rel` is NUL-terminated and `how` lives for the call, its size passed with it.
+    how.resolve = resolve;
+    // SAFETY: `path` is NUL-terminated and `how` lives for the call, its size passed with it.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
             dir.as_raw_fd(),
-            rel.as_ptr(),
+            path.as_ptr(),
             &how as *const libc::open_how,
             size_of::<libc::open_how>(),
         )

@@ -715,6 +715,82 @@ fn openat2_without_resolve_flags_is_opened_by_the_supervisor_and_with_them_by_th
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// `openat2` confined by the guest's own `RESOLVE_BENEATH` or `RESOLVE_IN_ROOT` is opened
+/// from the guest's directory when that lies in a grant, with the guest's rules; with
+/// `RESOLVE_IN_ROOT` in a directory outside the grants, the path is not the host's: before,
+/// `/GRANT/x` was judged granted and Landlock's refusal went unreported.
+#[test]
+fn openat2_confined_to_the_guests_directory_keeps_its_rules_and_its_report() {
+    let scratch = Scratch::new("openat2-root");
+    let rw = scratch.path("rw");
+    let other = scratch.path("other");
+    std::fs::create_dir_all(rw.join("sub")).unwrap();
+    // The host path the guest names, also present under `other`: outside the grants.
+    std::fs::create_dir_all(other.join(rw.strip_prefix("/").unwrap())).unwrap();
+    std::os::unix::fs::symlink("/etc", rw.join("out")).unwrap();
+    let code = format!(
+        "import ctypes, os\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class How(ctypes.Structure):\n\
+         \x20   _fields_ = [('flags', ctypes.c_uint64), ('mode', ctypes.c_uint64), ('resolve', ctypes.c_uint64)]\n\
+         def openat2(d, path, resolve):\n\
+         \x20   how = How(os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600, resolve)\n\
+         \x20   fd = libc.syscall(437, d, path.encode(), ctypes.byref(how), ctypes.sizeof(how))\n\
+         \x20   if fd < 0:\n\
+         \x20       return 'errno %d' % ctypes.get_errno()\n\
+         \x20   os.write(fd, b'x'); os.close(fd)\n\
+         \x20   return 'ok'\n\
+         rw = os.open('{rw}', os.O_PATH | os.O_DIRECTORY)\n\
+         sub = os.open('{rw}/sub', os.O_PATH | os.O_DIRECTORY)\n\
+         other = os.open('{other}', os.O_PATH | os.O_DIRECTORY)\n\
+         print('in_root', openat2(rw, '/sub/a', 0x10))\n\
+         print('in_root_up', openat2(sub, '../../b', 0x10))\n\
+         print('beneath', openat2(rw, 'sub/c', 0x08))\n\
+         print('beneath_up', openat2(sub, '../d', 0x08))\n\
+         print('beneath_link_out', openat2(rw, 'out/wfjail-x', 0x08))\n\
+         print('in_root_outside', openat2(other, '{rw}/e', 0x10))\n",
+        rw = s(&rw),
+        other = s(&other),
+    );
+    let o = py(
+        "default",
+        &[
+            "--rw",
+            rw.to_str().unwrap(),
+            "--ro",
+            other.to_str().unwrap(),
+            "--ro",
+            "/usr/lib/x86_64-linux-gnu",
+        ],
+        &code,
+    );
+    for (case, want) in [
+        ("in_root", "ok"),
+        ("in_root_up", "ok"), // `..` stops at the guest's root: sub/b
+        ("beneath", "ok"),
+        ("beneath_up", "errno 18"), // EXDEV: the guest's own rule
+        ("beneath_link_out", "errno 18"),
+        ("in_root_outside", "errno 13"),
+    ] {
+        o.check(
+            o.stdout.lines().any(|l| l == format!("{case} {want}")),
+            &format!("{case}: {want}"),
+        );
+    }
+    for made in ["sub/a", "sub/b", "sub/c"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(rw.join(made)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{made}, with the guest's umask");
+    }
+    assert!(!rw.join("d").exists() && !std::path::Path::new("/etc/wfjail-x").exists());
+    assert_reported(&o, "openat2", "filesystem", "in root");
+    o.check(
+        violations(&o, "openat2").len() == 1,
+        "the guest's own EXDEVs are no violations",
+    );
+}
+
 #[test]
 fn a_fifo_opened_for_writing_does_not_block_the_supervisor() {
     // The supervisor opens write-opens for the guest (opener.rs): a FIFO with no reader

@@ -150,6 +150,9 @@ fn check_writes(
             hint: Some(LATE_IMPORT_HINT),
         });
     }
+    if let Some(v) = in_root_write(n, mem, name, grants) {
+        return v;
+    }
     // O_NOFOLLOW, and O_CREAT|O_EXCL, do not follow a final symlink.
     let excl = (libc::O_CREAT | libc::O_EXCL) as u64;
     let open_follows = flags.is_none_or(|f| f & libc::O_NOFOLLOW as u64 == 0 && f & excl != excl);
@@ -193,6 +196,48 @@ fn check_writes(
         }
     }
     None
+}
+
+/// A write-open by `openat2` with `RESOLVE_IN_ROOT`: its path is resolved inside the guest's
+/// directory, not from `/`. Where that directory lies in the grants, the open cannot leave
+/// them (the supervisor makes it, `opener.rs`): granted. Under `/` it is an ordinary path.
+/// Elsewhere the supervisor's resolution cannot follow it: refused. `None`: not such a call.
+fn in_root_write(
+    n: &Notif,
+    mem: &dyn GuestMemory,
+    name: &str,
+    grants: &WriteGrants,
+) -> Option<Option<Decoded>> {
+    if name != "openat2" {
+        return None;
+    }
+    // struct open_how { u64 flags; u64 mode; u64 resolve; }
+    let how = mem.read_bytes(n.args[2], 24)?;
+    let resolve = u64::from_ne_bytes(how.get(16..24)?.try_into().ok()?);
+    if resolve & libc::RESOLVE_IN_ROOT == 0 {
+        return None;
+    }
+    let dir = paths::guest_dir(n.args[0] as i32);
+    if let paths::GrantedOpen::Beneath(..) = grants.granted_target(n.pid, &dir, true) {
+        return Some(None);
+    }
+    let shown = paths::display(n.pid, &dir);
+    if std::fs::canonicalize(&shown).is_ok_and(|p| p == std::path::Path::new("/")) {
+        return None;
+    }
+    let path = mem
+        .read_path(n.args[1])
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .unwrap_or_default();
+    Some(Some(fs_violation(
+        name,
+        format!(
+            "{path} in root {} (write; cannot judge: RESOLVE_IN_ROOT in a directory outside \
+             filesystem.write)",
+            shown.display()
+        ),
+        CANNOT_JUDGE_RULE,
+    )))
 }
 
 /// `fcntl` record locks and `flock`: allowed on files under the write grants (and always to

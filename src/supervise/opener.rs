@@ -21,8 +21,11 @@
 //! (`mkdirat`, `unlinkat`, `renameat2`, `symlinkat`, `linkat`: the last name as resolved,
 //! never followed again), and the guest's call returns what it returned; `truncate` is an
 //! open beneath the grant and `ftruncate` (a length past the guest's RLIMIT_FSIZE is left to
-//! the kernel, which answers EFBIG and SIGXFSZ). An `openat2` with the guest's own resolve
-//! flags, and `linkat` with `AT_EMPTY_PATH`, keep the old way.
+//! the kernel, which answers EFBIG and SIGXFSZ). An `openat2` that the guest confined to its
+//! directory descriptor itself (`RESOLVE_BENEATH`, `RESOLVE_IN_ROOT`), that directory in a
+//! grant, is opened from that directory with the guest's own resolve flags ([`Within`]).
+//! Other resolve flags of the guest's own, and `linkat` with `AT_EMPTY_PATH`, keep the old
+//! way.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -45,6 +48,23 @@ pub struct Target {
     pub how: paths::GrantedOpen,
     pub flags: u64,
     pub mode: u64,
+    /// An `openat2` the guest confined to its directory itself: opened from there.
+    pub within: Option<Within>,
+}
+
+/// An `openat2` whose own resolve flags confine it to the guest's directory descriptor
+/// (`RESOLVE_BENEATH`, `RESOLVE_IN_ROOT`), that directory lying in a grant: the supervisor
+/// reaches the directory beneath its grant (the target's `how`), checks it is the guest's,
+/// and opens the guest's path from it with the guest's resolve flags, as the kernel would
+/// have; the result cannot leave that directory, so it cannot leave the grant.
+#[derive(Debug)]
+pub struct Within {
+    /// The guest's directory as the supervisor reaches it (`/proc/PID/fd/N`, `/proc/PID/cwd`).
+    pub guest_dir: std::path::PathBuf,
+    /// The path as the guest gave it.
+    pub path: CString,
+    /// The guest's resolve flags.
+    pub resolve: u64,
 }
 
 /// The open's outcome.
@@ -67,11 +87,10 @@ pub fn candidate(
     grants: &WriteGrants,
 ) -> Option<Target> {
     let a = &n.args;
-    let (syscall, dirfd, path_addr, flags, mode) = match name {
-        "open" => ("open", libc::AT_FDCWD, a[0], a[1], a[2]),
-        "openat" => ("openat", a[0] as i32, a[1], a[2], a[3]),
-        // struct open_how { u64 flags; u64 mode; u64 resolve; }, read once. The guest's own
-        // resolve flags are its own rules: with any, the kernel makes the call.
+    let (syscall, dirfd, path_addr, flags, mode, resolve) = match name {
+        "open" => ("open", libc::AT_FDCWD, a[0], a[1], a[2], 0),
+        "openat" => ("openat", a[0] as i32, a[1], a[2], a[3], 0),
+        // struct open_how { u64 flags; u64 mode; u64 resolve; }, read once.
         "openat2" => {
             let how = mem.read_bytes(a[2], 24)?;
             let word = |i: usize| -> Option<u64> {
@@ -79,10 +98,10 @@ pub fn candidate(
                     how.get(i * 8..i * 8 + 8)?.try_into().ok()?,
                 ))
             };
-            if word(2)? != 0 || a[3] < 24 {
+            if a[3] < 24 {
                 return None;
             }
-            ("openat2", a[0] as i32, a[1], word(0)?, word(1)?)
+            ("openat2", a[0] as i32, a[1], word(0)?, word(1)?, word(2)?)
         }
         "creat" => (
             "creat",
@@ -90,6 +109,7 @@ pub fn candidate(
             a[0],
             (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u64,
             a[1],
+            0,
         ),
         _ => return None,
     };
@@ -97,6 +117,9 @@ pub fn candidate(
         return None;
     }
     let raw = mem.read_path(path_addr).ok()?;
+    if resolve != 0 {
+        return within_dir(n.pid, dirfd, raw, flags, mode, resolve, grants);
+    }
     let path = paths::guest_path(dirfd, &raw);
     // O_NOFOLLOW, and O_CREAT|O_EXCL, do not follow a final symlink.
     let excl = (libc::O_CREAT | libc::O_EXCL) as u64;
@@ -107,6 +130,45 @@ pub fn candidate(
         how: grants.granted_target(n.pid, &path, follow),
         flags,
         mode,
+        within: None,
+    })
+}
+
+/// An `openat2` with resolve flags of the guest's own: the supervisor's when they confine the
+/// open to the guest's directory and that directory lies in a grant ([`Within`]). Other
+/// resolve flags are rules the supervisor's own resolution does not follow: the kernel makes
+/// those calls (judged first by `decode.rs`).
+fn within_dir(
+    pid: u32,
+    dirfd: i32,
+    raw: Vec<u8>,
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+    grants: &WriteGrants,
+) -> Option<Target> {
+    if resolve & (libc::RESOLVE_BENEATH | libc::RESOLVE_IN_ROOT) == 0 {
+        return None;
+    }
+    let dir = paths::guest_dir(dirfd);
+    let how = grants.granted_target(pid, &dir, true);
+    if !matches!(how, paths::GrantedOpen::Beneath(..)) {
+        return None;
+    }
+    let guest_dir = paths::display(pid, &dir);
+    let rel = std::ffi::OsStr::from_bytes(&raw);
+    let rel = Path::new(rel).strip_prefix("/").unwrap_or(Path::new(rel));
+    Some(Target {
+        syscall: "openat2",
+        shown: paths::display(pid, &dir.join(rel)).display().to_string(),
+        how,
+        flags,
+        mode,
+        within: Some(Within {
+            guest_dir,
+            path: CString::new(raw).ok()?,
+            resolve,
+        }),
     })
 }
 
@@ -127,17 +189,26 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
         paths::GrantedOpen::Fails(errno) => return Some(Opened::Errno(*errno)),
         paths::GrantedOpen::Refused | paths::GrantedOpen::Kernel => return None,
     };
-    let (dir, rel) = if grant == resolved {
-        (resolved.parent()?, Path::new(resolved.file_name()?))
-    } else {
-        (grant.as_path(), resolved.strip_prefix(grant).ok()?)
+    let (dirfd, rel, resolve) = match &t.within {
+        Some(w) => match reach_guest_dir(grant, resolved, &w.guest_dir)? {
+            Ok(dirfd) => (dirfd, w.path.clone(), w.resolve),
+            Err(o) => return Some(o),
+        },
+        None => {
+            let (dir, rel) = if grant == resolved {
+                (resolved.parent()?, Path::new(resolved.file_name()?))
+            } else {
+                (grant.as_path(), resolved.strip_prefix(grant).ok()?)
+            };
+            if rel.as_os_str().is_empty() {
+                return None;
+            }
+            let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
+            let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+            (open_dir(dir)?, rel, resolve)
+        }
     };
-    if rel.as_os_str().is_empty() {
-        return None;
-    }
-    let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
     let umask = guest_umask(pid)?;
-    let dirfd = open_dir(dir)?;
     let flags = t.flags | (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     // openat2 refuses a mode without O_CREAT or O_TMPFILE (open ignores it).
     let creates = t.flags & (libc::O_CREAT | libc::O_TMPFILE) as u64 != 0;
@@ -146,7 +217,7 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
     } else {
         0
     };
-    let r = as_guest(|| sys::openat2_beneath(dirfd.as_fd(), &rel, flags, mode));
+    let r = as_guest(|| sys::openat2(dirfd.as_fd(), &rel, flags, mode, resolve));
     Some(match r {
         Ok(fd) => {
             if t.flags & libc::O_NONBLOCK as u64 == 0 {
@@ -154,7 +225,8 @@ pub fn open(pid: u32, t: &Target) -> Option<Opened> {
             }
             Opened::Fd(fd)
         }
-        Err(Errno::EXDEV) => Opened::Escaped,
+        // Out of the grant; under the guest's own confinement, the guest's own error.
+        Err(Errno::EXDEV) if t.within.is_none() => Opened::Escaped,
         // Flags openat2 refuses and open ignores (unknown bits), or openat2 refused by a
         // container's profile (Linux < 5.6 or a profile that predates it): the kernel's call.
         Err(Errno::EINVAL | Errno::ENOSYS | Errno::EPERM) => return None,
@@ -333,12 +405,40 @@ fn truncate(pid: u32, r: &PathRequest) -> Option<Result<(), Opened>> {
         how: paths::GrantedOpen::Beneath(grant.clone(), resolved.clone()),
         flags: libc::O_WRONLY as u64,
         mode: 0,
+        within: None,
     };
     Some(match open(pid, &t)? {
         Opened::Fd(fd) => as_guest(|| sys::ftruncate_regular(fd.as_fd(), len))
             .map_err(|e| Opened::Errno(e as i32)),
         other => Err(other),
     })
+}
+
+/// The guest's directory `guest_dir` (a `/proc/PID/...` link), judged to be `dir` in `grant`:
+/// reached beneath the grant and checked to be the same directory (a sibling may have moved
+/// another one to its name meanwhile: `Escaped`, refused and reported).
+fn reach_guest_dir(grant: &Path, dir: &Path, guest_dir: &Path) -> Option<Result<OwnedFd, Opened>> {
+    use std::os::unix::fs::MetadataExt;
+    let g = open_dir(grant)?;
+    let reached = match dir.strip_prefix(grant).ok()? {
+        rel if rel.as_os_str().is_empty() => g,
+        rel => {
+            let rel = CString::new(rel.as_os_str().as_bytes()).ok()?;
+            let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+            match sys::openat2_beneath(g.as_fd(), &rel, flags, 0) {
+                Ok(fd) => fd,
+                Err(Errno::EXDEV) => return Some(Err(Opened::Escaped)),
+                Err(Errno::EINVAL | Errno::ENOSYS | Errno::EPERM) => return None,
+                Err(e) => return Some(Err(Opened::Errno(e as i32))),
+            }
+        }
+    };
+    let theirs = std::fs::metadata(guest_dir).ok()?;
+    let ours = nix::sys::stat::fstat(&reached).ok()?;
+    if (theirs.dev(), theirs.ino()) != (ours.st_dev, ours.st_ino) {
+        return Some(Err(Opened::Escaped));
+    }
+    Some(Ok(reached))
 }
 
 /// A directory, as a handle to resolve beneath (`O_PATH`).
@@ -379,6 +479,8 @@ fn drop_effective_caps() -> Option<caps::CapsHashSet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
+    use std::path::PathBuf;
 
     #[test]
     fn an_open_never_leaves_its_grant_whatever_a_link_became() {
@@ -391,6 +493,7 @@ mod tests {
             how: paths::GrantedOpen::Beneath(dir.join("grant"), dir.join("grant").join(rel)),
             flags: (libc::O_WRONLY | libc::O_CREAT) as u64,
             mode: 0o666,
+            within: None,
         };
         let me = std::process::id();
         // Inside: opened, with the umask applied.
@@ -411,6 +514,40 @@ mod tests {
             open(me, &t("missing/x")),
             Some(Opened::Errno(libc::ENOENT))
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_guest_directory_replaced_after_judgement_is_not_opened_from() {
+        let dir = std::env::temp_dir().join(format!("wfjail-within-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("grant/sub")).unwrap();
+        let (grant, sub) = (dir.join("grant"), dir.join("grant/sub"));
+        // What the guest's descriptor names, held open as the guest would hold it.
+        let held = std::fs::File::open(&sub).unwrap();
+        let theirs = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        let t = Target {
+            syscall: "openat2",
+            shown: "a".into(),
+            how: paths::GrantedOpen::Beneath(grant.clone(), sub.clone()),
+            flags: (libc::O_WRONLY | libc::O_CREAT) as u64,
+            mode: 0o600,
+            within: Some(Within {
+                guest_dir: theirs,
+                path: CString::new("/a").unwrap(),
+                resolve: libc::RESOLVE_IN_ROOT,
+            }),
+        };
+        let me = std::process::id();
+        let Some(Opened::Fd(_)) = open(me, &t) else {
+            panic!("the guest's directory, in the grant")
+        };
+        assert!(sub.join("a").exists());
+        // Another directory moved to its name: not the guest's, refused.
+        std::fs::rename(&sub, grant.join("moved")).unwrap();
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(open(me, &t), Some(Opened::Escaped)));
+        drop(held);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -336,12 +336,16 @@ pub fn guest_path(dirfd: i32, path: &[u8]) -> PathBuf {
     if path.is_absolute() {
         return path.to_path_buf();
     }
-    let base = if dirfd == libc::AT_FDCWD {
-        "/proc/self/cwd".to_string()
+    guest_dir(dirfd).join(path)
+}
+
+/// The directory `dirfd` names for the guest (`AT_FDCWD`: its cwd), through `/proc/self`.
+pub fn guest_dir(dirfd: i32) -> PathBuf {
+    if dirfd == libc::AT_FDCWD {
+        PathBuf::from("/proc/self/cwd")
     } else {
-        format!("/proc/self/fd/{dirfd}")
-    };
-    PathBuf::from(base).join(path)
+        PathBuf::from(format!("/proc/self/fd/{dirfd}"))
+    }
 }
 
 /// `path` as the guest (global pid `pid`) meant it, for reports: a `/proc/self/cwd` or
