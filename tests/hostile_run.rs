@@ -462,23 +462,32 @@ os.write(4, frame(4, json.dumps(err).encode()))\n";
     );
 }
 
-#[test]
-fn filling_memory_to_the_limit_is_a_memory_limit() {
-    let s = Scratch::new("mem");
-    let policy = s.write(
-        "p.toml",
-        "extends = \"default\"\n[limits]\nmemory = \"256MiB\"\n",
-    );
-    let o = wfjail(&[
+/// `default` with a 256 MiB `limits.memory`.
+const MEMORY_256M: &str = "extends = \"default\"\n[limits]\nmemory = \"256MiB\"\n";
+
+/// `wfjail run --raw` of `python3 -c code` under a policy file that holds `policy`.
+fn raw_under(tag: &str, policy: &str, code: &str) -> Outcome {
+    let s = Scratch::new(tag);
+    let p = s.write("p.toml", policy);
+    wfjail(&[
         "run",
         "-p",
-        policy.to_str().unwrap(),
+        p.to_str().unwrap(),
         "--raw",
         "--",
         PY,
         "-c",
+        code,
+    ])
+}
+
+#[test]
+fn filling_memory_to_the_limit_is_a_memory_limit() {
+    let o = raw_under(
+        "mem",
+        MEMORY_256M,
         "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))",
-    ]);
+    );
     o.check(
         o.code == 5 && o.status() == "limit" && o.report["limit"] == "memory",
         "the peak address space reached the limit",
@@ -490,26 +499,12 @@ fn filling_memory_to_the_limit_is_a_memory_limit() {
 /// peak read at its `exit_group`, while its memory is whole.
 #[test]
 fn a_guest_that_fails_and_exits_between_two_samples_still_shows_the_memory_limit() {
-    let s = Scratch::new("memx");
-    let policy = s.write(
-        "p.toml",
-        "extends = \"default\"\n[limits]\nmemory = \"256MiB\"\n",
-    );
     // 8 MiB mappings, under the sixteenth (16 MiB) that the filter sends, never touched.
     let code = "import mmap, os\nkeep = []\ntry:\n    while True:\n        \
                 keep.append(mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE))\n\
                 except (MemoryError, OSError):\n    os._exit(3)\n";
     for _ in 0..5 {
-        let o = wfjail(&[
-            "run",
-            "-p",
-            policy.to_str().unwrap(),
-            "--raw",
-            "--",
-            PY,
-            "-c",
-            code,
-        ]);
+        let o = raw_under("memx", MEMORY_256M, code);
         o.check(
             o.code == 5 && o.status() == "limit" && o.report["limit"] == "memory",
             "the peak read at exit_group is near the limit",
@@ -521,27 +516,14 @@ fn a_guest_that_fails_and_exits_between_two_samples_still_shows_the_memory_limit
 /// address space and exited is not evidence that the guest met the limit.
 #[test]
 fn a_forked_child_at_the_limit_is_not_the_guests_memory_limit() {
-    let s = Scratch::new("memf");
-    let policy = s.write(
-        "p.toml",
-        "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
-         [limits]\nmemory = \"256MiB\"\nprocesses = 4\n",
-    );
+    let policy = "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
+                  [limits]\nmemory = \"256MiB\"\nprocesses = 4\n";
     let code = "import mmap, os, sys\nif os.fork() == 0:\n    keep = []\n    try:\n        \
                 while True:\n            \
                 keep.append(mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE))\n    \
                 except (MemoryError, OSError):\n        os._exit(0)\n\
                 os.wait()\nsys.exit(1)\n";
-    let o = wfjail(&[
-        "run",
-        "-p",
-        policy.to_str().unwrap(),
-        "--raw",
-        "--",
-        PY,
-        "-c",
-        code,
-    ]);
+    let o = raw_under("memf", policy, code);
     o.check(
         o.code == 1 && o.status() == "guest_error" && o.report["limit"].is_null(),
         "the guest failed on its own, far from the limit",
