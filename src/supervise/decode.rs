@@ -60,19 +60,45 @@ const READ_HINT: &str = "reading outside filesystem.read is denied in workflow c
 pub const OPEN_WRITE_BITS: u64 =
     (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
 
-/// The flags of open call `name` with arguments `a`: `struct open_how`'s first word for
-/// `openat2`, a write's for `creat`; `None` for other calls or an unreadable `open_how`.
-fn open_flags(name: &str, a: &[u64; 6], mem: &dyn GuestMemory) -> Option<u64> {
-    match name {
-        "open" => Some(a[1]),
-        "openat" => Some(a[2]),
+/// What an open call asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenArgs {
+    pub flags: u64,
+    pub mode: u64,
+    /// `openat2`'s resolve flags (0 for the other calls).
+    pub resolve: u64,
+}
+
+/// The [`OpenArgs`] of open call `name` with arguments `a`: `openat2`'s `struct open_how`
+/// read from guest memory once (all of it: the kernel copies all of it, and fails with
+/// EFAULT what it cannot), `creat` as the open it is; `None` for other calls or an
+/// unreadable `open_how`.
+pub fn open_args(name: &str, a: &[u64; 6], mem: &dyn GuestMemory) -> Option<OpenArgs> {
+    let (flags, mode, resolve) = match name {
+        "open" => (a[1], a[2], 0),
+        "openat" => (a[2], a[3], 0),
         // struct open_how { u64 flags; u64 mode; u64 resolve; }
-        "openat2" => Some(u64::from_ne_bytes(
-            mem.read_bytes(a[2], 8)?.get(..8)?.try_into().ok()?,
-        )),
-        "creat" => Some(OPEN_WRITE_BITS),
-        _ => None,
-    }
+        "openat2" => {
+            let how = mem.read_bytes(a[2], 24)?;
+            let word = |i: usize| -> Option<u64> {
+                Some(u64::from_ne_bytes(
+                    how.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+                ))
+            };
+            (word(0)?, word(1)?, word(2)?)
+        }
+        "creat" => (
+            (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u64,
+            a[1],
+            0,
+        ),
+        _ => return None,
+    };
+    Some(OpenArgs {
+        flags,
+        mode,
+        resolve,
+    })
 }
 
 /// A read-only open (`open`, `openat`, `openat2`) judged against `reads`: the violation when
@@ -86,7 +112,7 @@ pub fn check_read(
     reads: &WriteGrants,
 ) -> Option<Decoded> {
     let a = &n.args;
-    let flags = open_flags(name, a, mem)?;
+    let flags = open_args(name, a, mem)?.flags;
     if flags & OPEN_WRITE_BITS != 0 {
         return None;
     }
@@ -124,7 +150,8 @@ fn check_writes(
     late_reads: bool,
 ) -> Option<Decoded> {
     let a = &n.args;
-    let flags = open_flags(name, a, mem);
+    let open = open_args(name, a, mem);
+    let flags = open.map(|o| o.flags);
     if let Some(flags) = flags
         && flags & OPEN_WRITE_BITS == 0
     {
@@ -150,7 +177,10 @@ fn check_writes(
             hint: Some(LATE_IMPORT_HINT),
         });
     }
-    if let Some(v) = in_root_write(n, mem, name, grants) {
+    if let Some(o) = open
+        && o.resolve & libc::RESOLVE_IN_ROOT != 0
+        && let Some(v) = in_root_write(n, mem, name, grants)
+    {
         return v;
     }
     // O_NOFOLLOW, and O_CREAT|O_EXCL, do not follow a final symlink.
@@ -200,23 +230,14 @@ fn check_writes(
 
 /// A write-open by `openat2` with `RESOLVE_IN_ROOT`: its path is resolved inside the guest's
 /// directory, not from `/`. Where that directory lies in the grants, the open cannot leave
-/// them (the supervisor makes it, `opener.rs`): granted. Under `/` it is an ordinary path.
-/// Elsewhere the supervisor's resolution cannot follow it: refused. `None`: not such a call.
+/// them (the supervisor makes it, `opener.rs`): granted. Under `/` it is an ordinary path
+/// (`None`: judged as one). Elsewhere the supervisor's resolution cannot follow it: refused.
 fn in_root_write(
     n: &Notif,
     mem: &dyn GuestMemory,
     name: &str,
     grants: &WriteGrants,
 ) -> Option<Option<Decoded>> {
-    if name != "openat2" {
-        return None;
-    }
-    // struct open_how { u64 flags; u64 mode; u64 resolve; }
-    let how = mem.read_bytes(n.args[2], 24)?;
-    let resolve = u64::from_ne_bytes(how.get(16..24)?.try_into().ok()?);
-    if resolve & libc::RESOLVE_IN_ROOT == 0 {
-        return None;
-    }
     let dir = paths::guest_dir(n.args[0] as i32);
     if let paths::GrantedOpen::Beneath(..) = grants.granted_target(n.pid, &dir, true) {
         return Some(None);

@@ -87,32 +87,19 @@ pub fn candidate(
     grants: &WriteGrants,
 ) -> Option<Target> {
     let a = &n.args;
-    let (syscall, dirfd, path_addr, flags, mode, resolve) = match name {
-        "open" => ("open", libc::AT_FDCWD, a[0], a[1], a[2], 0),
-        "openat" => ("openat", a[0] as i32, a[1], a[2], a[3], 0),
-        // struct open_how { u64 flags; u64 mode; u64 resolve; }, read once.
-        "openat2" => {
-            let how = mem.read_bytes(a[2], 24)?;
-            let word = |i: usize| -> Option<u64> {
-                Some(u64::from_ne_bytes(
-                    how.get(i * 8..i * 8 + 8)?.try_into().ok()?,
-                ))
-            };
-            if a[3] < 24 {
-                return None;
-            }
-            ("openat2", a[0] as i32, a[1], word(0)?, word(1)?, word(2)?)
-        }
-        "creat" => (
-            "creat",
-            libc::AT_FDCWD,
-            a[0],
-            (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u64,
-            a[1],
-            0,
-        ),
+    let (syscall, dirfd, path_addr) = match name {
+        "open" => ("open", libc::AT_FDCWD, a[0]),
+        "openat" => ("openat", a[0] as i32, a[1]),
+        // A `struct open_how` smaller than its first version: the kernel's EINVAL.
+        "openat2" if a[3] >= 24 => ("openat2", a[0] as i32, a[1]),
+        "creat" => ("creat", libc::AT_FDCWD, a[0]),
         _ => return None,
     };
+    let super::decode::OpenArgs {
+        flags,
+        mode,
+        resolve,
+    } = super::decode::open_args(name, a, mem)?;
     if flags & super::decode::OPEN_WRITE_BITS == 0 || flags & libc::O_PATH as u64 != 0 {
         return None;
     }
