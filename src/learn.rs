@@ -78,49 +78,111 @@ fn read_target(path: &Path) -> Option<(PathBuf, bool)> {
 
 /// The read grants for what the run read: a directory it opened as such, a directory two or
 /// more of whose files it read, and otherwise the one file (so that reading `/etc/hostname`
-/// does not grant `/etc`).
-fn read_grants(targets: Vec<(PathBuf, bool, String)>) -> BTreeMap<PathBuf, Needed> {
+/// does not grant `/etc`). A directory [`floor`] refuses is never the grant of the files in
+/// it: they are granted one by one. What `floor` refuses is put in `refused`.
+fn read_grants(
+    targets: Vec<(PathBuf, bool, String)>,
+    refused: &mut BTreeMap<(PathBuf, &'static str), (&'static str, Needed)>,
+) -> BTreeMap<PathBuf, Needed> {
     let mut dirs: BTreeMap<PathBuf, Needed> = BTreeMap::new();
     let mut files_in: BTreeMap<PathBuf, Vec<(PathBuf, String)>> = BTreeMap::new();
+    let mut grant = |path: PathBuf, call: String, dirs: &mut BTreeMap<PathBuf, Needed>| match floor(
+        &path, false,
+    ) {
+        Some(why) => refused
+            .entry((path, "read"))
+            .or_insert_with(|| (why, Needed::default()))
+            .1
+            .add(call),
+        None => dirs.entry(path).or_default().add(call),
+    };
     for (path, is_dir, call) in targets {
         if is_dir {
-            dirs.entry(path).or_default().add(call);
+            grant(path, call, &mut dirs);
         } else if let Some(parent) = path.parent().filter(|_| !path.starts_with("/dev")) {
             files_in
                 .entry(parent.to_path_buf())
                 .or_default()
                 .push((path, call));
         } else {
-            dirs.entry(path).or_default().add(call);
+            grant(path, call, &mut dirs);
         }
     }
     for (dir, mut files) in files_in {
         files.dedup_by(|a, b| a.0 == b.0);
         let distinct: std::collections::BTreeSet<&PathBuf> = files.iter().map(|f| &f.0).collect();
-        if distinct.len() >= 2 {
+        if distinct.len() >= 2 && floor(&dir, false).is_none() {
             let entry = dirs.entry(dir).or_default();
             for (_, call) in files {
                 entry.add(call);
             }
         } else {
             for (file, call) in files {
-                dirs.entry(file).or_default().add(call);
+                grant(file, call, &mut dirs);
             }
         }
     }
     dirs
 }
 
-/// The directory a denied write was in (the nearest one that exists).
-fn write_grant(path: &Path) -> Option<PathBuf> {
-    let mut dir = path.parent()?;
-    loop {
-        if let Ok(real) = std::fs::canonicalize(dir)
-            && real.is_dir()
-        {
-            return Some(real);
-        }
-        dir = dir.parent()?;
+/// The devices a draft may grant: the usual ones, which hold no data of the host's.
+const USUAL_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// The roots of the system's file system: a draft grants none of them (nor `/`), only what
+/// lies below.
+const SYSTEM_ROOTS: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr",
+    "/var",
+];
+
+/// Where the system's own files are: a draft never grants writing anything below them.
+const SYSTEM_FILES: &[&str] = &[
+    "/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/usr",
+];
+
+/// Why a draft never grants `path` (canonical; `write`: for writing), or `None` when it may.
+/// A learning run is a possibly hostile program's: what it touched is no reason to give it
+/// the whole file system, a system directory, the kernel's interfaces, a device beyond the
+/// usual ones, or the home directory.
+fn floor(path: &Path, write: bool) -> Option<&'static str> {
+    let under = |roots: &[&str]| roots.iter().any(|r| path.starts_with(r));
+    if path == Path::new("/") {
+        Some("the whole file system")
+    } else if SYSTEM_ROOTS.iter().any(|r| path == Path::new(r)) {
+        Some("a system directory as a whole")
+    } else if path.starts_with("/proc") || path.starts_with("/sys") {
+        Some("the kernel's interfaces")
+    } else if path.starts_with("/dev") && !USUAL_DEVICES.iter().any(|d| path == Path::new(d)) {
+        Some("a device beyond the usual ones (null, zero, full, random, urandom, tty)")
+    } else if write && under(SYSTEM_FILES) {
+        Some("the system's own files")
+    } else if std::env::var_os("HOME")
+        .and_then(|h| std::fs::canonicalize(h).ok())
+        .is_some_and(|home| home.starts_with(path))
+    {
+        Some("the home directory (keys and credentials included), or a directory that holds it")
+    } else {
+        None
+    }
+}
+
+/// The directory a denied write was in; never a directory above it: when that directory
+/// does not exist, the reason.
+fn write_grant(path: &Path) -> Result<PathBuf, &'static str> {
+    let dir = path.parent().ok_or("the whole file system")?;
+    match std::fs::canonicalize(dir) {
+        Ok(real) if real.is_dir() => Ok(real),
+        _ => Err(
+            "its directory does not exist, and a draft grants no directory above the file (create the directory and learn again)",
+        ),
     }
 }
 
@@ -160,6 +222,8 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     let mut settings: BTreeMap<&'static str, (String, Needed)> = BTreeMap::new();
     let mut allow: BTreeMap<String, Needed> = BTreeMap::new();
     let mut never: BTreeMap<String, Needed> = BTreeMap::new();
+    // Grants the run's calls asked for that a draft never makes ([`floor`]), and why.
+    let mut refused: BTreeMap<(PathBuf, &'static str), (&'static str, Needed)> = BTreeMap::new();
     // A draft that allows threads leaves timed futex waits unjudged (threads wait for each
     // other that way: CPython's GIL), so those the learning run saw need no sleep grant.
     let threads = learned
@@ -171,14 +235,29 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
         if threads && v.category == Category::Sleep && v.syscall.starts_with("futex") {
             continue;
         }
-        let call = format!("{}({})", v.syscall, one_line(&v.args, 120));
+        let mut call = format!("{}({})", v.syscall, one_line(&v.args, 120));
+        if refused_while_learning(v) {
+            call.push_str(", refused while learning");
+        }
         if let Some((path, write)) = recorded_path(v) {
             if write {
                 if covered(&path, &learned.write) {
                     continue;
                 }
-                if let Some(g) = write_grant(&path) {
-                    writes.entry(g).or_default().add(call);
+                match write_grant(&path) {
+                    Ok(g) => match floor(&g, true) {
+                        None => writes.entry(g).or_default().add(call),
+                        Some(why) => refused
+                            .entry((g, "write"))
+                            .or_insert_with(|| (why, Needed::default()))
+                            .1
+                            .add(call),
+                    },
+                    Err(why) => refused
+                        .entry((path.parent().unwrap_or(&path).to_path_buf(), "write"))
+                        .or_insert_with(|| (why, Needed::default()))
+                        .1
+                        .add(call),
                 }
             } else if !covered(&path, &base_grants)
                 && let Some((real, is_dir)) = read_target(&path)
@@ -207,7 +286,7 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
             if matches!(v.category, Category::Thread | Category::Subprocess) {
                 started += u64::from(v.count);
             }
-        } else if v.action == crate::report::Action::Warned
+        } else if (v.action == crate::report::Action::Warned || refused_while_learning(v))
             && v.category != Category::Privilege
             && syscalls::number(&v.syscall).is_some()
             && !syscalls::always_denied(&v.syscall)
@@ -240,7 +319,7 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
             );
         }
     }
-    let reads = outermost(read_grants(read_targets));
+    let reads = outermost(read_grants(read_targets, &mut refused));
     let writes = outermost(writes);
 
     let mut out = String::new();
@@ -298,6 +377,18 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
             out.push('\n');
         }
     }
+    if !refused.is_empty() {
+        out.push_str(
+            "\n# Not granted: a draft never grants these, whatever the run touched. Grant them\n# yourself (narrower if you can) only if the command must have them:\n",
+        );
+        for ((path, what), (why, needed)) in &refused {
+            out.push_str(&format!(
+                "#   {} ({what}): {why}; {}\n",
+                toml_str(&path.display().to_string()),
+                one_line(&needed.comment(), 200)
+            ));
+        }
+    }
     if !never.is_empty() {
         out.push_str("\n# Denied whatever a policy says (they could weaken the sandbox):\n");
         for (name, needed) in &never {
@@ -308,6 +399,210 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
         }
     }
     out
+}
+
+/// Why a learning or verifying run cannot keep its writes off the host.
+#[derive(Debug, thiserror::Error)]
+pub enum ThrowawayError {
+    #[error(
+        "learn keeps every write of the command off the host, in a mount namespace of its own \
+         where each write grant is a throw-away copy; making that namespace failed ({0}): run \
+         wfjail learn as root (it needs CAP_SYS_ADMIN)"
+    )]
+    Namespace(nix::errno::Errno),
+    #[error(
+        "{path}: learn cannot back this write grant with a throw-away copy ({why}), and does not \
+         let the command write to the host: {fix}"
+    )]
+    Grant {
+        path: String,
+        why: String,
+        fix: &'static str,
+    },
+}
+
+/// Gives wfjail (and every guest it starts from now on) a mount namespace of its own, where
+/// no mount propagates back to the host. `wfjail learn` calls it once, before anything runs,
+/// so that [`Throwaway`] can lay copies over the write grants that only its runs see.
+pub fn private_mounts() -> Result<(), ThrowawayError> {
+    crate::sys::unshare(libc::CLONE_NEWNS).map_err(ThrowawayError::Namespace)?;
+    crate::sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(ThrowawayError::Namespace)
+}
+
+/// The write grants of one learning or verifying run, each covered by a throw-away copy in
+/// wfjail's own mount namespace ([`private_mounts`]): a directory by an overlay whose upper
+/// layer is a `tmpfs`, a file by a bind mount of a copy on that `tmpfs`. The run reads what
+/// is there and writes into the copy; the copies go when this is dropped (and with wfjail's
+/// namespace, whatever happens), and the host's files are never written. Devices (`/dev/null`)
+/// are left as they are: nothing written to them lands in a file.
+#[derive(Debug)]
+pub struct Throwaway {
+    /// What was mounted over, innermost last.
+    mounted: Vec<std::ffi::CString>,
+}
+
+/// The file system of every throw-away copy (shown in `/proc/self/mountinfo`).
+const THROWAWAY_SOURCE: &std::ffi::CStr = c"wfjail-learn";
+
+impl Throwaway {
+    /// Covers each of `write` (canonical paths, as `plan::build` expands them) with a
+    /// throw-away copy. An error leaves nothing mounted.
+    pub fn over(write: &[PathBuf]) -> Result<Throwaway, ThrowawayError> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut targets: Vec<(PathBuf, bool)> = Vec::new();
+        let mut sorted: Vec<&PathBuf> = write.iter().collect();
+        sorted.sort();
+        for p in sorted {
+            if targets.iter().any(|(t, _)| p.starts_with(t)) {
+                continue; // inside a copy already
+            }
+            let grant_error = |why: String| ThrowawayError::Grant {
+                path: p.display().to_string(),
+                why,
+                fix: "grant a directory of your own instead",
+            };
+            let meta = std::fs::symlink_metadata(p).map_err(|e| grant_error(e.to_string()))?;
+            if meta.is_dir() {
+                if p.as_os_str()
+                    .as_bytes()
+                    .iter()
+                    .any(|b| matches!(b, b',' | b':' | b'\\'))
+                {
+                    return Err(grant_error(
+                        "a comma, colon or backslash in its path, which overlay options cannot name".into(),
+                    ));
+                }
+                targets.push((p.clone(), true));
+            } else if meta.is_file() {
+                targets.push((p.clone(), false));
+            }
+            // A device, a FIFO or a socket: nothing written to it lands in a file here.
+        }
+        let mut done = Throwaway { mounted: vec![] };
+        if targets.is_empty() {
+            return Ok(done);
+        }
+        // The tmpfs is mounted, filled and detached where no copy will cover it.
+        let candidates = [
+            std::env::temp_dir(),
+            PathBuf::from("/run"),
+            PathBuf::from("/dev/shm"),
+            PathBuf::from("/tmp"),
+        ];
+        let Some(parent) = candidates
+            .into_iter()
+            .find(|c| c.is_dir() && !targets.iter().any(|(t, _)| c.starts_with(t)))
+        else {
+            return Err(ThrowawayError::Grant {
+                path: targets[0].0.display().to_string(),
+                why: "every directory for the copies ($TMPDIR, /run, /dev/shm, /tmp) lies under a write grant".into(),
+                fix: "set TMPDIR to a directory outside the write grants",
+            });
+        };
+        let scratch = parent.join(format!(
+            "wfjail-learn-{}-{}",
+            std::process::id(),
+            SCRATCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let fail = |why: String| ThrowawayError::Grant {
+            path: scratch.display().to_string(),
+            why,
+            fix: "check that wfjail may mount a tmpfs there (set TMPDIR elsewhere)",
+        };
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&scratch)
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        let scratch_c = cstring(&scratch);
+        let mounted = crate::sys::mount(
+            Some(THROWAWAY_SOURCE),
+            &scratch_c,
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(c"mode=0700"),
+        );
+        if let Err(e) = mounted {
+            let _ = std::fs::remove_dir(&scratch);
+            return Err(fail(format!("mounting a tmpfs: {e}")));
+        }
+        let result = (|| {
+            for (i, (target, dir)) in targets.iter().enumerate() {
+                let target_c = cstring(target);
+                let how = |e: String| ThrowawayError::Grant {
+                    path: target.display().to_string(),
+                    why: e,
+                    fix: "grant a directory of your own instead",
+                };
+                if *dir {
+                    let (upper, work) =
+                        (scratch.join(format!("u{i}")), scratch.join(format!("w{i}")));
+                    std::fs::create_dir(&upper).map_err(|e| how(e.to_string()))?;
+                    std::fs::create_dir(&work).map_err(|e| how(e.to_string()))?;
+                    let opts = format!(
+                        "lowerdir={},upperdir={},workdir={}",
+                        target.display(),
+                        upper.display(),
+                        work.display()
+                    );
+                    let opts = std::ffi::CString::new(opts).map_err(|e| how(e.to_string()))?;
+                    crate::sys::mount(
+                        Some(THROWAWAY_SOURCE),
+                        &target_c,
+                        Some(c"overlay"),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        Some(&opts),
+                    )
+                    .map_err(|e| how(format!("mounting an overlay: {e}")))?;
+                } else {
+                    let copy = scratch.join(format!("f{i}"));
+                    std::fs::copy(target, &copy).map_err(|e| how(e.to_string()))?;
+                    crate::sys::mount(Some(&cstring(&copy)), &target_c, None, libc::MS_BIND, None)
+                        .map_err(|e| how(format!("bind-mounting a copy: {e}")))?;
+                }
+                done.mounted.push(target_c);
+            }
+            Ok(())
+        })();
+        // The copies keep the tmpfs; nobody else needs to see it.
+        let _ = crate::sys::umount_detach(&scratch_c);
+        let _ = std::fs::remove_dir(&scratch);
+        result.map(|()| done)
+    }
+
+    /// Whether anything was covered (a run with only devices to write needs no copy).
+    pub fn is_empty(&self) -> bool {
+        self.mounted.is_empty()
+    }
+}
+
+impl Drop for Throwaway {
+    fn drop(&mut self) {
+        for target in self.mounted.iter().rev() {
+            let _ = crate::sys::umount_detach(target);
+        }
+    }
+}
+
+static SCRATCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn cstring(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    // Paths from the file system hold no NUL byte.
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// A network call or a file metadata change (`chmod`, `utimensat`...) that the learning run
+/// refused although a policy may allow it (`Decisions::refuse_outside_effects`).
+fn refused_while_learning(v: &Violation) -> bool {
+    v.action == crate::report::Action::Denied
+        && matches!(
+            syscalls::category(&v.syscall),
+            Category::Network | Category::Filesystem
+        )
 }
 
 fn one_line(s: &str, max: usize) -> String {
@@ -337,6 +632,67 @@ mod tests {
             hint: String::new(),
             count: 1,
         }
+    }
+
+    #[test]
+    fn a_draft_never_grants_the_root_a_system_directory_or_a_device_and_says_so() {
+        let learned = Learned {
+            read: vec![],
+            write: vec![],
+            violations: vec![
+                v(Category::Filesystem, "openat", "/wfjail-x (write)"),
+                v(Category::Filesystem, "openat", "/etc/wfjail-x (write)"),
+                v(Category::Filesystem, "openat", "/usr (read)"),
+                v(Category::Filesystem, "openat", "/dev/kmsg (read)"),
+                v(Category::Filesystem, "openat", "/dev/null (read)"),
+                v(Category::Filesystem, "openat", "/ (read)"),
+            ],
+            processes: None,
+        };
+        let text = draft("default", &learned, &["x".into()]);
+        crate::policy::from_source("d.toml", &text).unwrap();
+        for refused in [
+            "#   \"/\" (write): the whole file system; openat(/wfjail-x (write))",
+            "#   \"/etc\" (write): a system directory as a whole; openat(/etc/wfjail-x (write))",
+            "#   \"/dev/kmsg\" (read): a device beyond the usual ones",
+            "#   \"/\" (read): the whole file system",
+            "#   \"/usr\" (read): a system directory as a whole",
+        ] {
+            assert!(text.contains(refused), "{refused} in {text}");
+        }
+        assert!(text.contains("\"/dev/null\",  # openat"), "{text}");
+        assert!(!text.contains("write = ["), "{text}");
+        assert_eq!(
+            floor(Path::new("/etc/app"), true),
+            Some("the system's own files")
+        );
+        assert_eq!(floor(Path::new("/etc/app"), false), None);
+        assert_eq!(floor(Path::new("/var/lib/app"), true), None);
+    }
+
+    #[test]
+    fn network_and_metadata_calls_refused_while_learning_are_drafted_as_such() {
+        let mut net = v(Category::Network, "socket", "AF_INET SOCK_STREAM");
+        net.action = Action::Denied;
+        let mut chmod = v(Category::Filesystem, "chmod", "/tmp/f");
+        chmod.action = Action::Denied;
+        let learned = Learned {
+            read: vec![],
+            write: vec![],
+            violations: vec![net, chmod],
+            processes: None,
+        };
+        let text = draft("default", &learned, &["x".into()]);
+        assert!(
+            text.contains(
+                "mode = \"allow\"  # socket(AF_INET SOCK_STREAM), refused while learning"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"chmod\",  # chmod(/tmp/f), refused while learning"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -383,14 +739,19 @@ mod tests {
         };
         let text = draft("default", &learned, &["/usr/bin/python3".into()]);
         let p = crate::policy::from_source("learned.toml", &text).unwrap();
+        // Two files of /etc: each on its own, as /etc is a system directory.
         assert!(
-            text.contains("\"/etc\",  # openat(/etc/hostname (read)) (+1 more)"),
-            "two files: the directory: {text}"
+            text.contains("\"/etc/hostname\",  # openat(/etc/hostname (read))")
+                && text.contains("\"/etc/hosts\",  # openat(/etc/hosts (read))")
+                && !text.contains("\"/etc\","),
+            "{text}"
         );
         assert!(!text.contains("/usr/lib"), "inside the base: {text}");
         assert!(!text.contains("/proc"), "{text}");
+        // /tmp/x does not exist: nothing above it is granted, and the draft says so.
+        assert!(!text.contains("\"/tmp\","), "{text}");
         assert!(
-            text.contains("\"/tmp\",  # openat(/tmp/x/y.txt (write))"),
+            text.contains("#   \"/tmp/x\" (write): its directory does not exist"),
             "{text}"
         );
         assert_eq!(p.time.sleep, crate::policy::Toggle::Allow);

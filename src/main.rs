@@ -246,6 +246,11 @@ fn check_determinism(
 }
 
 /// `wfjail learn`: a learning run under the base, the draft, and a run under the draft.
+///
+/// Neither run may give the command more than the base and the command line do: both run in
+/// a mount namespace of wfjail's own where every write grant is a throw-away copy
+/// (`learn::Throwaway`), without the network, and without file metadata changes (which
+/// Landlock does not check); the verifying run is never a `warn` run.
 fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     let base = match load_policy(&args.policy) {
         Ok(p) => p,
@@ -273,18 +278,32 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     };
     // Both runs read the same request.
     let _stdin_copy = keep_stdin(&mut opts, "learn")?;
+    if let Err(e) = wfjail::learn::private_mounts() {
+        eprintln!("wfjail: {e}");
+        return Ok(125);
+    }
     let mut learning = base.clone();
     learning.on_violation = policy::OnViolation::Warn;
     // Threads and processes the run starts are let through and recorded: a process limit
     // would stop them before they are seen (the draft raises it when it allows them).
     learning.limits.processes = None;
+    // Network calls are refused and recorded (the supervisor sees them only when the policy
+    // does not allow them outright), in an empty network namespace.
+    learning.network.mode = policy::NetworkMode::None;
+    learning.namespaces.net = true;
     eprintln!(
-        "wfjail: learning what {} needs beyond policy {}",
+        "wfjail: learning what {} needs beyond policy {} (its writes go to a throw-away copy, the network is refused)",
         args.command.join(" "),
         base.name
     );
     let mut sink = std::io::sink();
-    let report = run(&learning, &opts, &mut sink);
+    let report = {
+        let _copies = match throwaway(&learning, &opts) {
+            Ok(t) => t,
+            Err(code) => return Ok(code),
+        };
+        run(&learning, &opts, &mut sink)
+    };
     let Some(learned) = &report.learned else {
         eprintln!("{}", report.summary());
         return Ok(u8::try_from(report.exit_status).unwrap_or(125));
@@ -313,7 +332,7 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         learned.violations.len(),
         if refused_writes > 0 {
             format!(
-                "; {refused_writes} write(s) outside policy {} were refused, as learning never writes there: the draft grants their directories",
+                "; {refused_writes} write(s) outside policy {} were refused, as learning never writes there: the draft grants their directories where it may (its comments say what it does not grant)",
                 base.name
             )
         } else {
@@ -335,18 +354,29 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     if args.no_verify {
         return Ok(0);
     }
-    let drafted = match policy::from_source(&draft_path.display().to_string(), &text) {
+    let mut drafted = match policy::from_source(&draft_path.display().to_string(), &text) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wfjail: the draft does not load (a bug in learn): {e}");
             return Ok(125);
         }
     };
+    // The draft is not reviewed yet: its run gets neither the network nor the metadata calls
+    // (chmod, utimensat, setxattr...) it learned, and is judged, not merely watched.
+    let withheld = withhold_unreviewed(&mut drafted, &base);
     opts.learn = false;
     opts.echo = false;
-    let check = run(&drafted, &opts, &mut sink);
+    let check = {
+        let _copies = match throwaway(&drafted, &opts) {
+            Ok(t) => t,
+            Err(code) => return Ok(code),
+        };
+        run(&drafted, &opts, &mut sink)
+    };
     if check.status == Status::Ok {
-        eprintln!("wfjail: the command passes under the draft");
+        eprintln!(
+            "wfjail: the command passes under the draft (its writes went to a throw-away copy, now gone)"
+        );
     } else {
         eprintln!(
             "wfjail: under the draft: {}; learn again with -p {} (a denied write gets further each time)",
@@ -356,8 +386,70 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         for v in &check.violations {
             eprintln!("{}", v.summary());
         }
+        if !withheld.is_empty() {
+            eprintln!(
+                "wfjail: not verified: learn never gives an unreviewed draft {}; review the draft and try it with `wfjail run -p {}`",
+                withheld.join(", "),
+                draft_path.display()
+            );
+        }
     }
     Ok(u8::try_from(check.exit_status).unwrap_or(125))
+}
+
+/// Covers the write grants of a run of `policy` with throw-away copies (`learn::Throwaway`);
+/// `Err` is the exit status when that cannot be done. A plan that does not build leaves
+/// nothing to cover: the run reports why.
+fn throwaway(
+    policy: &policy::Policy,
+    opts: &RunOptions,
+) -> Result<Option<wfjail::learn::Throwaway>, u8> {
+    let req = wfjail::plan::PlanRequest {
+        argv: opts.argv.clone(),
+        grants: opts.grants.clone(),
+        learn: opts.learn,
+        ..Default::default()
+    };
+    let Ok(plan) = wfjail::plan::build(policy, &req) else {
+        return Ok(None);
+    };
+    match wfjail::learn::Throwaway::over(&plan.write) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) => {
+            eprintln!("wfjail: {e}");
+            Err(125)
+        }
+    }
+}
+
+/// What the verifying run does not get of an unreviewed draft: the network, the metadata
+/// calls the base does not allow, and `warn` (a run that lets everything through verifies
+/// nothing, and writes where Landlock would have refused). Returns what was withheld, for
+/// the message when the run fails without it.
+fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> Vec<String> {
+    use wfjail::policy::syscalls::{self, Category};
+    let mut withheld = Vec::new();
+    if drafted.network.mode != policy::NetworkMode::None {
+        withheld.push("the network".to_string());
+    }
+    drafted.network.mode = policy::NetworkMode::None;
+    drafted.namespaces.net = true;
+    if drafted.on_violation == policy::OnViolation::Warn {
+        drafted.on_violation = policy::OnViolation::Deny;
+    }
+    drafted.syscalls.allow.retain(|a| {
+        let name = a.value.0.as_str();
+        let outside = matches!(
+            syscalls::category(name),
+            Category::Network | Category::Filesystem
+        );
+        if outside && !base.syscalls.allows(name) {
+            withheld.push(name.to_string());
+            return false;
+        }
+        true
+    });
+    withheld
 }
 
 /// Removes a file of ours when dropped.

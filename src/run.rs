@@ -69,10 +69,14 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         zygote: false,
         learn: opts.learn,
     };
-    let plan = match plan::build(policy, &req) {
+    let mut plan = match plan::build(policy, &req) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string(), e.exit_code()),
     };
+    if opts.learn {
+        // Learning observes network calls and metadata changes without letting them happen.
+        std::sync::Arc::make_mut(&mut plan.decisions).refuse_outside_effects();
+    }
     crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
     let io = match GuestIo::open(policy, opts) {
         Ok(io) => io,

@@ -201,6 +201,39 @@ pub fn private_proc() -> SysResult<()> {
     .map(drop)
 }
 
+/// `mount(2)`: `source` of type `fstype` (`None`: a bind or propagation change) on `target`,
+/// with `flags` and the file system's `data` options. For `wfjail learn`'s throw-away copies
+/// (`learn::Throwaway`), in a mount namespace of wfjail's own.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> SysResult<()> {
+    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call, or null where
+    // the kernel accepts null (no source for a propagation change, no type for a bind, no
+    // options).
+    check_int(unsafe {
+        libc::mount(
+            ptr(source),
+            target.as_ptr(),
+            ptr(fstype),
+            flags,
+            ptr(data).cast(),
+        )
+    })
+    .map(drop)
+}
+
+/// `umount2(target, MNT_DETACH)`: the mount leaves the namespace now, and goes when its last
+/// user does.
+pub fn umount_detach(target: &CStr) -> SysResult<()> {
+    // SAFETY: a NUL-terminated string and a constant flag.
+    check_int(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
 /// Child-safe. Adds a Landlock rule granting `access` beneath `path` to `ruleset`.
 pub fn landlock_add_path_rule(ruleset: RawFd, path: &CStr, access: u64) -> SysResult<()> {
     #[repr(C, packed)]

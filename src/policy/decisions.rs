@@ -130,6 +130,20 @@ impl Decisions {
     pub fn get(&self, nr: u32) -> Option<&Decision> {
         self.by_nr.get(&nr)
     }
+
+    /// `wfjail learn`: the calls that would reach outside the guest whatever Landlock says
+    /// (network calls; file metadata changes such as `chmod`, `utimensat`, `setxattr`, which
+    /// Landlock does not check) are refused and recorded even under `warn`, like privileged
+    /// ones: a learning run observes them without letting them happen.
+    pub fn refuse_outside_effects(&mut self) {
+        for d in self.by_nr.values_mut() {
+            if d.check == Check::Violation
+                && matches!(d.category, Category::Network | Category::Filesystem)
+            {
+                d.always_deny = true;
+            }
+        }
+    }
 }
 
 fn decide(policy: &Policy, name: &'static str) -> Decision {

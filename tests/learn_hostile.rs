@@ -1,0 +1,260 @@
+//! `wfjail learn` against a hostile program (issue 16): learning observes without giving
+//! anything away. Each test runs a program that attacks the learning run or the run that
+//! verifies the draft, through the real `wfjail learn`, and checks what landed on the host
+//! (a scratch directory under /tmp stands for "the host outside the grants"), what reached a
+//! listener the test opened, and what the draft grants and says.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+
+use common::{PY, REPO, Scratch, wfjail_bin};
+
+/// `wfjail ARGS` with an empty stdin: (exit code, stdout, stderr).
+fn wfjail(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(wfjail_bin())
+        .args(args)
+        .current_dir(REPO)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `wfjail learn -p POLICY --raw EXTRA... -- python3 SCRIPT` for a script written into the
+/// scratch dir's `app/` (granted --ro); the draft goes to `draft.toml`: (code, draft, stderr).
+fn learn(s: &Scratch, policy: &str, extra: &[&str], script: &str) -> (i32, String, String) {
+    std::fs::create_dir_all(s.path("app")).unwrap();
+    let app = s.write("app/app.py", script);
+    let app_dir = s.path("app");
+    let draft = s.path("draft.toml");
+    let mut args = vec![
+        "learn",
+        "-p",
+        policy,
+        "--output",
+        draft.to_str().unwrap(),
+        "--ro",
+        app_dir.to_str().unwrap(),
+        "--raw",
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["--", PY, app.to_str().unwrap()]);
+    let (rc, _, err) = wfjail(&args);
+    let text = std::fs::read_to_string(&draft).unwrap_or_default();
+    (rc, text, err)
+}
+
+/// The first finding: a write refused in the learning run became a read-write grant, and the
+/// run that verified the draft made it. Now the verifying run writes into a throw-away copy
+/// of each write grant: the file does not exist on the host after learn.
+#[test]
+fn a_write_refused_while_learning_is_not_made_by_the_verifying_run() {
+    let s = Scratch::new("lh-verify");
+    std::fs::create_dir_all(s.path("outside")).unwrap();
+    let target = s.path("outside/planted.txt");
+    let script = format!(
+        "import sys\ntry:\n    open({t:?}, 'w').write('planted')\n    print('WROTE', file=sys.stderr)\nexcept OSError as e:\n    print('REFUSED', e.errno, file=sys.stderr)\n",
+        t = target.display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, "default", &[], &script);
+    assert!(
+        err.contains("REFUSED 13"),
+        "the learning run refused it: {err}"
+    );
+    // The draft says what the command asked for (it is for review)...
+    let dir = s.path("outside").display().to_string();
+    assert!(
+        draft.contains(&format!("\"{dir}\",  # openat({dir}/planted.txt (write))")),
+        "{draft}"
+    );
+    // ...and the verifying run, which wrote it, wrote into a copy that is gone.
+    assert!(
+        err.contains("the command passes under the draft (its writes went to a throw-away copy"),
+        "{err}"
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        !target.exists(),
+        "the verifying run's write landed on the host: {err}"
+    );
+    assert_eq!(std::fs::read_dir(s.path("outside")).unwrap().count(), 0);
+    // No copy is left mounted, nor its directory.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("wfjail-learn"), "{mounts}");
+}
+
+/// The second finding: a write refused under `/` granted `/` read-write. A draft never
+/// grants `/` or a system directory (nor a directory above the file: `learn.rs` unit tests),
+/// and says in a comment what it refused. (`--no-verify`: the build this fixes would have
+/// written to `/` in the verifying run.)
+#[test]
+fn a_draft_never_grants_the_root_or_a_system_directory_and_says_so() {
+    let s = Scratch::new("lh-floor");
+    let at_root = format!("/wfjail-learn-hostile-{}", std::process::id());
+    let script = format!(
+        "for p in ({at_root:?}, '/etc/wfjail-learn-hostile'):\n    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\nopen('/etc/hostname').read()\nopen('/etc/passwd').read()\n"
+    );
+    let (rc, draft, err) = learn(&s, "default", &["--no-verify"], &script);
+    assert_eq!(rc, 0, "{err}");
+    assert!(!std::path::Path::new(&at_root).exists());
+    wfjail::policy::from_source("draft.toml", &draft).unwrap();
+    for refused in [
+        format!("#   \"/\" (write): the whole file system; openat({at_root} (write))"),
+        "#   \"/etc\" (write): a system directory as a whole; openat(/etc/wfjail-learn-hostile (write))".to_string(),
+    ] {
+        assert!(draft.contains(&refused), "{refused} in:\n{draft}");
+    }
+    assert!(
+        !draft.contains("write = ["),
+        "no write grant at all:\n{draft}"
+    );
+    // Two files of /etc are granted one by one, never /etc.
+    assert!(
+        draft.contains("\"/etc/hostname\",") && draft.contains("\"/etc/passwd\","),
+        "{draft}"
+    );
+    for wide in ["\"/\",", "\"/etc\","] {
+        assert!(!draft.contains(wide), "{wide} granted:\n{draft}");
+    }
+}
+
+/// The third finding: the learning run reads every file, and with `--rw DIR` a 0600 file
+/// outside every grant was copied into DIR. Now every write grant of both runs, the user's
+/// `--rw` included, is a throw-away copy: the program wrote (it says so), and nothing of it
+/// is in DIR after learn.
+#[test]
+fn a_secret_read_while_learning_does_not_land_in_the_rw_directory() {
+    let s = Scratch::new("lh-secret");
+    std::fs::create_dir_all(s.path("secret")).unwrap();
+    std::fs::create_dir_all(s.path("rw")).unwrap();
+    let secret = s.write("secret/key", "wfjail-learn-secret-4711");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    s.write("rw/kept.txt", "the user's own file");
+    let copy = s.path("rw/key-copy");
+    let script = format!(
+        "import sys\ndata = open({src:?}).read()\nopen({dst:?}, 'w').write(data)\nopen({kept:?}, 'w').write(data)\nprint('COPIED', len(data), file=sys.stderr)\n",
+        src = secret.display().to_string(),
+        dst = copy.display().to_string(),
+        kept = s.path("rw/kept.txt").display().to_string(),
+    );
+    let rw = s.path("rw");
+    let (_, draft, err) = learn(&s, "default", &["--rw", rw.to_str().unwrap()], &script);
+    assert!(
+        err.contains("COPIED 24"),
+        "the program ran and wrote: {err}"
+    );
+    assert!(
+        !copy.exists(),
+        "the secret landed in the --rw directory: {err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.path("rw/kept.txt")).unwrap(),
+        "the user's own file",
+        "a file of the --rw directory was overwritten"
+    );
+    assert_eq!(std::fs::read_dir(&rw).unwrap().count(), 1);
+    // The read is in the draft, for review.
+    assert!(draft.contains("secret/key (read)"), "{draft}");
+}
+
+/// Under `permissive` the learning run reached the host's loopback. Now network calls are
+/// refused while learning (and in the verifying run) and recorded in the draft: a listener
+/// the test opens on 127.0.0.1 accepts nothing.
+#[test]
+fn network_calls_while_learning_are_refused_and_recorded() {
+    let s = Scratch::new("lh-net");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "import socket, sys\ntry:\n    c = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    c.sendall(b'stolen')\n    print('CONNECTED', file=sys.stderr)\nexcept OSError as e:\n    print('REFUSED', e.errno, file=sys.stderr)\n"
+    );
+    let (rc, draft, err) = learn(&s, "permissive", &[], &script);
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the listener was reached: {other:?}\n{err}"),
+    }
+    assert!(err.contains("REFUSED 1"), "EPERM in the guest: {err}");
+    assert!(!err.contains("CONNECTED"), "{err}");
+    assert!(
+        draft.contains("mode = \"allow\"  # socket(AF_INET SOCK_STREAM")
+            && draft.contains("refused while learning"),
+        "{draft}"
+    );
+    // The verifying run does not get the network either, and says it could not verify.
+    assert_ne!(rc, 0, "{err}");
+    assert!(
+        err.contains("not verified: learn never gives an unreviewed draft the network"),
+        "{err}"
+    );
+}
+
+/// A socket on the host's file system is reachable from an empty network namespace: under
+/// `default`, the learning run let `socket()` through (warn) and connected to it. Now it is
+/// refused and recorded, and the verifying run, which would need the network, says that it
+/// could not verify the draft.
+#[test]
+fn a_unix_socket_on_the_host_is_not_reached_while_learning() {
+    let s = Scratch::new("lh-unix");
+    let path = s.path("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let script = format!(
+        "import socket, sys\nc = socket.socket(socket.AF_UNIX)\nc.connect({p:?})\nc.sendall(b'stolen')\nprint('CONNECTED', file=sys.stderr)\n",
+        p = path.display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, "default", &[], &script);
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the host's socket was reached: {other:?}\n{err}"),
+    }
+    assert!(!err.contains("CONNECTED"), "{err}");
+    assert!(
+        draft.contains("mode = \"allow\"  # socket(AF_UNIX SOCK_STREAM"),
+        "{draft}"
+    );
+    assert_ne!(rc, 0, "{err}");
+    assert!(
+        err.contains("not verified: learn never gives an unreviewed draft the network"),
+        "{err}"
+    );
+}
+
+/// Landlock does not check file metadata changes: under `warn`, the learning run changed the
+/// mode and times of a host file outside every grant. Now they are refused and recorded
+/// (the draft lists the syscalls, for review), and not given to the verifying run.
+#[test]
+fn metadata_changes_while_learning_do_not_reach_the_host() {
+    let s = Scratch::new("lh-meta");
+    let victim = s.write("victim.txt", "x");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = std::fs::metadata(&victim).unwrap();
+    let script = format!(
+        "import os, sys\nfor f in (lambda: os.chmod({v:?}, 0o666), lambda: os.utime({v:?}, (0, 0))):\n    try:\n        f()\n        print('CHANGED', file=sys.stderr)\n    except OSError as e:\n        print('REFUSED', e.errno, file=sys.stderr)\n",
+        v = victim.display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, "default", &[], &script);
+    let after = std::fs::metadata(&victim).unwrap();
+    assert_eq!(after.permissions().mode() & 0o777, 0o600, "{err}");
+    assert_eq!(
+        after.modified().unwrap(),
+        before.modified().unwrap(),
+        "{err}"
+    );
+    assert!(!err.contains("CHANGED"), "{err}");
+    assert!(
+        draft.contains("\"chmod\",  # chmod(") && draft.contains("refused while learning"),
+        "{draft}"
+    );
+    assert_ne!(rc, 0, "{err}");
+    assert!(
+        err.contains("not verified") && err.contains("chmod"),
+        "{err}"
+    );
+}
