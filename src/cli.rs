@@ -69,22 +69,32 @@ pub enum Command {
 
 const LEARN_HELP: &str = "\
 The learning run has the base policy's writes, everything readable, and every call the base
-would deny let through and recorded (privileged calls excepted: they stay denied). Writes
-outside the base's grants fail, as they would in production: learning never writes where the
-base does not let it. The draft extends the base by the directories the run read and tried
-to write, and the settings or syscalls it needed, each with a comment naming the call.
+would deny let through and recorded (privileged calls excepted: they stay denied). It gives
+the command nothing a reviewed policy would not: writes outside the base's grants fail, as
+they would in production; every write grant (--rw included) is a throw-away copy, discarded
+after the run (learn never changes a file of the host, so the command's output is gone
+too); network calls and file metadata changes (chmod, utimensat...) are refused and
+recorded. Learn needs root for the copies (a mount namespace of its own).
 
-Then the command runs again under the draft (unless --no-verify) and wfjail says whether
-that run passes. A run that failed on a denied write gets further the second time: learn
-again with -p DRAFT until the draft passes. Review a draft before use: a grant is a file's
-whole directory.
+The draft extends the base by the directories the run read and tried to write, and the
+settings or syscalls it needed, each with a comment naming the call. It never grants /, a
+system directory as a whole, a device beyond the usual ones, the home directory or a
+directory above a file the run wrote: a comment lists what it refused, and why.
+
+Then the command runs again under the draft (unless --no-verify), with throw-away copies,
+without the network or the metadata calls it learned, under deny rather than warn, and
+wfjail says whether that run passes, or that it could not verify the draft without them. A
+run that failed on a denied write gets further the second time: learn again with -p DRAFT
+until the draft passes. Review a draft before use: a grant is a file's whole directory, and
+what the learning run read may appear in its output and the draft's comments.
 
 Example:
   wfjail learn -p strict --output learned.toml -- /usr/bin/python3 app.py
   wfjail run -p learned.toml -- /usr/bin/python3 app.py
 
 Exit status: 0 when the run under the draft passed; otherwise that run's status (see
-`wfjail run --help`); 2 for a usage error.";
+`wfjail run --help`); 2 for a usage error; 125 when learn cannot keep the runs' writes off
+the host.";
 
 #[derive(Debug, Args)]
 pub struct LearnArgs {
@@ -97,7 +107,8 @@ pub struct LearnArgs {
     /// Also allow reading and executing under PATH (in both runs; not part of the draft).
     #[arg(long = "ro", value_name = "PATH")]
     pub ro: Vec<PathBuf>,
-    /// Also allow reading and writing under PATH (in both runs; not part of the draft).
+    /// Also allow writing under PATH (in both runs, into a throw-away copy of it; not part of
+    /// the draft).
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
     /// The request payload for a framed guest (default: stdin, read once for both runs).

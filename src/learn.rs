@@ -2,9 +2,12 @@
 //!
 //! The learning run (`run::run` with `RunOptions::learn`) has the base policy's writes,
 //! `on_violation = "warn"` (every call the base denies proceeds and is recorded, privileged
-//! ones excepted), everything readable, and every open sent to the supervisor. From what it
-//! recorded, [`draft`] writes a policy that `extends` the base and adds exactly what the run
-//! used beyond it, each with a comment naming the call that needed it:
+//! ones excepted), everything readable, and every open sent to the supervisor. It gives the
+//! program nothing a reviewed policy would not: every write grant is a throw-away copy
+//! ([`Throwaway`], in wfjail's own mount namespace), and network calls and file metadata
+//! changes are refused and recorded (`Decisions::refuse_outside_effects`). From what it
+//! recorded, [`draft`] writes a policy that `extends` the base and adds what the run used
+//! beyond it, each with a comment naming the call that needed it:
 //!
 //! * files read outside the base's grants: their directories, read-only (a directory opened
 //!   itself is granted as is; devices one by one; the guest's own `/proc` is left out);
@@ -14,8 +17,10 @@
 //!   `[process] threads`, `[time] sleep`, `[random] getrandom`...), or the syscall in
 //!   `[syscalls] allow`; privileged calls, which no policy may allow, as a comment.
 //!
-//! A draft is a start, not a verdict: `wfjail learn` runs the command again under it and says
-//! whether that run passes; a denied write makes the second run get further than the first.
+//! No grant is `/`, a system directory as a whole, a device beyond the usual ones, the home
+//! directory, or a directory above a file the run wrote ([`floor`]): those are listed in a
+//! comment instead. A draft is a start, not a verdict: `wfjail learn` runs the command again
+//! under it (with throw-away copies, without the network) and says whether that run passes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
