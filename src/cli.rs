@@ -74,7 +74,8 @@ the command nothing a reviewed policy would not: writes outside the base's grant
 they would in production; every write grant (--rw included) is a throw-away copy, discarded
 after the run (learn never changes a file of the host, so the command's output is gone
 too); network calls and file metadata changes (chmod, utimensat...) are refused and
-recorded. Learn needs root for the copies (a mount namespace of its own).
+recorded. The copies live in a mount namespace of learn's own (unprivileged: inside a user
+namespace of its own).
 
 The draft extends the base by the directories the run read and tried to write, and the
 settings or syscalls it needed, each with a comment naming the call. It never grants /, a
@@ -94,7 +95,7 @@ Example:
 
 Exit status: 0 when the run under the draft passed; otherwise that run's status (see
 `wfjail run --help`); 2 for a usage error; 125 when learn cannot keep the runs' writes off
-the host.";
+the host (no mount namespace could be made).";
 
 #[derive(Debug, Args)]
 pub struct LearnArgs {

@@ -412,7 +412,7 @@ pub enum ThrowawayError {
     #[error(
         "learn keeps every write of the command off the host, in a mount namespace of its own \
          where each write grant is a throw-away copy; making that namespace failed ({0}): run \
-         wfjail learn as root (it needs CAP_SYS_ADMIN)"
+         wfjail learn as root, or where unprivileged user namespaces are allowed"
     )]
     Namespace(nix::errno::Errno),
     #[error(
@@ -427,10 +427,36 @@ pub enum ThrowawayError {
 }
 
 /// Gives wfjail (and every guest it starts from now on) a mount namespace of its own, where
-/// no mount propagates back to the host. `wfjail learn` calls it once, before anything runs,
-/// so that [`Throwaway`] can lay copies over the write grants that only its runs see.
+/// no mount propagates back to the host. `wfjail learn` calls it once, before anything runs
+/// (and while wfjail has one thread), so that [`Throwaway`] can lay copies over the write
+/// grants that only its runs see. Without `CAP_SYS_ADMIN`, the namespace is made in a user
+/// namespace of wfjail's own, its ids mapped to themselves (the guest's user namespace is
+/// then made inside that one, with the same maps).
 pub fn private_mounts() -> Result<(), ThrowawayError> {
-    crate::sys::unshare(libc::CLONE_NEWNS).map_err(ThrowawayError::Namespace)?;
+    use nix::errno::Errno;
+    match crate::sys::unshare(libc::CLONE_NEWNS) {
+        Ok(()) => {}
+        Err(Errno::EPERM) if !nix::unistd::geteuid().is_root() => {
+            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+            crate::sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS)
+                .map_err(ThrowawayError::Namespace)?;
+            crate::sys::write_file(c"/proc/self/setgroups", b"deny")
+                .and_then(|()| {
+                    crate::sys::write_file(
+                        c"/proc/self/uid_map",
+                        format!("{uid} {uid} 1\n").as_bytes(),
+                    )
+                })
+                .and_then(|()| {
+                    crate::sys::write_file(
+                        c"/proc/self/gid_map",
+                        format!("{gid} {gid} 1\n").as_bytes(),
+                    )
+                })
+                .map_err(ThrowawayError::Namespace)?;
+        }
+        Err(e) => return Err(ThrowawayError::Namespace(e)),
+    }
     crate::sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(ThrowawayError::Namespace)
 }

@@ -258,3 +258,52 @@ fn metadata_changes_while_learning_do_not_reach_the_host() {
         "{err}"
     );
 }
+
+/// Unprivileged, learn makes its mount namespace inside a user namespace of its own: the
+/// same attack as root's (a file the user can read, 0600, copied into `--rw`) leaves nothing
+/// in the `--rw` directory either.
+#[test]
+fn an_unprivileged_learn_keeps_the_writes_in_the_copy_too() {
+    let s = Scratch::new("lh-nobody");
+    let nobody = Some(65534);
+    for d in ["app", "secret", "rw"] {
+        std::fs::create_dir_all(s.path(d)).unwrap();
+    }
+    std::fs::set_permissions(&s.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = s.write("secret/key", "wfjail-learn-secret-4712");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for p in [secret.clone(), s.path("rw")] {
+        std::os::unix::fs::chown(&p, nobody, nobody).unwrap();
+    }
+    let copy = s.path("rw/key-copy");
+    let app = s.write(
+        "app/app.py",
+        &format!(
+            "import sys\nopen({dst:?}, 'w').write(open({src:?}).read())\nprint('COPIED', file=sys.stderr)\n",
+            src = secret.display().to_string(),
+            dst = copy.display().to_string(),
+        ),
+    );
+    let bin = common::reachable_copy(&s, &wfjail_bin());
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .args(["learn", "-p", "default", "--no-verify", "--raw", "--ro"])
+        .arg(s.path("app"))
+        .arg("--rw")
+        .arg(s.path("rw"))
+        .args(["--", PY])
+        .arg(&app)
+        .current_dir(&s.0)
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("COPIED"), "the program ran and wrote: {err}");
+    assert!(
+        !copy.exists(),
+        "the secret landed in the --rw directory: {err}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
