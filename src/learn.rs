@@ -507,8 +507,14 @@ impl Throwaway {
                 targets.push((p.clone(), true));
             } else if meta.is_file() {
                 targets.push((p.clone(), false));
+            } else if !USUAL_DEVICES.iter().any(|d| p == Path::new(d)) {
+                // A device beyond /dev/null and its kind, a FIFO, a socket: nothing to copy,
+                // and writing to it reaches whatever is behind it.
+                return Err(grant_error(
+                    "neither a directory nor a file, and not one of the usual devices".into(),
+                ));
             }
-            // A device, a FIFO or a socket: nothing written to it lands in a file here.
+            // /dev/null, /dev/zero...: nothing written to them lands anywhere.
         }
         let mut done = Throwaway { mounted: vec![] };
         if targets.is_empty() {

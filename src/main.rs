@@ -398,23 +398,24 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
 }
 
 /// Covers the write grants of a run of `policy` with throw-away copies (`learn::Throwaway`);
-/// `Err` is the exit status when that cannot be done. A plan that does not build leaves
-/// nothing to cover: the run reports why.
-fn throwaway(
-    policy: &policy::Policy,
-    opts: &RunOptions,
-) -> Result<Option<wfjail::learn::Throwaway>, u8> {
+/// `Err` is the exit status when that cannot be done (a plan that does not build is not run
+/// either: nothing would say which grants it wrote to).
+fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn::Throwaway, u8> {
     let req = wfjail::plan::PlanRequest {
         argv: opts.argv.clone(),
         grants: opts.grants.clone(),
         learn: opts.learn,
         ..Default::default()
     };
-    let Ok(plan) = wfjail::plan::build(policy, &req) else {
-        return Ok(None);
+    let plan = match wfjail::plan::build(policy, &req) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("wfjail: {e}");
+            return Err(u8::try_from(e.exit_code()).unwrap_or(125));
+        }
     };
     match wfjail::learn::Throwaway::over(&plan.write) {
-        Ok(t) => Ok(Some(t)),
+        Ok(t) => Ok(t),
         Err(e) => {
             eprintln!("wfjail: {e}");
             Err(125)

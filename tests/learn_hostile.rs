@@ -307,3 +307,37 @@ fn an_unprivileged_learn_keeps_the_writes_in_the_copy_too() {
     );
     assert_eq!(out.status.code(), Some(0), "{err}");
 }
+
+/// A `--rw` grant that holds wfjail's temp dir (where the copies' tmpfs is made) is copied
+/// like any other: the tmpfs goes elsewhere, and nothing the program wrote under the grant,
+/// the temp dir included, is there after learn.
+#[test]
+fn a_rw_grant_that_holds_the_temp_dir_is_a_copy_too() {
+    let s = Scratch::new("lh-tmpdir");
+    for d in ["app", "tmp"] {
+        std::fs::create_dir_all(s.path(d)).unwrap();
+    }
+    let (a, b) = (s.path("tmp/a.txt"), s.path("b.txt"));
+    let app = s.write(
+        "app/app.py",
+        &format!(
+            "open({a:?}, 'w').write('a')\nopen({b:?}, 'w').write('b')\nprint('WROTE')\n",
+            a = a.display().to_string(),
+            b = b.display().to_string()
+        ),
+    );
+    let out = Command::new(wfjail_bin())
+        .args(["learn", "-p", "default", "--raw", "--rw"])
+        .arg(&s.0)
+        .args(["--", PY])
+        .arg(&app)
+        .env("TMPDIR", s.path("tmp"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("passes under the draft"), "{err}");
+    assert!(!a.exists() && !b.exists(), "{err}");
+    assert_eq!(std::fs::read_dir(s.path("tmp")).unwrap().count(), 0);
+}
