@@ -18,7 +18,7 @@
 //!   `[syscalls] allow`; privileged calls, which no policy may allow, as a comment.
 //!
 //! No grant is `/`, a system directory as a whole, a device beyond the usual ones, the home
-//! directory, or a directory above a file the run wrote ([`floor`]): those are listed in a
+//! directory, or a directory above a file the run wrote (`floor`): those are listed in a
 //! comment instead. A draft is a start, not a verdict: `wfjail learn` runs the command again
 //! under it (with throw-away copies, without the network) and says whether that run passes.
 
