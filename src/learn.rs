@@ -477,9 +477,14 @@ pub struct Throwaway {
 const THROWAWAY_SOURCE: &std::ffi::CStr = c"wfjail-learn";
 
 impl Throwaway {
+    /// The most the copies of one run hold when the policy sets no `limits.disk`: they are in
+    /// memory, and a run must not fill the host's.
+    pub const DEFAULT_SIZE: u64 = 1 << 30;
+
     /// Covers each of `write` (canonical paths, as `plan::build` expands them) with a
-    /// throw-away copy. An error leaves nothing mounted.
-    pub fn over(write: &[PathBuf]) -> Result<Throwaway, ThrowawayError> {
+    /// throw-away copy; all the copies together hold at most `size` bytes (then ENOSPC). An
+    /// error leaves nothing mounted.
+    pub fn over(write: &[PathBuf], size: u64) -> Result<Throwaway, ThrowawayError> {
         use std::os::unix::ffi::OsStrExt;
         let mut targets: Vec<(PathBuf, bool)> = Vec::new();
         let mut sorted: Vec<&PathBuf> = write.iter().collect();
@@ -560,7 +565,11 @@ impl Throwaway {
             &scratch_c,
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
-            Some(c"mode=0700"),
+            // (size=0 would be no limit at all.)
+            Some(
+                &std::ffi::CString::new(format!("mode=0700,size={}", size.max(1 << 16)))
+                    .unwrap_or_default(),
+            ),
         );
         if let Err(e) = mounted {
             let _ = std::fs::remove_dir(&scratch);

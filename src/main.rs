@@ -414,7 +414,11 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
             return Err(u8::try_from(e.exit_code()).unwrap_or(125));
         }
     };
-    match wfjail::learn::Throwaway::over(&plan.write) {
+    let size = policy
+        .limits
+        .disk
+        .map_or(wfjail::learn::Throwaway::DEFAULT_SIZE, |d| d.0);
+    match wfjail::learn::Throwaway::over(&plan.write, size) {
         Ok(t) => Ok(t),
         Err(e) => {
             eprintln!("wfjail: {e}");

@@ -341,3 +341,41 @@ fn a_rw_grant_that_holds_the_temp_dir_is_a_copy_too() {
     assert!(!a.exists() && !b.exists(), "{err}");
     assert_eq!(std::fs::read_dir(s.path("tmp")).unwrap().count(), 0);
 }
+
+/// The copies are in memory: a program must not fill the host's with them. They hold at most
+/// the policy's `limits.disk` (1 GiB without one): past it, a write fails with ENOSPC.
+#[test]
+fn the_copies_hold_no_more_than_limits_disk() {
+    let s = Scratch::new("lh-size");
+    std::fs::create_dir_all(s.path("rw")).unwrap();
+    let base = s.write(
+        "base.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"1MiB\"\n",
+    );
+    let script = format!(
+        "import os, sys\nfd = os.open({f:?}, os.O_WRONLY | os.O_CREAT)\nn = 0\ntry:\n    while n < 4 << 20:\n        n += os.write(fd, b'x' * 65536)\nexcept OSError as e:\n    print('REFUSED', e.errno, 'after', n, file=sys.stderr)\n",
+        f = s.path("rw/big").display().to_string()
+    );
+    let rw = s.path("rw");
+    let (_, _, err) = learn(
+        &s,
+        base.to_str().unwrap(),
+        &["--no-verify", "--rw", rw.to_str().unwrap()],
+        &script,
+    );
+    assert!(
+        err.contains("REFUSED 28 after "),
+        "ENOSPC in the guest: {err}"
+    );
+    let after: u64 = err
+        .split("REFUSED 28 after ")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after <= 1 << 20, "{after} bytes: {err}");
+    assert!(!s.path("rw/big").exists(), "{err}");
+}
