@@ -306,8 +306,10 @@ class _JailedInstance(WorkflowInstance):
         self._det = det
         self._context = temporalio.converter.WorkflowSerializationContext(
             namespace=det.info.namespace, workflow_id=det.info.workflow_id)
-        # (command type, seq) -> the serialization context the child gave for that command,
-        # sent ahead with each completion (the payload codec asks between activations).
+        # (command type, seq) -> the serialization context of a command the run issued, derived
+        # here from the run's own info and the command itself (the payload codec asks between
+        # activations: for the command's payloads, then for its result's); a key leaves when
+        # an activation resolves it, and at most MAX_COMMAND_CONTEXTS are kept.
         self._contexts = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
         # as deadlocked and evicts the run), and whether the eviction aborted it.
@@ -347,8 +349,14 @@ class _JailedInstance(WorkflowInstance):
             reply = self._session.call(
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, contexts, metrics = _split_reply(reply)
-            self._contexts.update(contexts)
+            completion, metrics = _split_reply(reply)
+            # The activation's results were decoded before this call (with these contexts):
+            # what it resolved is done with them; the completion's commands bring theirs.
+            for key in _resolved_keys(act):
+                self._contexts.pop(key, None)
+            self._contexts.update(_command_contexts(self._det.info, completion))
+            while len(self._contexts) > MAX_COMMAND_CONTEXTS:
+                del self._contexts[next(iter(self._contexts))]
             _record_metrics(self._det, metrics)
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
@@ -530,20 +538,14 @@ class _StandInThread:
         except RuntimeError:
             pass
 
-# The serialization contexts a child may send (plain data: rebuilt field by field, nothing
-# else is ever constructed from what a child says).
-_CONTEXTS = ("WorkflowSerializationContext", "ActivitySerializationContext",
-             "NexusSerializationContext")
-
-
 def _split_reply(reply):
-    """A child's reply: the completion (protobuf), then JSON: the contexts of its commands and
-    the metric records of the activation."""
+    """A child's reply: the completion (protobuf), then JSON: the metric records of the
+    activation. (Anything else in the JSON is ignored: the serialization contexts of the
+    completion's commands are the worker's own, ``_command_contexts``.)"""
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
     completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
-    contexts = {}
     try:
         doc = json.loads(reply[4 + n:] or b"{}")
     except ValueError:
@@ -551,20 +553,89 @@ def _split_reply(reply):
     if not isinstance(doc, dict):
         doc = {}
     metrics = doc.get("metrics") if isinstance(doc.get("metrics"), list) else []
-    for entry in doc.get("contexts") if isinstance(doc.get("contexts"), list) else []:
-        try:
-            kind, seq, name, fields = entry
-            if name not in _CONTEXTS or not isinstance(fields, dict):
-                continue
-            cls = getattr(temporalio.converter, name)
-            known = {f.name for f in dataclasses.fields(cls)}
-            if set(fields) - known or not all(
-                    v is None or isinstance(v, (str, bool)) for v in fields.values()):
-                continue
-            contexts[(int(kind), int(seq))] = cls(**fields)
-        except (TypeError, ValueError):
-            continue
-    return completion, contexts, metrics
+    return completion, metrics
+
+
+# At most this many command contexts are kept per run (the oldest go first; a command whose
+# context went gets the workflow's own, the run's namespace and workflow id).
+MAX_COMMAND_CONTEXTS = 10_000
+
+
+def _command_contexts(info, completion):
+    """{(command type, seq): serialization context} of the completion's commands, as the
+    SDK's ``get_serialization_context`` gives them in process, derived from the run's own
+    ``info`` (namespace, workflow id and type, task queue) and the commands' fields: nothing
+    the child says about a context is taken, and the namespace is always the run's."""
+    from temporalio.api.enums.v1 import CommandType
+    from temporalio.converter import (
+        ActivitySerializationContext,
+        NexusSerializationContext,
+        WorkflowSerializationContext,
+    )
+
+    out = {}
+    for c in completion.successful.commands:
+        which = c.WhichOneof("variant")
+        if which in ("schedule_activity", "schedule_local_activity"):
+            v = getattr(c, which)
+            local = which == "schedule_local_activity"
+            out[(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, v.seq)] = (
+                ActivitySerializationContext(
+                    namespace=info.namespace, workflow_id=info.workflow_id,
+                    workflow_type=info.workflow_type, activity_type=v.activity_type,
+                    # The SDK's context has the id the workflow gave, None when it gave none
+                    # (the command then carries the seq as the id).
+                    activity_id=None if v.activity_id == str(v.seq) else v.activity_id,
+                    activity_task_queue=(info.task_queue if local
+                                         else v.task_queue or info.task_queue),
+                    is_local=local))
+        elif which == "start_child_workflow_execution":
+            v = c.start_child_workflow_execution
+            out[(CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION, v.seq)] = (
+                WorkflowSerializationContext(namespace=info.namespace,
+                                             workflow_id=v.workflow_id))
+        elif which == "signal_external_workflow_execution":
+            v = c.signal_external_workflow_execution
+            out[(CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION, v.seq)] = (
+                WorkflowSerializationContext(
+                    namespace=info.namespace,
+                    workflow_id=v.child_workflow_id or v.workflow_execution.workflow_id))
+        elif which == "schedule_nexus_operation":
+            v = c.schedule_nexus_operation
+            import temporalio.nexus.system
+
+            # A system endpoint's context is built from the operation's input object, which
+            # only the child has: such a command gets the workflow's context.
+            if not temporalio.nexus.system.is_system_endpoint(v.endpoint):
+                out[(CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION, v.seq)] = (
+                    NexusSerializationContext(endpoint=v.endpoint, service=v.service,
+                                              operation=v.operation))
+    return out
+
+
+def _resolved_keys(act):
+    """The command keys whose last payloads an activation carries (their results)."""
+    from temporalio.api.enums.v1 import CommandType
+
+    keys = []
+    for job in act.jobs:
+        which = job.WhichOneof("variant")
+        if which == "resolve_activity":
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, job.resolve_activity.seq))
+        elif which == "resolve_child_workflow_execution":
+            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
+                         job.resolve_child_workflow_execution.seq))
+        elif (which == "resolve_child_workflow_execution_start"
+              and not job.resolve_child_workflow_execution_start.HasField("succeeded")):
+            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
+                         job.resolve_child_workflow_execution_start.seq))
+        elif which == "resolve_signal_external_workflow":
+            keys.append((CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION,
+                         job.resolve_signal_external_workflow.seq))
+        elif which == "resolve_nexus_operation":
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
+                         job.resolve_nexus_operation.seq))
+    return keys
 
 
 # What a metric record may create, by kind: (the meter's method, how the value is taken).
@@ -601,29 +672,6 @@ def _record_metrics(det, records):
             getattr(metric, op)(conv(value), attributes)
         except (KeyError, TypeError, ValueError):
             continue
-
-
-def _command_keys(completion):
-    """(command type, seq) of each command in a completion, as the SDK's payload visitor
-    names them (``worker/_command_aware_visitor.py``)."""
-    from temporalio.api.enums.v1 import CommandType
-
-    keys = []
-    for c in completion.successful.commands:
-        which = c.WhichOneof("variant")
-        if which in ("schedule_activity", "schedule_local_activity"):
-            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK,
-                         getattr(c, which).seq))
-        elif which == "start_child_workflow_execution":
-            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
-                         c.start_child_workflow_execution.seq))
-        elif which == "signal_external_workflow_execution":
-            keys.append((CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION,
-                         c.signal_external_workflow_execution.seq))
-        elif which == "schedule_nexus_operation":
-            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
-                         c.schedule_nexus_operation.seq))
-    return keys
 
 
 # Extern functions the child answers itself: the metric meter (its records travel with the
@@ -777,24 +825,11 @@ def _instance_factory(recipe):
     finally:
         asyncio._set_running_loop(None)
 
-    from temporalio.worker._command_aware_visitor import CommandInfo
-
     def activate(request):
         act = WorkflowActivation.FromString(request)
         completion = instance.activate(act)
-        # The contexts of its commands, while the instance knows them: the worker's codec
-        # asks for them between activations, when this child cannot be asked.
-        contexts = []
-        for kind, seq in _command_keys(completion):
-            try:
-                ctx = instance.get_serialization_context(CommandInfo(kind, seq))
-            except Exception:  # noqa: BLE001  (the worker falls back to the workflow's)
-                continue
-            if ctx is not None and type(ctx).__name__ in _CONTEXTS:
-                contexts.append([int(kind), int(seq), type(ctx).__name__,
-                                 dataclasses.asdict(ctx)])
         data = completion.SerializeToString()
-        side = {"contexts": contexts, "metrics": _take_metric_records()}
+        side = {"metrics": _take_metric_records()}
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     activate.loop = loop  # the warm-up closes it; a child's lives as long as the child
