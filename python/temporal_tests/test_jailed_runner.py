@@ -627,13 +627,11 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertIn("defined in the script run as __main__", text)
 
 
-class StandInTests(unittest.TestCase):
-    """The deadlock stand-in thread: the child's stack as frames of the worker, without the
-    worker ever reading a file the child names."""
+class StackTextTests(unittest.TestCase):
+    """A deadlocked child's stack as the worker shows it, without the worker ever reading a
+    file the child names."""
 
     def test_frames_carry_the_childs_lines_and_never_the_workers_files(self):
-        import traceback
-
         from wfjail import temporal as T
 
         told = ('Traceback (most recent call last):\n'
@@ -646,18 +644,12 @@ class StandInTests(unittest.TestCase):
         frames = T._parse_stack(told)
         self.assertEqual([f[:3] for f in frames], [("/etc/passwd", 1, "leak"),
                                                    ("/app/wf.py", 40, "run")])
-        stand_in = T._StandInThread(frames)
-        try:
-            frame = sys._current_frames()[stand_in.ident]
-            text = "".join(traceback.format_stack(frame))
-        finally:
-            stand_in.release()
-        self.assertIn('File "/etc/passwd [confined child]", line 1, in leak\n'
-                      '    what the child says', text)
-        self.assertIn('File "/app/wf.py [confined child]", line 40, in run\n'
-                      '    while True: x += 1\n', text)
+        text = T._stack_text(told)
+        self.assertEqual(text, '  File "/etc/passwd [confined child]", line 1, in leak\n'
+                               '    what the child says\n'
+                               '  File "/app/wf.py [confined child]", line 40, in run\n'
+                               '    while True: x += 1\n')
         self.assertNotIn("root:", text)
-        self.assertNotIn("^", text)
 
 
 class PolicyFileTests(unittest.TestCase):

@@ -153,5 +153,143 @@ class SerializationContextTests(unittest.TestCase):
         self.assertEqual(len(inst._contexts), T.MAX_COMMAND_CONTEXTS)
 
 
+def _interrupted_failure(stack, message="wfjail.Interrupted: the worker interrupted this call"):
+    completion = WorkflowActivationCompletion(run_id="run-1")
+    completion.failed.failure.message = message
+    completion.failed.failure.stack_trace = stack
+    return _reply(completion)
+
+
+def _forged_stack(frames=200, line=100_000):
+    """200 frames at line 100,000 with long names carrying escapes and forged log lines."""
+    out = ["Traceback (most recent call last):\n"]
+    for i in range(frames):
+        out.append('  File "/app/wf%d.py\x1b]0;owned\x07", line %d, in run%s\n'
+                   '    x = 1 # \nWARNING forged record\x1b[2J\n'
+                   % (i, line, "\u2028" + "n" * 400))
+    return "".join(out)
+
+
+class DeadlockTests(unittest.TestCase):
+    """A run that never yields: the worker's event loop never waits on its child, and what the
+    child tells of its stack is bounded, escaped and left nowhere in the worker."""
+
+    def _stuck(self, answer_after_interrupt):
+        """A session whose call answers only once interrupted (``answer_after_interrupt``:
+        its reply), or never (None: stuck outside Python code, until ``release``)."""
+        release = threading.Event()
+
+        def call(session):
+            if answer_after_interrupt is None:
+                release.wait(60)
+                return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+            session.interrupted.wait(60)
+            return answer_after_interrupt
+
+        return FakeSession(call), release
+
+    def _activate_in_thread(self, inst):
+        out = {}
+        thread = threading.Thread(target=lambda: out.update(c=inst.activate(_activation())))
+        thread.start()
+        for _ in range(500):
+            if inst._calling:
+                break
+            threading.Event().wait(0.01)
+        return thread, out
+
+    def test_the_sdks_deadlock_handler_never_waits_on_the_loop_for_the_child(self):
+        # The child is stuck outside Python code: it never answers the interruption. The SDK
+        # calls get_thread_id on its event loop; with the old wait made 30 s long, a loop that
+        # waited on the child would be blocked for it.
+        session, release = self._stuck(None)
+        inst = T._JailedInstance(session, _det())
+        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True), \
+                mock.patch.object(T, "DEADLOCK_STACK_WAIT", 30.0, create=True):
+            thread, _ = self._activate_in_thread(inst)
+
+            async def sdk_deadlock_handler():
+                loop = asyncio.get_running_loop()
+                start = loop.time()
+                first = inst.get_thread_id()
+                second = inst.get_thread_id()  # attempt_deadlock_interruption
+                return first, second, loop.time() - start
+
+            try:
+                first, second, blocked = asyncio.run(sdk_deadlock_handler())
+                # Asked off the loop, the child is interrupted all the same.
+                self.assertTrue(session.interrupted.wait(10))
+            finally:
+                release.set()
+                thread.join(10)
+        self.assertEqual((first, second), (None, None))
+        self.assertLess(blocked, 5.0)
+
+    def test_a_forged_stack_is_bounded_escaped_and_leaves_nothing_in_linecache(self):
+        stack = _forged_stack()
+        session, _ = self._stuck(_interrupted_failure(stack))
+        inst = T._JailedInstance(session, _det())
+        cached = set(linecache.cache)
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("wfjail.temporal")
+        logger.addHandler(handler)
+        try:
+            with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True):
+                thread, out = self._activate_in_thread(inst)
+
+                async def sdk_deadlock_handler():
+                    tid = inst.get_thread_id()
+                    frames = sys._current_frames().get(tid) if tid else None
+                    inst.get_thread_id()
+                    return frames
+
+                frames = asyncio.run(sdk_deadlock_handler())
+                thread.join(30)
+        finally:
+            logger.removeHandler(handler)
+        self.assertFalse(thread.is_alive())
+        self.assertIsNone(frames)
+        self.assertEqual(set(linecache.cache) - cached, set())
+        # The activation fails as deadlocked, with the child's stack: its innermost frames
+        # only, each field cut and escaped.
+        failure = out["c"].failed.failure
+        self.assertIn("[TMPRL1101] Potential deadlock detected", failure.message)
+        shown = failure.stack_trace
+        self.assertEqual(shown.count(" [confined child]"), T.MAX_STACK_FRAMES)
+        self.assertIn('File "/app/wf199.py\\x1b]0;owned\\x07 [confined child]", '
+                      'line 100000, in run\\u2028nnn', shown)
+        self.assertLess(len(shown), T.MAX_STACK_FRAMES * 4 * T.MAX_STACK_NAME)
+        self.assertTrue(session.closed)
+        logged = [r.getMessage() for r in records if "did not yield" in r.getMessage()]
+        self.assertEqual(len(logged), 1)
+        self.assertEqual(logged[0].count(" [confined child]"), T.MAX_STACK_FRAMES)
+        for text in (shown, logged[0]):
+            self.assertNotIn("\x1b", text)
+            self.assertNotIn("\x07", text)
+            self.assertNotIn("\u2028", text)
+            self.assertNotIn("\nWARNING forged record", text)
+
+    def test_a_run_past_its_deadline_is_interrupted_off_the_loop_and_fails_as_deadlocked(self):
+        # Nothing calls get_thread_id: the watchdog interrupts the child itself, in time for
+        # the failure to carry where the workflow was.
+        told = ('Traceback (most recent call last):\n'
+                '  File "/app/wf.py", line 40, in run\n'
+                '    while True: x += 1\n'
+                '  File "/x/wfjail/guest.py", line 114, in _interrupt\n'
+                '    raise Interrupted()\n')
+        session, _ = self._stuck(_interrupted_failure(told))
+        inst = T._JailedInstance(session, _det())
+        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 0.2, create=True):
+            thread, out = self._activate_in_thread(inst)
+            thread.join(30)
+        failure = out["c"].failed.failure
+        self.assertIn("[TMPRL1101] Potential deadlock detected", failure.message)
+        self.assertEqual(failure.stack_trace, '  File "/app/wf.py [confined child]", line 40, '
+                                              'in run\n    while True: x += 1\n')
+        self.assertTrue(session.closed)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -318,11 +318,9 @@ class _JailedInstance(WorkflowInstance):
         self._interrupting = False
         self._idle = threading.Event()
         self._state = threading.Lock()
-        # The SDK's deadlock error: the stack of the stuck workflow, told by the interrupted
-        # child, and the stand-in thread that shows it (get_thread_id).
-        self._stack = None
-        self._stack_told = threading.Event()
-        self._stand_in = None
+        # Whether the activation in progress ran past DEADLOCK_INTERRUPT_AFTER (or the SDK
+        # suspected a deadlock) and was interrupted for it: it then fails as deadlocked.
+        self._overdue = False
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -345,6 +343,11 @@ class _JailedInstance(WorkflowInstance):
             return _evicted(act)
         self._calling = True
         self._idle.clear()
+        # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
+        # nothing is interrupted there.
+        watched = asyncio._get_running_loop() is None
+        if watched:
+            _WATCHDOG.arm(self, time.monotonic() + DEADLOCK_INTERRUPT_AFTER)
         try:
             reply = self._session.call(
                 act.SerializeToString(),
@@ -358,14 +361,25 @@ class _JailedInstance(WorkflowInstance):
             while len(self._contexts) > MAX_COMMAND_CONTEXTS:
                 del self._contexts[next(iter(self._contexts))]
             _record_metrics(self._det, metrics)
+            where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
-                self._stack = failure.stack_trace
-                self._stack_told.set()
+                # The child's words, bounded and escaped: frames parsed from its traceback
+                # (at most MAX_STACK_FRAMES, the innermost), never a file it names read.
+                where = _stack_text(failure.stack_trace)
                 logging.getLogger("wfjail.temporal").warning(
                     "workflow %s (run %s) did not yield; where it was when interrupted:\n%s%s",
-                    self._det.info.workflow_type, self._det.info.run_id,
-                    failure.stack_trace, failure.message)
+                    self._det.info.workflow_type, self._det.info.run_id, where,
+                    _escape(failure.message, MAX_CHILD_MESSAGE))
+            if self._overdue:
+                # Interrupted in the middle of workflow code, the child's instance is no
+                # longer the run's: the session ends after this call (the SDK evicts the
+                # run after a failed task and replays it in a new child).
+                with self._state:
+                    self._aborted = True
+                if evicting:
+                    return _evicted(act)
+                return _deadlocked(act, where)
             violations = self._session.violations
             # Under a warn policy (permissive) nothing was denied: the worker hears of it.
             warned = [v for v in violations if v.get("action") == "warned"]
@@ -379,6 +393,10 @@ class _JailedInstance(WorkflowInstance):
         except GuestError as e:
             if evicting:
                 return _evicted(act)
+            if self._overdue:  # interrupted outside the workflow's own code
+                with self._state:
+                    self._aborted = True
+                return _deadlocked(act, _stack_text(e.traceback or ""))
             return _failed(act, "%s: %s\n%s" % (e.type, e.message, e.traceback))
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
@@ -386,6 +404,8 @@ class _JailedInstance(WorkflowInstance):
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
+            if watched:
+                _WATCHDOG.disarm(self)
             with self._state:
                 self._calling = False
                 close = evicting or self._aborted
@@ -394,26 +414,25 @@ class _JailedInstance(WorkflowInstance):
                 self._session.close()
 
     def get_thread_id(self):
-        """The SDK calls this when an activation did not yield within its deadlock timeout,
-        to build ``[TMPRL1101] Potential deadlock detected`` from that thread's stack, then
-        again to interrupt it. The workflow runs in the child, so the first call interrupts
-        the child (which answers with where the workflow was) and returns a stand-in thread
-        whose frames are the workflow's; the second ends the stand-in."""
-        if self._stand_in is not None:
-            self._stand_in.release()
-            self._stand_in = None
-            return None
-        if not self._calling or self._interrupting:
-            return None
-        self._interrupting = True
+        """The SDK calls this on the worker's event loop when an activation did not yield
+        within its deadlock timeout, to build ``[TMPRL1101] Potential deadlock detected``
+        from that thread's stack, then again to interrupt it. It never waits for the child
+        (the loop serves every run of the worker): it asks the watchdog thread to interrupt
+        the child and returns None (the SDK's error then has no frames). The child's stack
+        comes with its answer, on the activation's thread: logged on ``wfjail.temporal``, and
+        in the deadlock failure when the watchdog interrupted it before the SDK's timeout
+        (``DEADLOCK_INTERRUPT_AFTER``)."""
+        _WATCHDOG.interrupt_now(self)
+        return None
+
+    def _interrupt_overdue(self):
+        """(On the watchdog's thread.) Interrupts the activation in progress, once."""
+        with self._state:
+            if not self._calling or self._interrupting:
+                return
+            self._interrupting = True
+            self._overdue = True
         self._session.interrupt()
-        if not self._stack_told.wait(DEADLOCK_STACK_WAIT) or not self._stack:
-            return None  # stuck outside Python code: the eviction ends it
-        try:
-            self._stand_in = _StandInThread(_parse_stack(self._stack))
-        except Exception:  # noqa: BLE001  (no stand-in: the SDK's message has no stack)
-            return None
-        return self._stand_in.ident
 
     def get_serialization_context(self, command_info):
         if command_info is None:
@@ -432,18 +451,20 @@ class _JailedInstance(WorkflowInstance):
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
-# How long the SDK's deadlock handler (on the worker's event loop) waits for the child's
-# stack; past it the deadlock error has no stack and the eviction ends the child.
-DEADLOCK_STACK_WAIT = 0.5
-# A stand-in thread parks at most this long (the SDK reads it at once).
-STAND_IN_PARK = 10.0
-# Bounds on a stack a child tells: frames, line numbers, name lengths.
-MAX_STAND_IN_FRAMES = 200
-MAX_STAND_IN_LINE = 100_000
-MAX_STAND_IN_NAME = 1024
-# Frames of the child show with this after their file name: the worker never reads the file
-# a child names (linecache gets the child's own source lines instead), so a hostile
-# workflow cannot get lines of the worker's files into its failure.
+# An activation still running this long after it was sent is interrupted (by the watchdog
+# thread, off the worker's event loop), so that its stack reaches the deadlock failure before
+# the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
+DEADLOCK_INTERRUPT_AFTER = 1.5
+# Bounds on a stack a child tells: the text read (its end: the innermost frames), frames kept,
+# digits of a line number, length of a file or function name or a source line; and on the
+# message of its failure.
+MAX_STACK_TEXT = 256 * 1024
+MAX_STACK_FRAMES = 64
+MAX_STACK_NAME = 256
+MAX_CHILD_MESSAGE = 4096
+# Frames of the child show with this after their file name: the worker never reads a file a
+# child names (the source lines are the child's own text), so a hostile workflow cannot get
+# lines of the worker's files into its failure.
 CHILD_FILE_SUFFIX = " [confined child]"
 
 _FRAME_LINE = None
@@ -451,14 +472,16 @@ _FRAME_LINE = None
 
 def _parse_stack(text):
     """[(file, line, function, source line)] from a Python traceback's text, outermost
-    first (the child's failure stack trace)."""
+    first (the child's failure stack trace): at most MAX_STACK_FRAMES, the innermost, each
+    field bounded. Only the last MAX_STACK_TEXT characters are read."""
     import re
 
     global _FRAME_LINE
     if _FRAME_LINE is None:
-        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d{1,9}), in (.*)$')
     frames = []
-    lines = text.splitlines()
+    # Split on newlines only: other line breaks a child puts in a field stay in it (escaped).
+    lines = text[-MAX_STACK_TEXT:].split("\n")
     for i, line in enumerate(lines):
         m = _FRAME_LINE.match(line)
         if not m:
@@ -466,77 +489,108 @@ def _parse_stack(text):
         source = ""
         if i + 1 < len(lines) and not _FRAME_LINE.match(lines[i + 1]):
             source = lines[i + 1].strip()
-        n = int(m.group(2))
-        if 1 <= n <= MAX_STAND_IN_LINE:
-            frames.append((m.group(1)[:MAX_STAND_IN_NAME], n, m.group(3)[:MAX_STAND_IN_NAME],
-                           source[:MAX_STAND_IN_NAME]))
+        frames.append((m.group(1)[:MAX_STACK_NAME], int(m.group(2)),
+                       m.group(3)[:MAX_STACK_NAME], source[:MAX_STACK_NAME]))
     # The interruption's own frame (where wfjail raised in the child) is not the workflow's.
     while frames and frames[-1][0].endswith(os.path.join("wfjail", "guest.py")):
         frames.pop()
-    return frames[-MAX_STAND_IN_FRAMES:]
+    return frames[-MAX_STACK_FRAMES:]
 
 
-class _StandInThread:
-    """A thread of the worker whose Python frames carry the child's stack (file, line and
-    function of each frame; the code they run is only a call to the next one), parked until
-    released, so that the SDK's deadlock error, built from a thread's frames, shows where the
-    workflow was. Source lines come from the child's traceback through ``linecache``."""
+def _stack_text(text):
+    """The child's traceback as the worker shows it: its frames (``_parse_stack``), each file
+    marked ``[confined child]``, every field escaped (``_escape``)."""
+    out = []
+    for filename, lineno, name, source in _parse_stack(text):
+        out.append('  File "%s%s", line %d, in %s\n' % (_escape(filename), CHILD_FILE_SUFFIX,
+                                                          lineno, _escape(name)))
+        if source:
+            out.append("    %s\n" % _escape(source))
+    return "".join(out)
 
-    def __init__(self, frames):
-        import functools
-        import linecache
-        import types
 
-        if not frames:
-            raise ValueError("no frames")
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        # The innermost frame blocks in a C call: no frame of ours below the workflow's.
-        call = functools.partial(self._lock.acquire, True, STAND_IN_PARK)
-        for filename, lineno, name, source in reversed(frames):
-            shown = filename + CHILD_FILE_SUFFIX
-            entry = linecache.cache.get(shown)
-            lines = list(entry[2]) if entry and len(entry) == 4 else []
-            lines.extend([""] * (lineno - len(lines)))
-            lines[lineno - 1] = " " + source + "\n"
-            # mtime None: checkcache keeps it and never looks for the file.
-            linecache.cache[shown] = (len(lines), None, lines, shown)
-            # The call to the next frame on the child's line number, spanning at least the
-            # child's source line there (so that no caret marks a part of it).
-            call_text = "_next(" + " " * max(0, len(source) - 7) + ")"
-            src = ("def _f(): " + call_text + "\n" if lineno == 1
-                   else "\n" * (lineno - 2) + "def _f():\n " + call_text + "\n")
-            code = next(c for c in compile(src, shown, "exec").co_consts
-                        if isinstance(c, types.CodeType))
-            code = code.replace(co_name=name, co_qualname=name)
-            call = types.FunctionType(code, {"_next": call, "__builtins__": {}})
-        ready = threading.Event()
+def _deadlocked(act, stack):
+    """The failure of an activation the watchdog interrupted: the SDK's deadlock message,
+    with the workflow's stack as the child told it."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    failure = completion.failed.failure
+    failure.message = ("[TMPRL1101] Potential deadlock detected: workflow didn't yield within "
+                       "%s second(s) (wfjail interrupted it in its confined process; the stack "
+                       "trace is where it was)" % DEADLOCK_INTERRUPT_AFTER)
+    failure.stack_trace = stack
+    failure.source = "wfjail"
+    return completion
 
-        def run(outermost=call):
-            ready.set()
-            outermost()
 
-        self._thread = threading.Thread(target=run, name="wfjail-deadlocked-workflow",
-                                        daemon=True)
-        self._thread.start()
-        ready.wait(1.0)
-        # Until the thread is inside the innermost frame, the SDK could read a shorter stack.
-        for _ in range(100):
-            frame = sys._current_frames().get(self._thread.ident)
-            depth = 0
-            while frame is not None:
-                depth += 1
-                frame = frame.f_back
-            if depth >= len(frames):
-                break
-            time.sleep(0.001)
-        self.ident = self._thread.ident
+class _Watchdog:
+    """One thread of the worker that interrupts confined activations which run past their
+    deadline, or which the SDK suspects of a deadlock: what waits on a child never runs on
+    the worker's event loop."""
 
-    def release(self):
-        try:
-            self._lock.release()
-        except RuntimeError:
-            pass
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._due = {}  # instance -> monotonic deadline
+        self._thread = None
+
+    def arm(self, instance, deadline):
+        with self._cond:
+            wake = not self._due or deadline < min(self._due.values())
+            self._due[instance] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wfjail-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            elif wake:
+                self._cond.notify()
+
+    def disarm(self, instance):
+        with self._cond:
+            self._due.pop(instance, None)
+
+    def interrupt_now(self, instance):
+        """Interrupt ``instance``'s activation now (if it is in progress), off this thread."""
+        with self._cond:
+            if instance in self._due:
+                self._due[instance] = 0.0
+                self._cond.notify()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                overdue = [i for i, d in self._due.items() if d <= now]
+                for i in overdue:
+                    del self._due[i]
+                if not overdue:
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    continue
+            for instance in overdue:
+                try:
+                    instance._interrupt_overdue()
+                except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
+                    logging.getLogger("wfjail.temporal").exception("interrupting a run failed")
+
+
+_WATCHDOG = _Watchdog()
+
+# What a child's text may not carry into the worker's log or a failure: control characters
+# (C0 but the tab, DEL, C1: line breaks, ANSI/OSC escapes) and Unicode line and paragraph
+# separators, each shown as an escape (as `wfjail run` shows a guest's stderr).
+_ESCAPES = {c: "\\x%02x" % c for c in list(range(0x00, 0x20)) + list(range(0x7F, 0xA0))
+            if c != 0x09}
+_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def _escape(text, limit=None):
+    """``text`` from a child, safe for one line of the worker's log: escaped (``_ESCAPES``),
+    and cut to ``limit`` characters (saying how many were left out)."""
+    text = str(text)
+    more = ""
+    if limit is not None and len(text) > limit:
+        more = "... (%d more characters)" % (len(text) - limit)
+        text = text[:limit]
+    return text.translate(_ESCAPES) + more
+
 
 def _split_reply(reply):
     """A child's reply: the completion (protobuf), then JSON: the metric records of the
