@@ -291,5 +291,34 @@ class DeadlockTests(unittest.TestCase):
         self.assertTrue(session.closed)
 
 
+class LogTests(unittest.TestCase):
+    def test_a_childs_log_text_cannot_forge_records_or_send_escapes(self):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("temporalio.workflow")
+        logger.addHandler(handler)
+        old_level = logger.level
+        logger.setLevel(logging.DEBUG)
+        try:
+            on_log = T._log_to_worker(_info())
+            said = ("done\n2026-12-01 ERROR temporalio.worker credentials rotated\r\x1b[2J"
+                    "\x1b]0;owned\x07\u2028\x85tab\tkept " + "x" * 100_000)
+            on_log(logging.INFO, said)
+            on_log(10_000, "loud")
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        text = records[0].getMessage()
+        self.assertTrue(text.startswith(
+            "done\\x0a2026-12-01 ERROR temporalio.worker credentials rotated\\x0d\\x1b[2J"
+            "\\x1b]0;owned\\x07\\u2028\\x85tab\tkept xxx"), text[:200])
+        self.assertTrue(text.endswith("x... (%d more characters)"
+                                      % (len(said) - T.MAX_LOG_TEXT)), text[-60:])
+        self.assertNotIn("\n", text)
+        self.assertEqual(records[0].temporal_workflow["workflow_id"], "wf-a")
+        self.assertEqual(records[1].levelno, logging.CRITICAL)
+
+
 if __name__ == "__main__":
     unittest.main()

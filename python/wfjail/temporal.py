@@ -462,6 +462,8 @@ MAX_STACK_TEXT = 256 * 1024
 MAX_STACK_FRAMES = 64
 MAX_STACK_NAME = 256
 MAX_CHILD_MESSAGE = 4096
+# A log record of a child shows at most this many characters of its text.
+MAX_LOG_TEXT = 16 * 1024
 # Frames of the child show with this after their file name: the worker never reads a file a
 # child names (the source lines are the child's own text), so a hostile workflow cannot get
 # lines of the worker's files into its failure.
@@ -768,7 +770,9 @@ def _upcalls_in_worker(det):
 def _log_to_worker(info):
     """The worker side of the run's log records: they go to the worker's own
     ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
-    ``workflow.logger`` puts it (the text already carries it)."""
+    ``workflow.logger`` puts it (the text already carries it). The text is the child's: one
+    line of the worker's log, escaped (``_escape``: no forged records, no terminal escapes)
+    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL."""
     logger = logging.getLogger("temporalio.workflow")
     extra = {"temporal_workflow": {
         "namespace": info.namespace, "task_queue": info.task_queue,
@@ -777,7 +781,9 @@ def _log_to_worker(info):
     }, "wfjail": True}
 
     def on_log(level, text):
-        logger.log(level, text, extra=extra)
+        level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=extra)
 
     return on_log
 
