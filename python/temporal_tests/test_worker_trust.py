@@ -320,5 +320,44 @@ class LogTests(unittest.TestCase):
         self.assertEqual(records[1].levelno, logging.CRITICAL)
 
 
+class MetricTests(unittest.TestCase):
+    """A child's metric records on the worker's real meter (a Core runtime with a buffer)."""
+
+    def test_a_child_cannot_take_the_workers_names_forge_run_labels_or_flood_series(self):
+        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+
+        buffer = MetricBuffer(100_000)
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+        det = _det(__temporal_get_metric_meter=lambda: runtime.metric_meter)
+        first = [
+            ["gauge", "temporal_workflow_completed", "forged", "ms", 5, {}],
+            ["counter", "jobs", None, None, 1, {"workflow_type": "Victim",
+                                                "namespace": "tenant-b", "k": "v"}],
+            ["counter", "big", None, None, 2**64, {}],
+            ["histogram_float", "inf", None, None, float("inf"), {}],
+            ["gauge", "text", None, None, "12", {}],
+            ["counter", "bad name\n", None, None, 1, {}],
+        ]
+        spray = [["counter", "spray", None, None, 1, {"i": i}] for i in range(4998)]
+        replies = [_reply(WorkflowActivationCompletion(run_id="run-1", successful={}),
+                          {"metrics": batch})
+                   for batch in [first + spray[:994]] + [spray[i:i + 1000]
+                                                         for i in range(994, 4998, 1000)]]
+        inst = T._JailedInstance(FakeSession(*replies), det)
+        for _ in replies:
+            self.assertTrue(inst.activate(_activation()).HasField("successful"))
+        updates = buffer.retrieve_updates()
+        names = {u.metric.name for u in updates}
+        self.assertEqual(names, {"jobs", "spray"})
+        jobs = [dict(u.attributes) for u in updates if u.metric.name == "jobs"]
+        self.assertEqual(len(jobs), 1)
+        self.assertEqual((jobs[0]["namespace"], jobs[0]["workflow_type"],
+                          jobs[0]["task_queue"], jobs[0]["k"]),
+                         ("tenant-a", "Honest", "queue-a", "v"))
+        series = {tuple(sorted(dict(u.attributes).items())) for u in updates
+                  if u.metric.name == "spray"}
+        self.assertEqual(len(series), T.MAX_METRIC_SERIES - 1)
+
+
 if __name__ == "__main__":
     unittest.main()

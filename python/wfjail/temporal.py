@@ -98,11 +98,16 @@ class JailedWorkflowRunner(WorkflowRunner):
     checks in the child, the kernel's around it). ``policies``: a policy per workflow (by
     class or workflow type name; a class may also say ``wfjail_policy = "..."``), each with a
     server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
+    ``reserved_metric_prefixes``: metric names a workflow may not use (the worker's own, so
+    that a child cannot register one first; default ``("temporal_",)``, the SDK's and Core's).
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
-                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None):
+                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None,
+                 reserved_metric_prefixes=None):
         self._policy = policy
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metric_prefixes
+                                       is None else reserved_metric_prefixes)
         # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
         self._policies = {getattr(k, "__temporal_workflow_definition", None) and
                           k.__temporal_workflow_definition.name or k: v
@@ -154,7 +159,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det)
+        return _JailedInstance(session, det, self._reserved_metrics)
 
     def _policy_of(self, defn):
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -301,9 +306,11 @@ def _recipe(det, failure_types):
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
 
-    def __init__(self, session, det):
+    def __init__(self, session, det, reserved_metrics=None):
         self._session = session
         self._det = det
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
+                                       else reserved_metrics)
         self._context = temporalio.converter.WorkflowSerializationContext(
             namespace=det.info.namespace, workflow_id=det.info.workflow_id)
         # (command type, seq) -> the serialization context of a command the run issued, derived
@@ -321,6 +328,8 @@ class _JailedInstance(WorkflowInstance):
         # Whether the activation in progress ran past DEADLOCK_INTERRUPT_AFTER (or the SDK
         # suspected a deadlock) and was interrupted for it: it then fails as deadlocked.
         self._overdue = False
+        # The metric series the run's child has added (at most MAX_METRIC_SERIES).
+        self._metric_series = set()
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -360,7 +369,8 @@ class _JailedInstance(WorkflowInstance):
             self._contexts.update(_command_contexts(self._det.info, completion))
             while len(self._contexts) > MAX_COMMAND_CONTEXTS:
                 del self._contexts[next(iter(self._contexts))]
-            _record_metrics(self._det, metrics)
+            _record_metrics(self._det, metrics, self._metric_series,
+                            self._reserved_metrics)
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
@@ -694,39 +704,118 @@ def _resolved_keys(act):
     return keys
 
 
-# What a metric record may create, by kind: (the meter's method, how the value is taken).
+# What a metric record may create, by kind: (the meter's method, the operation, the values
+# taken: whole numbers from 0 below 2**63, or finite floats; how the value is passed).
 _METRICS = {
-    "counter": ("create_counter", int),
-    "histogram": ("create_histogram", int),
-    "histogram_float": ("create_histogram_float", float),
-    "histogram_timedelta": ("create_histogram_timedelta",
-                            lambda ms: datetime.timedelta(milliseconds=float(ms))),
-    "gauge": ("create_gauge", int),
-    "gauge_float": ("create_gauge_float", float),
+    "counter": ("create_counter", "add", int, int),
+    "histogram": ("create_histogram", "record", int, int),
+    "histogram_float": ("create_histogram_float", "record", float, float),
+    "histogram_timedelta": ("create_histogram_timedelta", "record", float,
+                            lambda ms: datetime.timedelta(milliseconds=ms)),
+    "gauge": ("create_gauge", "set", int, int),
+    "gauge_float": ("create_gauge_float", "set", float, float),
 }
+# A child's metric name is an OpenTelemetry instrument name: a letter, then letters, digits,
+# "_", ".", "-" or "/", at most 255 in all; none of the worker's own (RESERVED_METRIC_PREFIXES:
+# the SDK's and Core's metrics are "temporal_..."), so that a child cannot register one of
+# them first with another kind or unit.
+_METRIC_NAME = None
+RESERVED_METRIC_PREFIXES = ("temporal_",)
+# The attributes the worker sets on a run's metrics from the run's own info (as the SDK's
+# workflow.metric_meter() does in process): a child's values for them are dropped.
+RUN_METRIC_ATTRIBUTES = ("namespace", "task_queue", "workflow_type")
+# Per run: distinct series (kind, name and attributes) at most; per record: attributes at most,
+# and characters of an attribute's key or text value, a description or a unit.
+MAX_METRIC_SERIES = 200
+MAX_METRIC_ATTRIBUTES = 16
+MAX_METRIC_TEXT = 256
 
 
-def _record_metrics(det, records):
+def _metric_value(value, taken):
+    """The child's value if it is one a metric of its kind takes, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if taken is int:
+        return value if isinstance(value, int) and 0 <= value < 2**63 else None
+    value = float(value)  # an int beyond a float's range raises OverflowError: the caller drops it
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _metric_attributes(attributes):
+    """The child's attributes that the worker keeps (bounded, plain, not the run's own), or
+    None when the record is to be dropped."""
+    if not isinstance(attributes, dict) or len(attributes) > MAX_METRIC_ATTRIBUTES + len(
+            RUN_METRIC_ATTRIBUTES):
+        return None
+    out = {}
+    for k, v in attributes.items():
+        if not isinstance(k, str) or not k or len(k) > MAX_METRIC_TEXT:
+            return None
+        if k in RUN_METRIC_ATTRIBUTES:
+            continue
+        if isinstance(v, str):
+            if len(v) > MAX_METRIC_TEXT:
+                return None
+        elif isinstance(v, bool):
+            pass
+        elif isinstance(v, int):
+            if not -2**63 <= v < 2**63:
+                return None
+        elif isinstance(v, float):
+            if v != v or abs(v) == float("inf"):
+                return None
+        else:
+            return None
+        out[k] = v
+    return out if len(out) <= MAX_METRIC_ATTRIBUTES else None
+
+
+def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
     """Replays the child's metric records on the worker's own meter (what
-    ``workflow.metric_meter()`` gives in process); a malformed record is dropped."""
+    ``workflow.metric_meter()`` gives in process: the run's namespace, task queue and
+    workflow type as attributes, set here from the run's info). At most
+    ``_MAX_METRIC_RECORDS`` records of a completion are taken; one that is malformed, names
+    one of the worker's metrics (``reserved``: name prefixes), carries a value its kind does not take or would add a
+    series past MAX_METRIC_SERIES for the run (``series``: the run's set of them) is
+    dropped."""
+    global _METRIC_NAME
     if not records:
         return
     meter = det.extern_functions.get("__temporal_get_metric_meter")
     if meter is None:
         return
-    meter = meter()
-    for r in records:
+    reserved = tuple(reserved)
+    if _METRIC_NAME is None:
+        import re
+
+        _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,254}\Z")
+    meter = None
+    for r in records[:_MAX_METRIC_RECORDS]:
         try:
             kind, name, description, unit, value, attributes = r
-            make, conv = _METRICS[kind]
-            if not isinstance(name, str) or not isinstance(attributes, dict) or not all(
-                    isinstance(v, (str, int, float, bool)) for v in attributes.values()):
+            make, op, taken, conv = _METRICS[kind]
+            if (not isinstance(name, str) or not _METRIC_NAME.match(name)
+                    or name.startswith(reserved)):
                 continue
-            metric = getattr(meter, make)(name, description if isinstance(description, str)
-                                          else None, unit if isinstance(unit, str) else None)
-            op = {"counter": "add", "gauge": "set", "gauge_float": "set"}.get(kind, "record")
+            value = _metric_value(value, taken)
+            attributes = _metric_attributes(attributes)
+            if value is None or attributes is None:
+                continue
+            key = (kind, name, tuple(sorted(attributes.items())))
+            if key not in series:
+                if len(series) >= MAX_METRIC_SERIES:
+                    continue
+                series.add(key)
+            if meter is None:
+                info = det.info
+                meter = det.extern_functions["__temporal_get_metric_meter"]()
+                meter = meter.with_additional_attributes({
+                    "namespace": info.namespace, "task_queue": info.task_queue,
+                    "workflow_type": info.workflow_type})
+            text = lambda t: t if isinstance(t, str) and len(t) <= MAX_METRIC_TEXT else None  # noqa: E731
+            metric = getattr(meter, make)(name, text(description), text(unit))
             getattr(metric, op)(conv(value), attributes)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
 
 
