@@ -359,5 +359,17 @@ class MetricTests(unittest.TestCase):
         self.assertEqual(len(series), T.MAX_METRIC_SERIES - 1)
 
 
+class ReplyTests(unittest.TestCase):
+    def test_a_malformed_reply_fails_the_task_and_a_completion_is_the_runs_own(self):
+        other = WorkflowActivationCompletion(run_id="another-run", successful={})
+        inst = T._JailedInstance(FakeSession(
+            struct.pack(">I", 3) + b"\xff\xff\xff" + b"[" * 100_000,
+            _reply(other) + b"[" * 100_000), _det())
+        failed = inst.activate(_activation())
+        self.assertIn("not a WorkflowActivationCompletion", failed.failed.failure.message)
+        done = inst.activate(_activation())
+        self.assertEqual((done.run_id, done.HasField("successful")), ("run-1", True))
+
+
 if __name__ == "__main__":
     unittest.main()

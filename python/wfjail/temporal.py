@@ -362,6 +362,7 @@ class _JailedInstance(WorkflowInstance):
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
             completion, metrics = _split_reply(reply)
+            completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
             for key in _resolved_keys(act):
@@ -611,10 +612,16 @@ def _split_reply(reply):
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
-    completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
+    from google.protobuf.message import DecodeError
+
+    try:
+        completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
+    except DecodeError as e:
+        raise ProtocolError("payload", "the child's completion is not a "
+                            "WorkflowActivationCompletion: %s" % e) from None
     try:
         doc = json.loads(reply[4 + n:] or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = {}
     if not isinstance(doc, dict):
         doc = {}
