@@ -551,6 +551,42 @@ class JailedRunnerTests(unittest.TestCase):
         self.assertEqual(jailed["wfjail_example_runs"], (1, "example", "Measured", None))
         self.assertEqual(jailed["wfjail_example_size"], (2.5, None, "Measured", "items"))
 
+    def test_a_workflow_that_lies_to_the_worker_from_its_child_is_not_believed(self):
+        # From inside the child it logs a forged record with terminal escapes and sends metric
+        # records under the SDK's names, with another workflow's labels, and values (2**64,
+        # inf) that raised in the worker: its log is one escaped line, the rest is dropped,
+        # and the run completes.
+        import logging
+
+        import liar_workflows
+        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+
+        buffer = MetricBuffer(10000)
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+
+        async def go():
+            await self.server.client()  # the server is up
+            client = await Client.connect(self.server.target, runtime=runtime)
+            queue = "liar-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=[liar_workflows.Liar],
+                              workflow_runner=JailedWorkflowRunner()):
+                return await asyncio.wait_for(client.execute_workflow(
+                    liar_workflows.Liar.run, id=str(uuid.uuid4()), task_queue=queue), 60)
+
+        with _Capture("temporalio.workflow", logging.INFO) as kept:
+            self.assertEqual(self.run_async(go()), "lied")
+        logged = [r.getMessage() for r in kept if getattr(r, "wfjail", False)]
+        self.assertTrue(any(m.startswith(
+            "lied\\x0a2026-12-01 ERROR temporalio.worker forged record\\x1b]0;owned\\x07")
+            for m in logged), logged)
+        self.assertFalse([m for m in logged if "\n" in m or "\x1b" in m], logged)
+        updates = buffer.retrieve_updates()
+        self.assertFalse([u.metric.name for u in updates
+                          if u.metric.description == "forged-by-liar"])
+        ok = [dict(u.attributes) for u in updates if u.metric.name == "liar_ok"]
+        self.assertEqual([(a["workflow_type"], a["namespace"]) for a in ok],
+                         [("Liar", "default")])
+
     def test_two_hundred_concurrent_workflows_complete(self):
         async def go():
             client = await self.server.client()
