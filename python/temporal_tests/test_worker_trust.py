@@ -152,6 +152,16 @@ class SerializationContextTests(unittest.TestCase):
         inst.activate(_activation())
         self.assertEqual(len(inst._contexts), T.MAX_COMMAND_CONTEXTS)
 
+    def test_a_command_with_an_oversized_name_keeps_no_context(self):
+        act_kind = int(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK)
+        completion = self._completion([1, 2])
+        completion.successful.commands[0].schedule_activity.activity_type = "a" * 1_000_000
+        inst = T._JailedInstance(FakeSession(_reply(completion)), _det())
+        inst.activate(_activation(_start_job()))
+        self.assertEqual(list(inst._contexts), [(act_kind, 2)])
+        ctx = inst.get_serialization_context(CommandInfo(act_kind, 1))
+        self.assertEqual(type(ctx).__name__, "WorkflowSerializationContext")
+
 
 def _interrupted_failure(stack, message="wfjail.Interrupted: the worker interrupted this call"):
     completion = WorkflowActivationCompletion(run_id="run-1")

@@ -632,6 +632,9 @@ def _split_reply(reply):
 # At most this many command contexts are kept per run (the oldest go first; a command whose
 # context went gets the workflow's own, the run's namespace and workflow id).
 MAX_COMMAND_CONTEXTS = 10_000
+# A command with a longer name or id (the server refuses ids and names past 1,000 characters
+# by default) gets the workflow's context: what a run keeps stays small.
+MAX_CONTEXT_FIELD = 1000
 
 
 def _command_contexts(info, completion):
@@ -683,7 +686,10 @@ def _command_contexts(info, completion):
                 out[(CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION, v.seq)] = (
                     NexusSerializationContext(endpoint=v.endpoint, service=v.service,
                                               operation=v.operation))
-    return out
+    return {k: ctx for k, ctx in out.items()
+            if not any(isinstance(getattr(ctx, f.name), str)
+                       and len(getattr(ctx, f.name)) > MAX_CONTEXT_FIELD
+                       for f in dataclasses.fields(ctx))}
 
 
 def _resolved_keys(act):
