@@ -84,6 +84,30 @@ class TypedJsonTest(unittest.TestCase):
         # An enum the worker did not declare arrives as its value.
         self.assertEqual(decode(wire(Kind.CLIENT)), 3)
 
+    def test_an_argument_not_of_the_declared_type_is_refused(self):
+        def completed(params: Params):
+            return None
+
+        good = wire(Params({}, "n", None, 1, None, None, Kind.CLIENT, False))
+        self.assertIsInstance(decode_args(completed, [good])[0], Params)
+        # An int, a forged enum, a plain dict or nothing where the dataclass is declared.
+        for forged in (5, {"$wfjail:enum": [typed_json._qualname(Kind), 3]},
+                       {"$wfjail:enum": ["victim.Span", 1]}, good["$wfjail:dataclass"][1],
+                       None, [1]):
+            with self.assertRaisesRegex(ValueError, "where .*declared"):
+                decode_args(completed, [forged])
+        # Inside it, each field as declared: a string for an int, None for a str, a plain
+        # value for the enum, a list for a dict.
+        for field, value in (("time_ns", "12"), ("name", None), ("kind", 3),
+                             ("context", ["a"]), ("parent_missing", "yes")):
+            forged = json.loads(json.dumps(good))
+            forged["$wfjail:dataclass"][1][field] = value
+            with self.assertRaisesRegex(ValueError, "where .*declared"):
+                decode_args(completed, [forged])
+        # An int is a float (PEP 484); any exception class takes the child's stand-in.
+        self.assertEqual(decode(1, float), 1)
+        self.assertIsInstance(decode(wire(failing()), ValueError), ChildException)
+
     def test_bytes_tuples_and_plain_json_round_trip(self):
         v = {"b": b"\x00\xff", "t": (1, "a"), "l": [None, True, 1.5]}
         self.assertEqual(decode(wire(v)), v)

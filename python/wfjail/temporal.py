@@ -98,11 +98,16 @@ class JailedWorkflowRunner(WorkflowRunner):
     checks in the child, the kernel's around it). ``policies``: a policy per workflow (by
     class or workflow type name; a class may also say ``wfjail_policy = "..."``), each with a
     server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
+    ``reserved_metric_prefixes``: metric names a workflow may not use (the worker's own, so
+    that a child cannot register one first; default ``("temporal_",)``, the SDK's and Core's).
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
-                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None):
+                 preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None,
+                 reserved_metric_prefixes=None):
         self._policy = policy
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metric_prefixes
+                                       is None else reserved_metric_prefixes)
         # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
         self._policies = {getattr(k, "__temporal_workflow_definition", None) and
                           k.__temporal_workflow_definition.name or k: v
@@ -154,7 +159,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det)
+        return _JailedInstance(session, det, self._reserved_metrics)
 
     def _policy_of(self, defn):
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -301,13 +306,17 @@ def _recipe(det, failure_types):
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
 
-    def __init__(self, session, det):
+    def __init__(self, session, det, reserved_metrics=None):
         self._session = session
         self._det = det
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
+                                       else reserved_metrics)
         self._context = temporalio.converter.WorkflowSerializationContext(
             namespace=det.info.namespace, workflow_id=det.info.workflow_id)
-        # (command type, seq) -> the serialization context the child gave for that command,
-        # sent ahead with each completion (the payload codec asks between activations).
+        # (command type, seq) -> the serialization context of a command the run issued, derived
+        # here from the run's own info and the command itself (the payload codec asks between
+        # activations: for the command's payloads, then for its result's); a key leaves when
+        # an activation resolves it, and at most MAX_COMMAND_CONTEXTS are kept.
         self._contexts = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
         # as deadlocked and evicts the run), and whether the eviction aborted it.
@@ -316,11 +325,11 @@ class _JailedInstance(WorkflowInstance):
         self._interrupting = False
         self._idle = threading.Event()
         self._state = threading.Lock()
-        # The SDK's deadlock error: the stack of the stuck workflow, told by the interrupted
-        # child, and the stand-in thread that shows it (get_thread_id).
-        self._stack = None
-        self._stack_told = threading.Event()
-        self._stand_in = None
+        # Whether the activation in progress ran past DEADLOCK_INTERRUPT_AFTER (or the SDK
+        # suspected a deadlock) and was interrupted for it: it then fails as deadlocked.
+        self._overdue = False
+        # The metric series the run's child has added (at most MAX_METRIC_SERIES).
+        self._metric_series = set()
 
     def activate(self, act):
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -343,21 +352,45 @@ class _JailedInstance(WorkflowInstance):
             return _evicted(act)
         self._calling = True
         self._idle.clear()
+        # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
+        # nothing is interrupted there.
+        watched = asyncio._get_running_loop() is None
+        if watched:
+            _WATCHDOG.arm(self, time.monotonic() + DEADLOCK_INTERRUPT_AFTER)
         try:
             reply = self._session.call(
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, contexts, metrics = _split_reply(reply)
-            self._contexts.update(contexts)
-            _record_metrics(self._det, metrics)
+            completion, metrics = _split_reply(reply)
+            completion.run_id = act.run_id  # the run's own, whatever the child said
+            # The activation's results were decoded before this call (with these contexts):
+            # what it resolved is done with them; the completion's commands bring theirs.
+            for key in _resolved_keys(act):
+                self._contexts.pop(key, None)
+            self._contexts.update(_command_contexts(self._det.info, completion))
+            while len(self._contexts) > MAX_COMMAND_CONTEXTS:
+                del self._contexts[next(iter(self._contexts))]
+            _record_metrics(self._det, metrics, self._metric_series,
+                            self._reserved_metrics)
+            where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
-                self._stack = failure.stack_trace
-                self._stack_told.set()
+                # The child's words, bounded and escaped: frames parsed from its traceback
+                # (at most MAX_STACK_FRAMES, the innermost), never a file it names read.
+                where = _stack_text(failure.stack_trace)
                 logging.getLogger("wfjail.temporal").warning(
                     "workflow %s (run %s) did not yield; where it was when interrupted:\n%s%s",
-                    self._det.info.workflow_type, self._det.info.run_id,
-                    failure.stack_trace, failure.message)
+                    self._det.info.workflow_type, self._det.info.run_id, where,
+                    _escape(failure.message, MAX_CHILD_MESSAGE))
+            if self._overdue:
+                # Interrupted in the middle of workflow code, the child's instance is no
+                # longer the run's: the session ends after this call (the SDK evicts the
+                # run after a failed task and replays it in a new child).
+                with self._state:
+                    self._aborted = True
+                if evicting:
+                    return _evicted(act)
+                return _deadlocked(act, where)
             violations = self._session.violations
             # Under a warn policy (permissive) nothing was denied: the worker hears of it.
             warned = [v for v in violations if v.get("action") == "warned"]
@@ -371,6 +404,10 @@ class _JailedInstance(WorkflowInstance):
         except GuestError as e:
             if evicting:
                 return _evicted(act)
+            if self._overdue:  # interrupted outside the workflow's own code
+                with self._state:
+                    self._aborted = True
+                return _deadlocked(act, _stack_text(e.traceback or ""))
             return _failed(act, "%s: %s\n%s" % (e.type, e.message, e.traceback))
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
@@ -378,6 +415,8 @@ class _JailedInstance(WorkflowInstance):
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
+            if watched:
+                _WATCHDOG.disarm(self)
             with self._state:
                 self._calling = False
                 close = evicting or self._aborted
@@ -386,26 +425,25 @@ class _JailedInstance(WorkflowInstance):
                 self._session.close()
 
     def get_thread_id(self):
-        """The SDK calls this when an activation did not yield within its deadlock timeout,
-        to build ``[TMPRL1101] Potential deadlock detected`` from that thread's stack, then
-        again to interrupt it. The workflow runs in the child, so the first call interrupts
-        the child (which answers with where the workflow was) and returns a stand-in thread
-        whose frames are the workflow's; the second ends the stand-in."""
-        if self._stand_in is not None:
-            self._stand_in.release()
-            self._stand_in = None
-            return None
-        if not self._calling or self._interrupting:
-            return None
-        self._interrupting = True
+        """The SDK calls this on the worker's event loop when an activation did not yield
+        within its deadlock timeout, to build ``[TMPRL1101] Potential deadlock detected``
+        from that thread's stack, then again to interrupt it. It never waits for the child
+        (the loop serves every run of the worker): it asks the watchdog thread to interrupt
+        the child and returns None (the SDK's error then has no frames). The child's stack
+        comes with its answer, on the activation's thread: logged on ``wfjail.temporal``, and
+        in the deadlock failure when the watchdog interrupted it before the SDK's timeout
+        (``DEADLOCK_INTERRUPT_AFTER``)."""
+        _WATCHDOG.interrupt_now(self)
+        return None
+
+    def _interrupt_overdue(self):
+        """(On the watchdog's thread.) Interrupts the activation in progress, once."""
+        with self._state:
+            if not self._calling or self._interrupting:
+                return
+            self._interrupting = True
+            self._overdue = True
         self._session.interrupt()
-        if not self._stack_told.wait(DEADLOCK_STACK_WAIT) or not self._stack:
-            return None  # stuck outside Python code: the eviction ends it
-        try:
-            self._stand_in = _StandInThread(_parse_stack(self._stack))
-        except Exception:  # noqa: BLE001  (no stand-in: the SDK's message has no stack)
-            return None
-        return self._stand_in.ident
 
     def get_serialization_context(self, command_info):
         if command_info is None:
@@ -424,18 +462,22 @@ class _JailedInstance(WorkflowInstance):
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
-# How long the SDK's deadlock handler (on the worker's event loop) waits for the child's
-# stack; past it the deadlock error has no stack and the eviction ends the child.
-DEADLOCK_STACK_WAIT = 0.5
-# A stand-in thread parks at most this long (the SDK reads it at once).
-STAND_IN_PARK = 10.0
-# Bounds on a stack a child tells: frames, line numbers, name lengths.
-MAX_STAND_IN_FRAMES = 200
-MAX_STAND_IN_LINE = 100_000
-MAX_STAND_IN_NAME = 1024
-# Frames of the child show with this after their file name: the worker never reads the file
-# a child names (linecache gets the child's own source lines instead), so a hostile
-# workflow cannot get lines of the worker's files into its failure.
+# An activation still running this long after it was sent is interrupted (by the watchdog
+# thread, off the worker's event loop), so that its stack reaches the deadlock failure before
+# the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
+DEADLOCK_INTERRUPT_AFTER = 1.5
+# Bounds on a stack a child tells: the text read (its end: the innermost frames), frames kept,
+# digits of a line number, length of a file or function name or a source line; and on the
+# message of its failure.
+MAX_STACK_TEXT = 256 * 1024
+MAX_STACK_FRAMES = 64
+MAX_STACK_NAME = 256
+MAX_CHILD_MESSAGE = 4096
+# A log record of a child shows at most this many characters of its text.
+MAX_LOG_TEXT = 16 * 1024
+# Frames of the child show with this after their file name: the worker never reads a file a
+# child names (the source lines are the child's own text), so a hostile workflow cannot get
+# lines of the worker's files into its failure.
 CHILD_FILE_SUFFIX = " [confined child]"
 
 _FRAME_LINE = None
@@ -443,14 +485,16 @@ _FRAME_LINE = None
 
 def _parse_stack(text):
     """[(file, line, function, source line)] from a Python traceback's text, outermost
-    first (the child's failure stack trace)."""
+    first (the child's failure stack trace): at most MAX_STACK_FRAMES, the innermost, each
+    field bounded. Only the last MAX_STACK_TEXT characters are read."""
     import re
 
     global _FRAME_LINE
     if _FRAME_LINE is None:
-        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d{1,9}), in (.*)$')
     frames = []
-    lines = text.splitlines()
+    # Split on newlines only: other line breaks a child puts in a field stay in it (escaped).
+    lines = text[-MAX_STACK_TEXT:].split("\n")
     for i, line in enumerate(lines):
         m = _FRAME_LINE.match(line)
         if not m:
@@ -458,172 +502,334 @@ def _parse_stack(text):
         source = ""
         if i + 1 < len(lines) and not _FRAME_LINE.match(lines[i + 1]):
             source = lines[i + 1].strip()
-        n = int(m.group(2))
-        if 1 <= n <= MAX_STAND_IN_LINE:
-            frames.append((m.group(1)[:MAX_STAND_IN_NAME], n, m.group(3)[:MAX_STAND_IN_NAME],
-                           source[:MAX_STAND_IN_NAME]))
+        frames.append((m.group(1)[:MAX_STACK_NAME], int(m.group(2)),
+                       m.group(3)[:MAX_STACK_NAME], source[:MAX_STACK_NAME]))
     # The interruption's own frame (where wfjail raised in the child) is not the workflow's.
     while frames and frames[-1][0].endswith(os.path.join("wfjail", "guest.py")):
         frames.pop()
-    return frames[-MAX_STAND_IN_FRAMES:]
+    return frames[-MAX_STACK_FRAMES:]
 
 
-class _StandInThread:
-    """A thread of the worker whose Python frames carry the child's stack (file, line and
-    function of each frame; the code they run is only a call to the next one), parked until
-    released, so that the SDK's deadlock error, built from a thread's frames, shows where the
-    workflow was. Source lines come from the child's traceback through ``linecache``."""
+def _stack_text(text):
+    """The child's traceback as the worker shows it: its frames (``_parse_stack``), each file
+    marked ``[confined child]``, every field escaped (``_escape``)."""
+    out = []
+    for filename, lineno, name, source in _parse_stack(text):
+        out.append('  File "%s%s", line %d, in %s\n' % (_escape(filename), CHILD_FILE_SUFFIX,
+                                                          lineno, _escape(name)))
+        if source:
+            out.append("    %s\n" % _escape(source))
+    return "".join(out)
 
-    def __init__(self, frames):
-        import functools
-        import linecache
-        import types
 
-        if not frames:
-            raise ValueError("no frames")
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        # The innermost frame blocks in a C call: no frame of ours below the workflow's.
-        call = functools.partial(self._lock.acquire, True, STAND_IN_PARK)
-        for filename, lineno, name, source in reversed(frames):
-            shown = filename + CHILD_FILE_SUFFIX
-            entry = linecache.cache.get(shown)
-            lines = list(entry[2]) if entry and len(entry) == 4 else []
-            lines.extend([""] * (lineno - len(lines)))
-            lines[lineno - 1] = " " + source + "\n"
-            # mtime None: checkcache keeps it and never looks for the file.
-            linecache.cache[shown] = (len(lines), None, lines, shown)
-            # The call to the next frame on the child's line number, spanning at least the
-            # child's source line there (so that no caret marks a part of it).
-            call_text = "_next(" + " " * max(0, len(source) - 7) + ")"
-            src = ("def _f(): " + call_text + "\n" if lineno == 1
-                   else "\n" * (lineno - 2) + "def _f():\n " + call_text + "\n")
-            code = next(c for c in compile(src, shown, "exec").co_consts
-                        if isinstance(c, types.CodeType))
-            code = code.replace(co_name=name, co_qualname=name)
-            call = types.FunctionType(code, {"_next": call, "__builtins__": {}})
-        ready = threading.Event()
+def _deadlocked(act, stack):
+    """The failure of an activation the watchdog interrupted: the SDK's deadlock message,
+    with the workflow's stack as the child told it."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    failure = completion.failed.failure
+    failure.message = ("[TMPRL1101] Potential deadlock detected: workflow didn't yield within "
+                       "%s second(s) (wfjail interrupted it in its confined process; the stack "
+                       "trace is where it was)" % DEADLOCK_INTERRUPT_AFTER)
+    failure.stack_trace = stack
+    failure.source = "wfjail"
+    return completion
 
-        def run(outermost=call):
-            ready.set()
-            outermost()
 
-        self._thread = threading.Thread(target=run, name="wfjail-deadlocked-workflow",
-                                        daemon=True)
-        self._thread.start()
-        ready.wait(1.0)
-        # Until the thread is inside the innermost frame, the SDK could read a shorter stack.
-        for _ in range(100):
-            frame = sys._current_frames().get(self._thread.ident)
-            depth = 0
-            while frame is not None:
-                depth += 1
-                frame = frame.f_back
-            if depth >= len(frames):
-                break
-            time.sleep(0.001)
-        self.ident = self._thread.ident
+class _Watchdog:
+    """One thread of the worker that interrupts confined activations which run past their
+    deadline, or which the SDK suspects of a deadlock: what waits on a child never runs on
+    the worker's event loop."""
 
-    def release(self):
-        try:
-            self._lock.release()
-        except RuntimeError:
-            pass
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._due = {}  # instance -> monotonic deadline
+        self._thread = None
 
-# The serialization contexts a child may send (plain data: rebuilt field by field, nothing
-# else is ever constructed from what a child says).
-_CONTEXTS = ("WorkflowSerializationContext", "ActivitySerializationContext",
-             "NexusSerializationContext")
+    def arm(self, instance, deadline):
+        with self._cond:
+            wake = not self._due or deadline < min(self._due.values())
+            self._due[instance] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wfjail-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            elif wake:
+                self._cond.notify()
+
+    def disarm(self, instance):
+        with self._cond:
+            self._due.pop(instance, None)
+
+    def interrupt_now(self, instance):
+        """Interrupt ``instance``'s activation now (if it is in progress), off this thread."""
+        with self._cond:
+            if instance in self._due:
+                self._due[instance] = 0.0
+                self._cond.notify()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                overdue = [i for i, d in self._due.items() if d <= now]
+                for i in overdue:
+                    del self._due[i]
+                if not overdue:
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    continue
+            for instance in overdue:
+                try:
+                    instance._interrupt_overdue()
+                except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
+                    logging.getLogger("wfjail.temporal").exception("interrupting a run failed")
+
+
+_WATCHDOG = _Watchdog()
+
+# What a child's text may not carry into the worker's log or a failure: control characters
+# (C0 but the tab, DEL, C1: line breaks, ANSI/OSC escapes) and Unicode line and paragraph
+# separators, each shown as an escape (as `wfjail run` shows a guest's stderr).
+_ESCAPES = {c: "\\x%02x" % c for c in list(range(0x00, 0x20)) + list(range(0x7F, 0xA0))
+            if c != 0x09}
+_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def _escape(text, limit=None):
+    """``text`` from a child, safe for one line of the worker's log: escaped (``_ESCAPES``),
+    and cut to ``limit`` characters (saying how many were left out)."""
+    text = str(text)
+    more = ""
+    if limit is not None and len(text) > limit:
+        more = "... (%d more characters)" % (len(text) - limit)
+        text = text[:limit]
+    return text.translate(_ESCAPES) + more
 
 
 def _split_reply(reply):
-    """A child's reply: the completion (protobuf), then JSON: the contexts of its commands and
-    the metric records of the activation."""
+    """A child's reply: the completion (protobuf), then JSON: the metric records of the
+    activation. (Anything else in the JSON is ignored: the serialization contexts of the
+    completion's commands are the worker's own, ``_command_contexts``.)"""
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
-    completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
-    contexts = {}
+    from google.protobuf.message import DecodeError
+
+    try:
+        completion = WorkflowActivationCompletion.FromString(reply[4:4 + n])
+    except DecodeError as e:
+        raise ProtocolError("payload", "the child's completion is not a "
+                            "WorkflowActivationCompletion: %s" % e) from None
     try:
         doc = json.loads(reply[4 + n:] or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = {}
     if not isinstance(doc, dict):
         doc = {}
     metrics = doc.get("metrics") if isinstance(doc.get("metrics"), list) else []
-    for entry in doc.get("contexts") if isinstance(doc.get("contexts"), list) else []:
-        try:
-            kind, seq, name, fields = entry
-            if name not in _CONTEXTS or not isinstance(fields, dict):
-                continue
-            cls = getattr(temporalio.converter, name)
-            known = {f.name for f in dataclasses.fields(cls)}
-            if set(fields) - known or not all(
-                    v is None or isinstance(v, (str, bool)) for v in fields.values()):
-                continue
-            contexts[(int(kind), int(seq))] = cls(**fields)
-        except (TypeError, ValueError):
-            continue
-    return completion, contexts, metrics
+    return completion, metrics
 
 
-# What a metric record may create, by kind: (the meter's method, how the value is taken).
+# At most this many command contexts are kept per run (the oldest go first; a command whose
+# context went gets the workflow's own, the run's namespace and workflow id).
+MAX_COMMAND_CONTEXTS = 10_000
+# A command with a longer name or id (the server refuses ids and names past 1,000 characters
+# by default) gets the workflow's context: what a run keeps stays small.
+MAX_CONTEXT_FIELD = 1000
+
+
+def _command_contexts(info, completion):
+    """{(command type, seq): serialization context} of the completion's commands, as the
+    SDK's ``get_serialization_context`` gives them in process, derived from the run's own
+    ``info`` (namespace, workflow id and type, task queue) and the commands' fields: nothing
+    the child says about a context is taken, and the namespace is always the run's."""
+    from temporalio.api.enums.v1 import CommandType
+    from temporalio.converter import (
+        ActivitySerializationContext,
+        NexusSerializationContext,
+        WorkflowSerializationContext,
+    )
+
+    out = {}
+    for c in completion.successful.commands:
+        which = c.WhichOneof("variant")
+        if which in ("schedule_activity", "schedule_local_activity"):
+            v = getattr(c, which)
+            local = which == "schedule_local_activity"
+            out[(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, v.seq)] = (
+                ActivitySerializationContext(
+                    namespace=info.namespace, workflow_id=info.workflow_id,
+                    workflow_type=info.workflow_type, activity_type=v.activity_type,
+                    # The SDK's context has the id the workflow gave, None when it gave none
+                    # (the command then carries the seq as the id).
+                    activity_id=None if v.activity_id == str(v.seq) else v.activity_id,
+                    activity_task_queue=(info.task_queue if local
+                                         else v.task_queue or info.task_queue),
+                    is_local=local))
+        elif which == "start_child_workflow_execution":
+            v = c.start_child_workflow_execution
+            out[(CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION, v.seq)] = (
+                WorkflowSerializationContext(namespace=info.namespace,
+                                             workflow_id=v.workflow_id))
+        elif which == "signal_external_workflow_execution":
+            v = c.signal_external_workflow_execution
+            out[(CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION, v.seq)] = (
+                WorkflowSerializationContext(
+                    namespace=info.namespace,
+                    workflow_id=v.child_workflow_id or v.workflow_execution.workflow_id))
+        elif which == "schedule_nexus_operation":
+            v = c.schedule_nexus_operation
+            import temporalio.nexus.system
+
+            # A system endpoint's context is built from the operation's input object, which
+            # only the child has: such a command gets the workflow's context.
+            if not temporalio.nexus.system.is_system_endpoint(v.endpoint):
+                out[(CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION, v.seq)] = (
+                    NexusSerializationContext(endpoint=v.endpoint, service=v.service,
+                                              operation=v.operation))
+    return {k: ctx for k, ctx in out.items()
+            if not any(isinstance(getattr(ctx, f.name), str)
+                       and len(getattr(ctx, f.name)) > MAX_CONTEXT_FIELD
+                       for f in dataclasses.fields(ctx))}
+
+
+def _resolved_keys(act):
+    """The command keys whose last payloads an activation carries (their results)."""
+    from temporalio.api.enums.v1 import CommandType
+
+    keys = []
+    for job in act.jobs:
+        which = job.WhichOneof("variant")
+        if which == "resolve_activity":
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, job.resolve_activity.seq))
+        elif which == "resolve_child_workflow_execution":
+            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
+                         job.resolve_child_workflow_execution.seq))
+        elif (which == "resolve_child_workflow_execution_start"
+              and not job.resolve_child_workflow_execution_start.HasField("succeeded")):
+            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
+                         job.resolve_child_workflow_execution_start.seq))
+        elif which == "resolve_signal_external_workflow":
+            keys.append((CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION,
+                         job.resolve_signal_external_workflow.seq))
+        elif which == "resolve_nexus_operation":
+            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
+                         job.resolve_nexus_operation.seq))
+    return keys
+
+
+# What a metric record may create, by kind: (the meter's method, the operation, the values
+# taken: whole numbers from 0 below 2**63, or finite floats; how the value is passed).
 _METRICS = {
-    "counter": ("create_counter", int),
-    "histogram": ("create_histogram", int),
-    "histogram_float": ("create_histogram_float", float),
-    "histogram_timedelta": ("create_histogram_timedelta",
-                            lambda ms: datetime.timedelta(milliseconds=float(ms))),
-    "gauge": ("create_gauge", int),
-    "gauge_float": ("create_gauge_float", float),
+    "counter": ("create_counter", "add", int, int),
+    "histogram": ("create_histogram", "record", int, int),
+    "histogram_float": ("create_histogram_float", "record", float, float),
+    "histogram_timedelta": ("create_histogram_timedelta", "record", float,
+                            lambda ms: datetime.timedelta(milliseconds=ms)),
+    "gauge": ("create_gauge", "set", int, int),
+    "gauge_float": ("create_gauge_float", "set", float, float),
 }
+# A child's metric name is an OpenTelemetry instrument name: a letter, then letters, digits,
+# "_", ".", "-" or "/", at most 255 in all; none of the worker's own (RESERVED_METRIC_PREFIXES:
+# the SDK's and Core's metrics are "temporal_..."), so that a child cannot register one of
+# them first with another kind or unit.
+_METRIC_NAME = None
+RESERVED_METRIC_PREFIXES = ("temporal_",)
+# The attributes the worker sets on a run's metrics from the run's own info (as the SDK's
+# workflow.metric_meter() does in process): a child's values for them are dropped.
+RUN_METRIC_ATTRIBUTES = ("namespace", "task_queue", "workflow_type")
+# Per run: distinct series (kind, name and attributes) at most; per record: attributes at most,
+# and characters of an attribute's key or text value, a description or a unit.
+MAX_METRIC_SERIES = 200
+MAX_METRIC_ATTRIBUTES = 16
+MAX_METRIC_TEXT = 256
 
 
-def _record_metrics(det, records):
+def _metric_value(value, taken):
+    """The child's value if it is one a metric of its kind takes, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if taken is int:
+        return value if isinstance(value, int) and 0 <= value < 2**63 else None
+    value = float(value)  # an int beyond a float's range raises OverflowError: the caller drops it
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _metric_attributes(attributes):
+    """The child's attributes that the worker keeps (bounded, plain, not the run's own), or
+    None when the record is to be dropped."""
+    if not isinstance(attributes, dict) or len(attributes) > MAX_METRIC_ATTRIBUTES + len(
+            RUN_METRIC_ATTRIBUTES):
+        return None
+    out = {}
+    for k, v in attributes.items():
+        if not isinstance(k, str) or not k or len(k) > MAX_METRIC_TEXT:
+            return None
+        if k in RUN_METRIC_ATTRIBUTES:
+            continue
+        if isinstance(v, str):
+            if len(v) > MAX_METRIC_TEXT:
+                return None
+        elif isinstance(v, bool):
+            pass
+        elif isinstance(v, int):
+            if not -2**63 <= v < 2**63:
+                return None
+        elif isinstance(v, float):
+            if v != v or abs(v) == float("inf"):
+                return None
+        else:
+            return None
+        out[k] = v
+    return out if len(out) <= MAX_METRIC_ATTRIBUTES else None
+
+
+def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
     """Replays the child's metric records on the worker's own meter (what
-    ``workflow.metric_meter()`` gives in process); a malformed record is dropped."""
+    ``workflow.metric_meter()`` gives in process: the run's namespace, task queue and
+    workflow type as attributes, set here from the run's info). At most
+    ``_MAX_METRIC_RECORDS`` records of a completion are taken; one that is malformed, names
+    one of the worker's metrics (``reserved``: name prefixes), carries a value its kind does not take or would add a
+    series past MAX_METRIC_SERIES for the run (``series``: the run's set of them) is
+    dropped."""
+    global _METRIC_NAME
     if not records:
         return
     meter = det.extern_functions.get("__temporal_get_metric_meter")
     if meter is None:
         return
-    meter = meter()
-    for r in records:
+    reserved = tuple(reserved)
+    if _METRIC_NAME is None:
+        import re
+
+        _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,254}\Z")
+    meter = None
+    for r in records[:_MAX_METRIC_RECORDS]:
         try:
             kind, name, description, unit, value, attributes = r
-            make, conv = _METRICS[kind]
-            if not isinstance(name, str) or not isinstance(attributes, dict) or not all(
-                    isinstance(v, (str, int, float, bool)) for v in attributes.values()):
+            make, op, taken, conv = _METRICS[kind]
+            if (not isinstance(name, str) or not _METRIC_NAME.match(name)
+                    or name.startswith(reserved)):
                 continue
-            metric = getattr(meter, make)(name, description if isinstance(description, str)
-                                          else None, unit if isinstance(unit, str) else None)
-            op = {"counter": "add", "gauge": "set", "gauge_float": "set"}.get(kind, "record")
+            value = _metric_value(value, taken)
+            attributes = _metric_attributes(attributes)
+            if value is None or attributes is None:
+                continue
+            key = (kind, name, tuple(sorted(attributes.items())))
+            if key not in series:
+                if len(series) >= MAX_METRIC_SERIES:
+                    continue
+                series.add(key)
+            if meter is None:
+                info = det.info
+                meter = det.extern_functions["__temporal_get_metric_meter"]()
+                meter = meter.with_additional_attributes({
+                    "namespace": info.namespace, "task_queue": info.task_queue,
+                    "workflow_type": info.workflow_type})
+            text = lambda t: t if isinstance(t, str) and len(t) <= MAX_METRIC_TEXT else None  # noqa: E731
+            metric = getattr(meter, make)(name, text(description), text(unit))
             getattr(metric, op)(conv(value), attributes)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
-
-
-def _command_keys(completion):
-    """(command type, seq) of each command in a completion, as the SDK's payload visitor
-    names them (``worker/_command_aware_visitor.py``)."""
-    from temporalio.api.enums.v1 import CommandType
-
-    keys = []
-    for c in completion.successful.commands:
-        which = c.WhichOneof("variant")
-        if which in ("schedule_activity", "schedule_local_activity"):
-            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK,
-                         getattr(c, which).seq))
-        elif which == "start_child_workflow_execution":
-            keys.append((CommandType.COMMAND_TYPE_START_CHILD_WORKFLOW_EXECUTION,
-                         c.start_child_workflow_execution.seq))
-        elif which == "signal_external_workflow_execution":
-            keys.append((CommandType.COMMAND_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION,
-                         c.signal_external_workflow_execution.seq))
-        elif which == "schedule_nexus_operation":
-            keys.append((CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
-                         c.schedule_nexus_operation.seq))
-    return keys
 
 
 # Extern functions the child answers itself: the metric meter (its records travel with the
@@ -666,7 +872,9 @@ def _upcalls_in_worker(det):
 def _log_to_worker(info):
     """The worker side of the run's log records: they go to the worker's own
     ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
-    ``workflow.logger`` puts it (the text already carries it)."""
+    ``workflow.logger`` puts it (the text already carries it). The text is the child's: one
+    line of the worker's log, escaped (``_escape``: no forged records, no terminal escapes)
+    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL."""
     logger = logging.getLogger("temporalio.workflow")
     extra = {"temporal_workflow": {
         "namespace": info.namespace, "task_queue": info.task_queue,
@@ -675,7 +883,9 @@ def _log_to_worker(info):
     }, "wfjail": True}
 
     def on_log(level, text):
-        logger.log(level, text, extra=extra)
+        level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=extra)
 
     return on_log
 
@@ -777,24 +987,11 @@ def _instance_factory(recipe):
     finally:
         asyncio._set_running_loop(None)
 
-    from temporalio.worker._command_aware_visitor import CommandInfo
-
     def activate(request):
         act = WorkflowActivation.FromString(request)
         completion = instance.activate(act)
-        # The contexts of its commands, while the instance knows them: the worker's codec
-        # asks for them between activations, when this child cannot be asked.
-        contexts = []
-        for kind, seq in _command_keys(completion):
-            try:
-                ctx = instance.get_serialization_context(CommandInfo(kind, seq))
-            except Exception:  # noqa: BLE001  (the worker falls back to the workflow's)
-                continue
-            if ctx is not None and type(ctx).__name__ in _CONTEXTS:
-                contexts.append([int(kind), int(seq), type(ctx).__name__,
-                                 dataclasses.asdict(ctx)])
         data = completion.SerializeToString()
-        side = {"contexts": contexts, "metrics": _take_metric_records()}
+        side = {"metrics": _take_metric_records()}
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     activate.loop = loop  # the warm-up closes it; a child's lives as long as the child

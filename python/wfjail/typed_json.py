@@ -88,7 +88,43 @@ def encode(value, _depth=0):
 
 def decode(data, hint=typing.Any, _depth=0):
     """Rebuilds a value from :func:`encode`'s data (in the worker) as ``hint`` declares.
-    Raises ValueError for data that does not fit the hint."""
+    Raises ValueError for data that does not fit the hint: the value must be of the declared
+    class (``_check``), so that an ``int`` or a forged enum never stands where a dataclass is
+    declared."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return _decode(data, hint, _depth)
+    return _check(_decode(data, hint, _depth), hint)
+
+
+def _check(value, hint):
+    """``value`` when it is of the class ``hint`` declares (a generic's origin class: its
+    items were checked as they were decoded), else ValueError. Hints that name no class
+    (``Any``, type variables, ``NewType``, forward references) take any value; a ``float``
+    takes an ``int`` (PEP 484), and any exception class takes a :class:`ChildException` (the
+    stand-in for every exception a child sends)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _check(value, typing.get_args(hint)[0])
+    if origin is typing.Literal:
+        if any(value == a and type(value) is type(a) for a in typing.get_args(hint)):
+            return value
+        raise ValueError("the child sent %r where one of %s is declared"
+                         % (value, typing.get_args(hint)))
+    cls = origin if origin is not None else hint
+    if cls is typing.Any or cls is object or not isinstance(cls, type):
+        return value
+    if isinstance(value, cls):
+        return value
+    if cls is float and isinstance(value, int):
+        return value
+    if issubclass(cls, BaseException) and isinstance(value, ChildException):
+        return value
+    raise ValueError("the child sent %s where %s is declared"
+                     % (type(value).__name__, getattr(cls, "__qualname__", cls)))
+
+
+def _decode(data, hint, _depth):
     if _depth > MAX_DEPTH:
         raise ValueError("a value nested deeper than %d levels" % MAX_DEPTH)
     d = _depth + 1
