@@ -841,3 +841,89 @@ fn write_grants_too_large_to_account_refuse_a_disk_limited_run() {
         "exit 125 before the guest runs, naming limits.disk",
     );
 }
+
+// ---- limits.disk walked around (issue 16, part D) --------------------------------------------
+
+/// A policy with `disk = "16MiB"` and a fresh `--rw` directory, in `scratch`.
+fn disk_limited(scratch: &Scratch) -> (std::path::PathBuf, std::path::PathBuf) {
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
+    );
+    (policy, out)
+}
+
+/// Asserts the run ended `limit`, limit `disk`, exit 5, before the guest said `done`.
+fn assert_disk_limit(o: &Outcome, what: &str) {
+    o.check(
+        o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
+        &format!("{what}: status limit, limit disk, exit 5"),
+    );
+    o.check(
+        !o.stdout.contains("done"),
+        &format!("{what}: killed before the end"),
+    );
+}
+
+#[test]
+fn limits_disk_counts_unlinked_files_held_only_by_a_mapping() {
+    // 14 files of 12 MiB, each mapped by one shared page, closed and unlinked: no name and no
+    // descriptor hold them, only the mapping; 168 MiB stayed allocated while the run was ok.
+    let scratch = Scratch::new("disk-mapped");
+    let (policy, out) = disk_limited(&scratch);
+    // ctypes' mmap: Python's mmap.mmap keeps a duplicate of the descriptor.
+    let code = format!(
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         libc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         for i in range(14):\n    p = '{}/m%d' % i\n    \
+         fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    os.write(fd, b'x' * (12 << 20))\n    \
+         assert libc.mmap(None, 4096, 1, 1, fd, 0) not in (None, 2**64 - 1)\n    \
+         os.close(fd)\n    os.unlink(p)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB held by mappings");
+}
+
+#[test]
+fn limits_disk_counts_files_buried_below_path_max() {
+    // A chain of 15 directories with 250-byte names, then 12 MiB at a time written in a short
+    // path and moved below it: each file ends beyond 4,096 bytes of path, which a walk by
+    // absolute path cannot read (ENAMETOOLONG) and skipped silently.
+    let scratch = Scratch::new("disk-deep");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'd' * 250\na = root + '/a'\nos.mkdir(a)\n\
+         for i in range(15):\n    a += '/' + n\n    os.mkdir(a)\n\
+         for i in range(14):\n    b = root + '/b%d' % i\n    os.makedirs(b + '/' + n + '/' + n)\n    \
+         with open(b + '/' + n + '/' + n + '/f', 'wb') as f:\n        f.write(b'x' * (12 << 20))\n    \
+         os.rename(b, a + '/b%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB below PATH_MAX");
+}
+
+#[test]
+fn limits_disk_counts_symbolic_links() {
+    // Symbolic links with 4,000-byte targets take a block each (ext4): 41,000 of them are
+    // 160 MiB that the walk never counted.
+    let scratch = Scratch::new("disk-links");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nt = 'a' * 4000\nfor i in range(41000):\n    os.symlink(t, '{}/s%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out), "--timeout", "120s"],
+        &code,
+    );
+    assert_disk_limit(&o, "41,000 long symbolic links");
+}

@@ -547,6 +547,9 @@ pub fn supervise(
         {
             o.disk_exceeded = true;
             kill();
+            if let Some(e) = &acct.borrow().cannot_judge {
+                eprintln!("wfjail: limits.disk: {e}");
+            }
         }
         let streams_open = stdout.is_some()
             || stderr.is_some()
@@ -901,6 +904,9 @@ pub fn supervise(
         && acct.borrow_mut().over_at_end()
     {
         o.disk_exceeded = true;
+        if let Some(e) = &acct.borrow().cannot_judge {
+            eprintln!("wfjail: limits.disk: {e}");
+        }
     }
     if tail.len() > STDERR_TAIL {
         tail.drain(..tail.len() - STDERR_TAIL);
