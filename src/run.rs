@@ -642,6 +642,7 @@ pub fn build_report(
         memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
         vm_peak: o.vm_peak,
         disk_exceeded: o.disk_exceeded,
+        notifications_exceeded: o.notifications_exceeded,
         memory_refused: o.memory_refused.is_some(),
         file_at_limit: o.file_at_limit.is_some(),
         errored: o.guest_error.is_some(),

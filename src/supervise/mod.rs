@@ -219,6 +219,8 @@ pub struct Outcome {
     pub output_exceeded: bool,
     /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
     pub disk_exceeded: bool,
+    /// The guest asked for more answers than its budget (`notify::Budget`): wfjail killed it.
+    pub notifications_exceeded: bool,
     /// A required step failed in the child (no guest ran).
     pub fatal: Option<(Step, Errno)>,
     /// Best-effort steps that failed.
@@ -461,6 +463,7 @@ pub fn supervise(
         out_sink = None; // framed, stdout is a log: echoed with stderr below
     }
     let mut violations = Violations::new(echo.then(String::new));
+    let mut budget = notify::Budget::default();
     let mut startup = Startup::new();
     if policy.random.getrandom == crate::policy::RandomMode::Seeded {
         o.seed = Some(cfg.seed.unwrap_or(0));
@@ -718,6 +721,12 @@ pub fn supervise(
                         // `run` takes no step between the exec's stop and its start.
                         Route::HoldExec => continue,
                         Route::Guest => {}
+                    }
+                    // The supervisor's work for the guest is bounded (notify::Budget).
+                    if !budget.take() {
+                        o.notifications_exceeded = true;
+                        notify::over_budget(l.as_fd(), &n, kill);
+                        continue;
                     }
                     // A large allocation routed here for the memory limit's evidence (the
                     // filter sends private mappings of at least limit/16; `answer` lets them
