@@ -927,3 +927,53 @@ fn limits_disk_counts_symbolic_links() {
     );
     assert_disk_limit(&o, "41,000 long symbolic links");
 }
+
+#[test]
+fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
+    // /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE: as nobody, wfjail cannot measure an
+    // unlinked file the guest keeps mapped, which is "cannot judge": a refusal, said why.
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new("disk-mapped-nobody");
+    let (policy, out) = disk_limited(&scratch);
+    let open = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    open(&out, 0o777);
+    open(&policy, 0o644);
+    let reports = scratch.path("reports");
+    std::fs::create_dir(&reports).unwrap();
+    open(&reports, 0o777);
+    let bin = common::reachable_copy(&scratch, &wfjail_bin());
+    let code = format!(
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         fd = os.open('{0}/m', os.O_RDWR | os.O_CREAT, 0o600)\nos.write(fd, b'x' * (1 << 20))\n\
+         libc.mmap(None, 4096, 1, 1, fd, 0)\nos.close(fd)\nos.unlink('{0}/m')\ntime.sleep(2)\nprint('done')\n",
+        s(&out)
+    );
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .current_dir(&out);
+    let o = run_reported(
+        cmd,
+        &[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--rw",
+            &s(&out),
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            &code,
+        ],
+        &reports.join("report.json"),
+    );
+    assert_disk_limit(&o, "1 MiB mapped, unmeasurable");
+    o.check(
+        o.stderr.contains("may not measure"),
+        "wfjail says why it could not judge",
+    );
+}
