@@ -79,6 +79,8 @@ struct Walk {
     inodes: HashSet<(u64, u64)>,
     /// The file systems of the grants.
     devs: HashSet<u64>,
+    /// The grants walked.
+    roots: Vec<PathBuf>,
 }
 
 /// One directory on the walk's path: its descriptor and its subdirectories left to visit.
@@ -135,6 +137,7 @@ impl Walk {
             Err(e) => return Err(unreadable(0, e)),
         };
         self.devs.insert(st.st_dev);
+        self.roots.push(root.to_path_buf());
         match kind(&st) {
             SFlag::S_IFDIR => {}
             SFlag::S_IFREG | SFlag::S_IFLNK => {
@@ -227,7 +230,10 @@ impl Walk {
                 if !m.is_file() {
                     continue;
                 }
-                let unlinked = m.nlink() == 0 && self.devs.contains(&m.dev());
+                let unlinked = m.nlink() == 0
+                    && self.devs.contains(&m.dev())
+                    && std::fs::read_link(fd.path())
+                        .is_ok_and(|shown| self.was_granted(&shown.as_os_str().to_string_lossy()));
                 if unlinked || writable(pid, &fd.file_name()) {
                     self.add_meta(&m);
                 }
@@ -240,7 +246,11 @@ impl Walk {
             let Some(m) = Mapping::parse(line) else {
                 continue;
             };
-            if !m.deleted || !self.devs.contains(&m.dev) || self.inodes.contains(&(m.dev, m.ino)) {
+            if !m.deleted
+                || !self.devs.contains(&m.dev)
+                || !self.was_granted(m.path)
+                || self.inodes.contains(&(m.dev, m.ino))
+            {
                 continue;
             }
             match std::fs::metadata(format!("/proc/{pid}/map_files/{}", m.range)) {
@@ -254,6 +264,19 @@ impl Walk {
             }
         }
         Ok(())
+    }
+
+    /// Whether an unlinked file, shown by the kernel as `shown` (its last path and
+    /// ` (deleted)`), was under a grant: the guest can neither rename nor link a file out of
+    /// its grants, so one it made and unlinked was last there. A file unlinked elsewhere (a
+    /// library the host upgraded while the guest maps it) is not the guest's. The kernel
+    /// shows a newline in a path as `\012`: a grant with one cannot be told apart, and every
+    /// unlinked file on its file system counts.
+    fn was_granted(&self, shown: &str) -> bool {
+        let path = Path::new(shown.strip_suffix(" (deleted)").unwrap_or(shown));
+        self.roots
+            .iter()
+            .any(|r| r.as_os_str().as_bytes().contains(&b'\n') || path.starts_with(r))
     }
 
     fn add_meta(&mut self, m: &std::fs::Metadata) {
@@ -284,6 +307,8 @@ struct Mapping<'a> {
     ino: u64,
     /// The file has no name left (the kernel appends ` (deleted)` to its path).
     deleted: bool,
+    /// Its path, as the kernel shows it.
+    path: &'a str,
 }
 
 impl<'a> Mapping<'a> {
@@ -305,6 +330,7 @@ impl<'a> Mapping<'a> {
             ),
             ino,
             deleted: path.ends_with(" (deleted)"),
+            path,
         })
     }
 }
@@ -454,6 +480,7 @@ mod tests {
                 dev: libc::makedev(0xfd, 1),
                 ino: 1234567,
                 deleted: true,
+                path: "/tmp/x/m0 (deleted)",
             }
         );
         let m = Mapping::parse("55d0-55e0 r-xp 00000000 08:02 42 /usr/bin/python3.11").unwrap();
@@ -462,5 +489,24 @@ mod tests {
             Mapping::parse("7ffc-7ffd rw-p 00000000 00:00 0  [stack]"),
             None
         );
+    }
+
+    #[test]
+    fn only_files_unlinked_under_a_grant_are_the_guests() {
+        let walk = Walk {
+            roots: vec![PathBuf::from("/tmp/g")],
+            ..Walk::default()
+        };
+        assert!(walk.was_granted("/tmp/g/a/b (deleted)"));
+        assert!(!walk.was_granted("/usr/lib/libpython3.so (deleted)"));
+        assert!(
+            !walk.was_granted("/tmp/gx/m (deleted)"),
+            "by component, not by prefix"
+        );
+        let odd = Walk {
+            roots: vec![PathBuf::from("/tmp/g\nh")],
+            ..Walk::default()
+        };
+        assert!(odd.was_granted("/usr/lib/libpython3.so (deleted)"));
     }
 }
