@@ -928,12 +928,11 @@ fn limits_disk_counts_symbolic_links() {
     assert_disk_limit(&o, "41,000 long symbolic links");
 }
 
-#[test]
-fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
-    // /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE: as nobody, wfjail cannot measure an
-    // unlinked file the guest keeps mapped, which is "cannot judge": a refusal, said why.
+/// `code` in Python under a policy with `disk = "16MiB"` and `--rw` of a fresh directory
+/// (passed as `{0}` in `code`), wfjail run as nobody.
+fn disk_limited_as_nobody(tag: &str, code: &str) -> Outcome {
     use std::os::unix::fs::PermissionsExt;
-    let scratch = Scratch::new("disk-mapped-nobody");
+    let scratch = Scratch::new(tag);
     let (policy, out) = disk_limited(&scratch);
     let open = |p: &std::path::Path, mode| {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
@@ -944,13 +943,7 @@ fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
     std::fs::create_dir(&reports).unwrap();
     open(&reports, 0o777);
     let bin = common::reachable_copy(&scratch, &wfjail_bin());
-    let code = format!(
-        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
-         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
-         fd = os.open('{0}/m', os.O_RDWR | os.O_CREAT, 0o600)\nos.write(fd, b'x' * (1 << 20))\n\
-         libc.mmap(None, 4096, 1, 1, fd, 0)\nos.close(fd)\nos.unlink('{0}/m')\ntime.sleep(2)\nprint('done')\n",
-        s(&out)
-    );
+    let code = code.replace("{0}", &s(&out));
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&bin)
@@ -971,9 +964,46 @@ fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
         ],
         &reports.join("report.json"),
     );
+    // What the guest left, whatever its modes, for Scratch to remove.
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("u+rwx")
+        .arg(&out)
+        .status();
+    o
+}
+
+#[test]
+fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
+    // /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE: as nobody, wfjail cannot measure an
+    // unlinked file the guest keeps mapped, which is "cannot judge": a refusal, said why.
+    let o = disk_limited_as_nobody(
+        "disk-mapped-nobody",
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         fd = os.open('{0}/m', os.O_RDWR | os.O_CREAT, 0o600)\nos.write(fd, b'x' * (1 << 20))\n\
+         libc.mmap(None, 4096, 1, 1, fd, 0)\nos.close(fd)\nos.unlink('{0}/m')\ntime.sleep(2)\nprint('done')\n",
+    );
     assert_disk_limit(&o, "1 MiB mapped, unmeasurable");
     o.check(
         o.stderr.contains("may not measure"),
         "wfjail says why it could not judge",
+    );
+}
+
+#[test]
+fn an_unprivileged_wfjail_refuses_a_directory_it_cannot_read() {
+    // A directory made write-only (0300) by the guest: its files can be written by name, but
+    // nobody but root can list it. The walk skipped it silently; now it cannot judge.
+    let o = disk_limited_as_nobody(
+        "disk-unreadable-nobody",
+        "import os, time\nd = '{0}/d'\nos.mkdir(d, 0o300)\nfor i in range(14):\n    \
+         with open(d + '/f%d' % i, 'wb') as f:\n        f.write(b'x' * (12 << 20))\n\
+         time.sleep(1)\nprint('done')\n",
+    );
+    assert_disk_limit(&o, "168 MiB in a directory wfjail cannot list");
+    o.check(
+        o.stderr.contains("cannot be read (EACCES"),
+        "wfjail says which grant it could not read",
     );
 }
