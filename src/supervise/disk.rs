@@ -139,7 +139,8 @@ impl Walk {
         self.devs.insert(st.st_dev);
         self.roots.push(root.to_path_buf());
         match kind(&st) {
-            SFlag::S_IFDIR => {}
+            // The grant's own blocks too: a directory grows with its entries.
+            SFlag::S_IFDIR => self.add(&st),
             SFlag::S_IFREG | SFlag::S_IFLNK => {
                 self.add(&st);
                 return Ok(());
@@ -508,5 +509,25 @@ mod tests {
             ..Walk::default()
         };
         assert!(odd.was_granted("/usr/lib/libpython3.so (deleted)"));
+    }
+
+    #[test]
+    fn a_grant_that_grows_with_its_entries_counts() {
+        // Empty files have no blocks; the directory that lists 2,000 long names has.
+        let dir = std::env::temp_dir().join(format!("wfjail-disk-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut acct = DiskAccount::new(vec![dir.clone()], 1 << 30).unwrap();
+        for i in 0..2000 {
+            std::fs::File::create(dir.join(format!("{i}-{}", "n".repeat(200)))).unwrap();
+        }
+        acct.next = Instant::now();
+        assert!(!acct.over(std::process::id() as i32));
+        assert!(
+            acct.peak >= 256 * 1024,
+            "the grant's own blocks: {}",
+            acct.peak
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
