@@ -1007,3 +1007,79 @@ fn an_unprivileged_wfjail_refuses_a_directory_it_cannot_read() {
         "wfjail says which grant it could not read",
     );
 }
+
+/// Python for `--rw OUT` that writes 3 files of 12 MiB, sends a descriptor of each over its
+/// own socket pair (SCM_RIGHTS), then closes and unlinks it: a message in flight would keep
+/// 36 MiB alive where no /proc file shows it. Prints `errno=N` for each refused send.
+fn sent_in_flight(out: &std::path::Path) -> String {
+    format!(
+        "import os, socket, time\na, b = socket.socketpair()\nfor i in range(3):\n    \
+         p = '{}/s%d' % i\n    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    \
+         try:\n        socket.send_fds(a, [b'x'], [fd])\n        print('sent')\n    \
+         except OSError as e:\n        print('errno=%d' % e.errno)\n    \
+         os.close(fd)\n    os.unlink(p)\n\
+         time.sleep(0.3)\nprint('done')\n",
+        s(out)
+    )
+}
+
+#[test]
+fn limits_disk_refuses_descriptors_sent_in_messages() {
+    // Files held only by descriptors in flight: sendmsg and sendmmsg fail with EPERM under
+    // limits.disk (a filter stacked after the listener went to the parent), so that no file
+    // outlives its last name and descriptor unseen.
+    let scratch = Scratch::new("disk-in-flight");
+    let (policy, out) = disk_limited(&scratch);
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out)],
+        &sent_in_flight(&out),
+    );
+    o.check(
+        o.report["layers"]["seccomp"] == "user-notify",
+        "the supervisor still got its listener (sent with sendmsg before the stacked filter)",
+    );
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\ndone\n" && o.status() == "ok",
+        "every send refused with EPERM; nothing held",
+    );
+    // Without limits.disk, a pair carries descriptors as before.
+    let o = py("default", &["--rw", &s(&out)], &sent_in_flight(&out));
+    o.check(
+        o.stdout.matches("sent").count() == 3,
+        "sent without limits.disk",
+    );
+}
+
+#[test]
+fn limits_disk_refuses_descriptors_sent_in_messages_without_a_listener() {
+    let scratch = Scratch::new("disk-in-flight-fallback");
+    let (policy, out) = disk_limited(&scratch);
+    let mut cmd = Command::new(container_sim());
+    cmd.args(["--deny-notify", "--"]).arg(wfjail_bin());
+    let o = run_reported(
+        cmd,
+        &[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--rw",
+            &s(&out),
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            &sent_in_flight(&out),
+        ],
+        &scratch.path("report.json"),
+    );
+    o.check(
+        o.report["layers"]["seccomp"] != "user-notify",
+        "no listener: the fall-back program",
+    );
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\ndone\n",
+        "every send refused with EPERM",
+    );
+}
