@@ -111,7 +111,7 @@ pub struct State<'v> {
 pub const MAX_LEARNED: usize = 100_000;
 
 /// The notifications a guest may have answered in a burst: the bucket's size.
-pub const BUDGET_BURST: u32 = 50_000;
+pub const BUDGET_BURST: u32 = 100_000;
 /// The notifications a guest may have answered per second, sustained: the bucket's refill.
 pub const BUDGET_RATE: u32 = 5_000;
 
