@@ -657,7 +657,8 @@ pub fn build_report(
         stopped: o
             .protocol_error
             .as_ref()
-            .map(|e| format!("{e}; the guest was stopped (docs/protocol.md)")),
+            .map(|e| format!("{e}; the guest was stopped (docs/protocol.md)"))
+            .or_else(|| o.disk_error.clone()),
         timeout_words: timeout.map(|t| {
             format!(
                 "killed after {} (limits.timeout or --timeout)",

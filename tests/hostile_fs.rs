@@ -986,8 +986,8 @@ fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
     );
     assert_disk_limit(&o, "1 MiB mapped, unmeasurable");
     o.check(
-        o.stderr.contains("may not measure"),
-        "wfjail says why it could not judge",
+        o.error_says("may not measure"),
+        "the report says why wfjail could not judge",
     );
 }
 
@@ -1003,8 +1003,8 @@ fn an_unprivileged_wfjail_refuses_a_directory_it_cannot_read() {
     );
     assert_disk_limit(&o, "168 MiB in a directory wfjail cannot list");
     o.check(
-        o.stderr.contains("cannot be read (EACCES"),
-        "wfjail says which grant it could not read",
+        o.error_says("cannot be read (EACCES"),
+        "the report says which grant wfjail could not read",
     );
 }
 

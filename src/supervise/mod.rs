@@ -219,6 +219,8 @@ pub struct Outcome {
     pub output_exceeded: bool,
     /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
     pub disk_exceeded: bool,
+    /// Why `limits.disk` could not judge, when that was why the guest was stopped.
+    pub disk_error: Option<String>,
     /// The guest asked for more answers than its budget (`notify::Budget`): wfjail killed it.
     pub notifications_exceeded: bool,
     /// A required step failed in the child (no guest ran).
@@ -550,9 +552,11 @@ pub fn supervise(
         {
             o.disk_exceeded = true;
             kill();
-            if let Some(e) = &acct.borrow().cannot_judge {
-                eprintln!("wfjail: limits.disk: {e}");
-            }
+            o.disk_error = acct
+                .borrow()
+                .cannot_judge
+                .as_ref()
+                .map(|e| format!("limits.disk: {e}"));
         }
         let streams_open = stdout.is_some()
             || stderr.is_some()
@@ -913,9 +917,11 @@ pub fn supervise(
         && acct.borrow_mut().over_at_end()
     {
         o.disk_exceeded = true;
-        if let Some(e) = &acct.borrow().cannot_judge {
-            eprintln!("wfjail: limits.disk: {e}");
-        }
+        o.disk_error = acct
+            .borrow()
+            .cannot_judge
+            .as_ref()
+            .map(|e| format!("limits.disk: {e}"));
     }
     if tail.len() > STDERR_TAIL {
         tail.drain(..tail.len() - STDERR_TAIL);
