@@ -646,6 +646,7 @@ pub fn build_report(
         memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
         vm_peak: o.vm_peak,
         disk_exceeded: o.disk_exceeded,
+        notifications_exceeded: o.notifications_exceeded,
         memory_refused: o.memory_refused.is_some(),
         file_at_limit: o.file_at_limit.is_some(),
         errored: o.guest_error.is_some(),
@@ -660,7 +661,8 @@ pub fn build_report(
         stopped: o
             .protocol_error
             .as_ref()
-            .map(|e| format!("{e}; the guest was stopped (docs/protocol.md)")),
+            .map(|e| format!("{e}; the guest was stopped (docs/protocol.md)"))
+            .or_else(|| o.disk_error.clone()),
         timeout_words: timeout.map(|t| {
             format!(
                 "killed after {} (limits.timeout or --timeout)",

@@ -841,3 +841,245 @@ fn write_grants_too_large_to_account_refuse_a_disk_limited_run() {
         "exit 125 before the guest runs, naming limits.disk",
     );
 }
+
+// ---- limits.disk walked around (issue 16, part D) --------------------------------------------
+
+/// A policy with `disk = "16MiB"` and a fresh `--rw` directory, in `scratch`.
+fn disk_limited(scratch: &Scratch) -> (std::path::PathBuf, std::path::PathBuf) {
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
+    );
+    (policy, out)
+}
+
+/// Asserts the run ended `limit`, limit `disk`, exit 5, before the guest said `done`.
+fn assert_disk_limit(o: &Outcome, what: &str) {
+    o.check(
+        o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
+        &format!("{what}: status limit, limit disk, exit 5"),
+    );
+    o.check(
+        !o.stdout.contains("done"),
+        &format!("{what}: killed before the end"),
+    );
+}
+
+#[test]
+fn limits_disk_counts_unlinked_files_held_only_by_a_mapping() {
+    // 14 files of 12 MiB, each mapped by one shared page, closed and unlinked: no name and no
+    // descriptor hold them, only the mapping; 168 MiB stayed allocated while the run was ok.
+    let scratch = Scratch::new("disk-mapped");
+    let (policy, out) = disk_limited(&scratch);
+    // ctypes' mmap: Python's mmap.mmap keeps a duplicate of the descriptor.
+    let code = format!(
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         libc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         for i in range(14):\n    p = '{}/m%d' % i\n    \
+         fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    os.write(fd, b'x' * (12 << 20))\n    \
+         assert libc.mmap(None, 4096, 1, 1, fd, 0) not in (None, 2**64 - 1)\n    \
+         os.close(fd)\n    os.unlink(p)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB held by mappings");
+}
+
+#[test]
+fn limits_disk_counts_files_buried_below_path_max() {
+    // A chain of 15 directories with 250-byte names, then 12 MiB at a time written in a short
+    // path and moved below it: each file ends beyond 4,096 bytes of path, which a walk by
+    // absolute path cannot read (ENAMETOOLONG) and skipped silently.
+    let scratch = Scratch::new("disk-deep");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'd' * 250\na = root + '/a'\nos.mkdir(a)\n\
+         for i in range(15):\n    a += '/' + n\n    os.mkdir(a)\n\
+         for i in range(14):\n    b = root + '/b%d' % i\n    os.makedirs(b + '/' + n + '/' + n)\n    \
+         with open(b + '/' + n + '/' + n + '/f', 'wb') as f:\n        f.write(b'x' * (12 << 20))\n    \
+         os.rename(b, a + '/b%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB below PATH_MAX");
+}
+
+#[test]
+fn limits_disk_counts_symbolic_links() {
+    // Symbolic links with 4,000-byte targets take a block each (ext4): 41,000 of them are
+    // 160 MiB that the walk never counted.
+    let scratch = Scratch::new("disk-links");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nt = 'a' * 4000\nfor i in range(41000):\n    os.symlink(t, '{}/s%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out), "--timeout", "120s"],
+        &code,
+    );
+    assert_disk_limit(&o, "41,000 long symbolic links");
+}
+
+/// `code` in Python under a policy with `disk = "16MiB"` and `--rw` of a fresh directory
+/// (passed as `{0}` in `code`), wfjail run as nobody.
+fn disk_limited_as_nobody(tag: &str, code: &str) -> Outcome {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new(tag);
+    let (policy, out) = disk_limited(&scratch);
+    let open = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    open(&out, 0o777);
+    open(&policy, 0o644);
+    let reports = scratch.path("reports");
+    std::fs::create_dir(&reports).unwrap();
+    open(&reports, 0o777);
+    let bin = common::reachable_copy(&scratch, &wfjail_bin());
+    let code = code.replace("{0}", &s(&out));
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .current_dir(&out);
+    let o = run_reported(
+        cmd,
+        &[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--rw",
+            &s(&out),
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            &code,
+        ],
+        &reports.join("report.json"),
+    );
+    // What the guest left, whatever its modes, for Scratch to remove.
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("u+rwx")
+        .arg(&out)
+        .status();
+    o
+}
+
+#[test]
+fn an_unprivileged_wfjail_refuses_unlinked_mapped_files_it_cannot_measure() {
+    // /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE: as nobody, wfjail cannot measure an
+    // unlinked file the guest keeps mapped, which is "cannot judge": a refusal, said why.
+    let o = disk_limited_as_nobody(
+        "disk-mapped-nobody",
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         fd = os.open('{0}/m', os.O_RDWR | os.O_CREAT, 0o600)\nos.write(fd, b'x' * (1 << 20))\n\
+         libc.mmap(None, 4096, 1, 1, fd, 0)\nos.close(fd)\nos.unlink('{0}/m')\ntime.sleep(2)\nprint('done')\n",
+    );
+    assert_disk_limit(&o, "1 MiB mapped, unmeasurable");
+    o.check(
+        o.error_says("may not measure"),
+        "the report says why wfjail could not judge",
+    );
+}
+
+#[test]
+fn an_unprivileged_wfjail_refuses_a_directory_it_cannot_read() {
+    // A directory made write-only (0300) by the guest: its files can be written by name, but
+    // nobody but root can list it. The walk skipped it silently; now it cannot judge.
+    let o = disk_limited_as_nobody(
+        "disk-unreadable-nobody",
+        "import os, time\nd = '{0}/d'\nos.mkdir(d, 0o300)\nfor i in range(14):\n    \
+         with open(d + '/f%d' % i, 'wb') as f:\n        f.write(b'x' * (12 << 20))\n\
+         time.sleep(1)\nprint('done')\n",
+    );
+    assert_disk_limit(&o, "168 MiB in a directory wfjail cannot list");
+    o.check(
+        o.error_says("cannot be read (EACCES"),
+        "the report says which grant wfjail could not read",
+    );
+}
+
+/// Python for `--rw OUT` that writes 3 files of 12 MiB, sends a descriptor of each over its
+/// own socket pair (SCM_RIGHTS), then closes and unlinks it: a message in flight would keep
+/// 36 MiB alive where no /proc file shows it. Prints `errno=N` for each refused send.
+fn sent_in_flight(out: &std::path::Path) -> String {
+    format!(
+        "import os, socket, time\na, b = socket.socketpair()\nfor i in range(3):\n    \
+         p = '{}/s%d' % i\n    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    \
+         try:\n        socket.send_fds(a, [b'x'], [fd])\n        print('sent')\n    \
+         except OSError as e:\n        print('errno=%d' % e.errno)\n    \
+         os.close(fd)\n    os.unlink(p)\n\
+         time.sleep(0.3)\nprint('done')\n",
+        s(out)
+    )
+}
+
+#[test]
+fn limits_disk_refuses_descriptors_sent_in_messages() {
+    // Files held only by descriptors in flight: sendmsg and sendmmsg fail with EPERM under
+    // limits.disk (a filter stacked after the listener went to the parent), so that no file
+    // outlives its last name and descriptor unseen.
+    let scratch = Scratch::new("disk-in-flight");
+    let (policy, out) = disk_limited(&scratch);
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out)],
+        &sent_in_flight(&out),
+    );
+    o.check(
+        o.report["layers"]["seccomp"] == "user-notify",
+        "the supervisor still got its listener (sent with sendmsg before the stacked filter)",
+    );
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\ndone\n" && o.status() == "ok",
+        "every send refused with EPERM; nothing held",
+    );
+    // Without limits.disk, a pair carries descriptors as before.
+    let o = py("default", &["--rw", &s(&out)], &sent_in_flight(&out));
+    o.check(
+        o.stdout.matches("sent").count() == 3,
+        "sent without limits.disk",
+    );
+}
+
+#[test]
+fn limits_disk_refuses_descriptors_sent_in_messages_without_a_listener() {
+    let scratch = Scratch::new("disk-in-flight-fallback");
+    let (policy, out) = disk_limited(&scratch);
+    let mut cmd = Command::new(container_sim());
+    cmd.args(["--deny-notify", "--"]).arg(wfjail_bin());
+    let o = run_reported(
+        cmd,
+        &[
+            "run",
+            "-p",
+            policy.to_str().unwrap(),
+            "--rw",
+            &s(&out),
+            "--raw",
+            "--",
+            PY,
+            "-c",
+            &sent_in_flight(&out),
+        ],
+        &scratch.path("report.json"),
+    );
+    o.check(
+        o.report["layers"]["seccomp"] != "user-notify",
+        "no listener: the fall-back program",
+    );
+    o.check(
+        o.stdout == "errno=1\nerrno=1\nerrno=1\ndone\n",
+        "every send refused with EPERM",
+    );
+}

@@ -986,3 +986,82 @@ fn without_landlock_serve_zygote_refuses_even_under_a_best_effort_policy() {
         "and says why",
     );
 }
+
+// ---- the supervisor's work per session is bounded (issue 16, part B, fairness) ---------------
+
+/// Handlers that flood the supervisor with notifications, and a quiet one.
+const FLOODERS: &str = r#"
+import os, time
+def clock_flood(req):
+    while True:
+        time.time()
+def random_flood(req):
+    while True:
+        os.urandom(8)
+def quiet(req):
+    return req
+"#;
+
+/// Worker: a quiet sibling session calls on while a clock flood and a getrandom flood each
+/// run in a session of their own; what each ended with. `EXEC`: sessions run `guest.py NAME`
+/// (exec mode) instead of a preloaded handler.
+const FLOOD_WORKER: &str = r#"
+c = Client()
+out = {"sibling": 0}
+stop = threading.Event()
+def open_session(name, **kw):
+    if EXEC:
+        return c.session(argv=[sys.executable, os.path.join(DIR, "guest.py"), name], **kw)
+    return c.session(handler=MOD + ":" + name, **kw)
+def sibling():
+    with open_session("quiet") as s:
+        while not stop.is_set():
+            if s.call(b"q") == b"q":
+                out["sibling"] += 1
+            time.sleep(0.05)
+t = threading.Thread(target=sibling); t.start()
+for name in ["clock_flood", "random_flood"]:
+    try:
+        with open_session(name, timeout="100s") as f:
+            f.call(b"")
+            out[name] = "returned"
+    except SessionFailed as e:
+        out[name] = [e.report["status"], e.report.get("limit"), e.report.get("error")]
+stop.set(); t.join()
+print(json.dumps(out))
+"#;
+
+/// Asserts both floods ended `limit`, limit `notifications`, and the sibling answered.
+fn check_floods_stopped(out: &Outcome) {
+    let r = worker_json(out);
+    for name in ["clock_flood", "random_flood"] {
+        assert_eq!(r[name][0], "limit", "{name}: {r}");
+        assert_eq!(r[name][1], "notifications", "{name}: {r}");
+    }
+    assert!(
+        r["sibling"].as_i64().unwrap() >= 1,
+        "the quiet sibling answered: {r}"
+    );
+}
+
+#[test]
+fn a_session_flooding_the_router_with_notifications_is_stopped() {
+    let worker = format!("EXEC = False\n{FLOOD_WORKER}");
+    let (s, module) = serve_scratch("notif-flood", "nf", FLOODERS, "", &[], &worker);
+    let out = serve(&s, &module, &["-q"], &[], Duration::from_secs(240));
+    check_floods_stopped(&out);
+}
+
+#[test]
+fn an_exec_mode_session_flooding_its_supervisor_with_notifications_is_stopped() {
+    let worker = format!("EXEC = True\n{FLOOD_WORKER}");
+    let (s, module) = serve_scratch("notif-flood-exec", "nf", FLOODERS, "", &[], &worker);
+    s.write(
+        "guest.py",
+        &format!(
+            "import sys, {module} as m\nfrom wfjail import guest\nguest.run(getattr(m, sys.argv[1]))\n"
+        ),
+    );
+    let out = serve_in(false, &s, &module, &["-q"], &[], Duration::from_secs(240));
+    check_floods_stopped(&out);
+}

@@ -167,6 +167,9 @@ pub struct SessionShared {
     /// The session's workflow time and seeded stream, read by whoever answers its
     /// notifications (the session's loop, or its zygote's router).
     pub determinism: Mutex<Determinism>,
+    /// The supervisor's work for this session, bounded (`notify::Budget`): charged by whoever
+    /// answers its notifications.
+    pub budget: Mutex<crate::supervise::notify::Budget>,
     exit: Mutex<Option<ChildExit>>,
     killed: AtomicBool,
     /// Written when `exit` is set; the session thread polls the other end.
@@ -213,6 +216,7 @@ impl SessionShared {
                 echo.then(|| format!("wfjail: session {id}: ")),
             )),
             determinism: Mutex::new(Determinism::default()),
+            budget: Mutex::new(Default::default()),
             exit: Mutex::new(None),
             killed: AtomicBool::new(false),
             wake_w: w,

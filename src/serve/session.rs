@@ -812,6 +812,15 @@ impl Session {
             Route::HoldExec => return,
             Route::Guest => {}
         }
+        // The supervisor's work for the session is bounded (notify::Budget).
+        if !self.shared.budget.lock().unwrap().take() {
+            let pidfd = e.pidfd.clone();
+            notify::over_budget(l.as_fd(), &n, || {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            });
+            self.shared.mark_killed();
+            return;
+        }
         if let Some(limit) = self.applied.memory
             && crate::supervise::mapping_beyond_limit(
                 l.as_fd(),
@@ -1075,6 +1084,7 @@ impl Session {
             timed_out: self.phases.timed_out(),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,
+            notifications_exceeded: self.shared.budget.lock().unwrap().exceeded,
             call_cpu_exceeded: self.call_cpu_exceeded,
             // Killed by the session, or by the router for a violation.
             killed_by_supervisor: self.killed || self.shared.killed(),

@@ -674,6 +674,16 @@ impl Zygote {
                 notify::refuse(listener.as_fd(), &n, libc::EPERM);
                 continue;
             };
+            // The router's work for a session is bounded (notify::Budget): a flooding session
+            // is killed before it starves its siblings.
+            if !session.budget.lock().unwrap().take() {
+                notify::over_budget(listener.as_fd(), &n, || {
+                    // The task waits on this notification: its pid cannot have been reused.
+                    let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+                });
+                session.mark_killed();
+                continue;
+            }
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
             let clock = det.clock;

@@ -219,6 +219,10 @@ pub struct Outcome {
     pub output_exceeded: bool,
     /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
     pub disk_exceeded: bool,
+    /// Why `limits.disk` could not judge, when that was why the guest was stopped.
+    pub disk_error: Option<String>,
+    /// The guest asked for more answers than its budget (`notify::Budget`): wfjail killed it.
+    pub notifications_exceeded: bool,
     /// A required step failed in the child (no guest ran).
     pub fatal: Option<(Step, Errno)>,
     /// Best-effort steps that failed.
@@ -461,6 +465,7 @@ pub fn supervise(
         out_sink = None; // framed, stdout is a log: echoed with stderr below
     }
     let mut violations = Violations::new(echo.then(String::new));
+    let mut budget = notify::Budget::default();
     let mut startup = Startup::new();
     if policy.random.getrandom == crate::policy::RandomMode::Seeded {
         o.seed = Some(cfg.seed.unwrap_or(0));
@@ -547,6 +552,11 @@ pub fn supervise(
         {
             o.disk_exceeded = true;
             kill();
+            o.disk_error = acct
+                .borrow()
+                .cannot_judge
+                .as_ref()
+                .map(|e| format!("limits.disk: {e}"));
         }
         let streams_open = stdout.is_some()
             || stderr.is_some()
@@ -715,6 +725,12 @@ pub fn supervise(
                         // `run` takes no step between the exec's stop and its start.
                         Route::HoldExec => continue,
                         Route::Guest => {}
+                    }
+                    // The supervisor's work for the guest is bounded (notify::Budget).
+                    if !budget.take() {
+                        o.notifications_exceeded = true;
+                        notify::over_budget(l.as_fd(), &n, kill);
+                        continue;
                     }
                     // A large allocation routed here for the memory limit's evidence (the
                     // filter sends private mappings of at least limit/16; `answer` lets them
@@ -901,6 +917,11 @@ pub fn supervise(
         && acct.borrow_mut().over_at_end()
     {
         o.disk_exceeded = true;
+        o.disk_error = acct
+            .borrow()
+            .cannot_judge
+            .as_ref()
+            .map(|e| format!("limits.disk: {e}"));
     }
     if tail.len() > STDERR_TAIL {
         tail.drain(..tail.len() - STDERR_TAIL);

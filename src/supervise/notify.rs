@@ -110,6 +110,66 @@ pub struct State<'v> {
 /// The most violations a learning run keeps (each open of a Python import is one).
 pub const MAX_LEARNED: usize = 100_000;
 
+/// The notifications a guest may have answered in a burst: the bucket's size.
+pub const BUDGET_BURST: u32 = 100_000;
+/// The notifications a guest may have answered per second, sustained: the bucket's refill.
+pub const BUDGET_RATE: u32 = 5_000;
+
+/// How much of the supervisor's work one guest may have (`wfjail run`, one serve session):
+/// a token bucket on the notifications answered for it, [`BUDGET_BURST`] deep and refilled
+/// at [`BUDGET_RATE`] per second. Every answer costs the supervisor a few microseconds that
+/// the guest's own CPU limit does not count; a guest that keeps asking faster than the
+/// refill (a loop of wall-clock reads under the virtual clock, of seeded `getrandom`) is
+/// killed, and the report says `limit`, limit `notifications`. The supervisor's time for it
+/// stays under ~`BUDGET_RATE` answers a second, whatever it does, so that it cannot starve
+/// the sessions that share the supervisor (a zygote's router answers them all).
+#[derive(Debug)]
+pub struct Budget {
+    tokens: f64,
+    last: std::time::Instant,
+    /// Notifications answered (or refused for the budget), in all.
+    pub answered: u64,
+    /// The bucket ran dry: the guest was killed for it.
+    pub exceeded: bool,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            tokens: f64::from(BUDGET_BURST),
+            last: std::time::Instant::now(),
+            answered: 0,
+            exceeded: false,
+        }
+    }
+}
+
+impl Budget {
+    /// Takes one answer from the bucket: `false` when it is empty (the caller kills the
+    /// guest and fails the call, see [`over_budget`]); `exceeded` stays set.
+    pub fn take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * f64::from(BUDGET_RATE);
+        self.last = now;
+        self.tokens = (self.tokens + refill).min(f64::from(BUDGET_BURST));
+        self.answered += 1;
+        if self.tokens >= 1.0 && !self.exceeded {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.exceeded = true;
+            false
+        }
+    }
+}
+
+/// Answers `n` of a guest over its [`Budget`]: kills it through `kill` first, then fails the
+/// call (it never returns to the guest).
+pub fn over_budget(listener: BorrowedFd<'_>, n: &Notif, kill: impl FnOnce()) {
+    kill();
+    respond(listener, n, Answer::Kill(libc::EPERM));
+}
+
 /// Receives one notification (`None`: the call vanished, nothing to do).
 pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
     sys::notif_recv(listener, buf).ok()

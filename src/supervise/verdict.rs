@@ -76,6 +76,9 @@ pub struct Facts {
     pub output_exceeded: bool,
     /// The guest added more than `limits.disk` under its write grants (wfjail killed it).
     pub disk_exceeded: bool,
+    /// The guest asked the supervisor for more answers than its budget (`notify::Budget`):
+    /// wfjail killed it.
+    pub notifications_exceeded: bool,
     /// wfjail sent the guest SIGKILL itself, for whatever reason: a SIGKILL it did not send
     /// is the kernel's (RLIMIT_CPU's hard limit).
     pub killed_by_supervisor: bool,
@@ -114,6 +117,7 @@ pub enum Limit {
     Cpu,
     FileSize,
     Disk,
+    Notifications,
 }
 
 impl Limit {
@@ -122,6 +126,7 @@ impl Limit {
         match self {
             Limit::Memory => "memory",
             Limit::Disk => "disk",
+            Limit::Notifications => "notifications",
             Limit::Output => "output",
             Limit::Cpu => "cpu",
             Limit::FileSize => "file_size",
@@ -258,6 +263,15 @@ pub fn classify(f: &Facts) -> Verdict {
         limit(Limit::Output)
     } else if f.disk_exceeded {
         limit(Limit::Disk)
+    } else if f.notifications_exceeded {
+        let error = format!(
+            "the guest asked the supervisor for more than {} answers at once, or {} a second \
+             sustained (wall-clock reads under the virtual clock, seeded getrandom, watched \
+             calls): killed",
+            crate::supervise::notify::BUDGET_BURST,
+            crate::supervise::notify::BUDGET_RATE
+        );
+        verdict(Status::Limit, Some(Limit::Notifications), Some(error))
     } else if cpu_hit {
         limit(Limit::Cpu)
     } else if file_size_hit {
@@ -701,5 +715,28 @@ mod tests {
             ..early
         };
         assert_eq!(classify(&exit_1).error, None);
+    }
+
+    #[test]
+    fn a_guest_over_its_notification_budget_is_a_notifications_limit_with_words() {
+        let f = Facts {
+            wait_status: Some(killed_by(libc::SIGKILL)),
+            killed_by_supervisor: true,
+            notifications_exceeded: true,
+            ending: Ending::Raw,
+            ..Facts::default()
+        };
+        let v = classify(&f);
+        assert_eq!(
+            (v.status, v.limit, v.exit_status),
+            (Status::Limit, Some(Limit::Notifications), 5)
+        );
+        assert!(v.error.unwrap().contains("answers at once"));
+        // A violation outranks it.
+        let v = classify(&Facts {
+            violation_enforced: true,
+            ..f
+        });
+        assert_eq!(v.status, Status::Violation);
     }
 }
