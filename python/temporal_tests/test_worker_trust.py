@@ -381,5 +381,43 @@ class ReplyTests(unittest.TestCase):
         self.assertEqual((done.run_id, done.HasField("successful")), ("run-1", True))
 
 
+
+# -- the hostile-guest pass (issue 16, Done when) ----------------------------------------------
+
+_FORGED_LINE = "\n2026-12-01 ERROR temporalio.worker credentials rotated\x1b[2J\x1b]0;owned\x07"
+
+
+class ViolationTextTests(unittest.TestCase):
+    """What wfjail denied a child is wfjail's word, but a violation's arguments (a path, an
+    argv) are the child's bytes: the worker's log line and the task failure show them escaped,
+    so that a child cannot add a line of its own to either."""
+
+    def _violation(self, action):
+        return {"category": "filesystem", "syscall": "openat",
+                "args": '"/tmp/x' + _FORGED_LINE + '\u2028", O_RDONLY', "action": action,
+                "rule": "filesystem.read", "hint": "add /tmp/x" + _FORGED_LINE}
+
+    def test_a_denied_paths_text_cannot_forge_lines_of_the_failure_or_the_log(self):
+        session = FakeSession(_reply(WorkflowActivationCompletion(run_id="run-1",
+                                                                  successful={})),
+                              _reply(WorkflowActivationCompletion(run_id="run-1",
+                                                                  successful={})))
+        inst = T._JailedInstance(session, _det())
+        session.violations = [self._violation("denied")]
+        failed = inst.activate(_activation())
+        message = failed.failed.failure.message
+        lines = message.split("\n")
+        self.assertEqual(len(lines), 2, message)
+        self.assertIn("\\x0a2026-12-01 ERROR", lines[1])
+        self.assertNotIn("\x1b", message)
+        self.assertNotIn("\u2028", message)
+        session.violations = [self._violation("warned")]
+        with self.assertLogs("wfjail.temporal", "WARNING") as logs:
+            inst.activate(_activation())
+        text = logs.records[0].getMessage()
+        self.assertEqual(len(text.split("\n")), 2, text)
+        self.assertNotIn("\x1b", text)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -910,9 +910,11 @@ def _violations_text(det, violations, denied=True):
         "denied" if denied else "let through (policy in warn mode)",
         det.info.workflow_type, det.info.run_id)]
     for v in violations:
-        lines.append("  %s %s(%s) %s [%s]: %s" % (
-            v.get("category"), v.get("syscall"), v.get("args"), v.get("action"), v.get("rule"),
-            v.get("hint")))
+        # A violation's arguments (a path, an argv) and its hint carry the child's bytes:
+        # escaped, so that each violation stays one line (no forged ones after it).
+        lines.append("  %s %s(%s) %s [%s]: %s" % tuple(
+            _escape(v.get(k), MAX_CHILD_MESSAGE)
+            for k in ("category", "syscall", "args", "action", "rule", "hint")))
     return "\n".join(lines)
 
 
@@ -920,8 +922,8 @@ def _report_text(det, report, exc):
     if report.get("violations"):
         return _violations_text(det, report["violations"])
     return "wfjail: the confined run of workflow %s ended: %s: %s" % (
-        det.info.workflow_type, report.get("status", type(exc).__name__),
-        report.get("error") or exc)
+        det.info.workflow_type, _escape(report.get("status", type(exc).__name__)),
+        _escape(report.get("error") or exc, MAX_CHILD_MESSAGE))
 
 
 # -- in the confined child ------------------------------------------------------------------------
