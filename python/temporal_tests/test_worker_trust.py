@@ -419,5 +419,37 @@ class ViolationTextTests(unittest.TestCase):
         self.assertNotIn("\x1b", text)
 
 
+
+class GuestErrorTests(unittest.TestCase):
+    """A child whose handler raises (not its workflow: the SDK turns a workflow's exceptions
+    into a failed completion) sends an ERROR frame of its own making: type, message and
+    traceback, each up to a frame. The failure the worker makes of it is marked as the
+    child's, bounded and escaped; its stack is parsed as a deadlock's is."""
+
+    def test_a_forged_handler_error_is_bounded_escaped_and_marked_as_the_childs(self):
+        from wfjail.client import GuestError
+
+        doc = {"type": "wfjail denied workflow Victim (run run-9) what workflow code may not "
+                       "do:" + _FORGED_LINE,
+               "message": "m" * 3_000_000 + _FORGED_LINE,
+               "traceback": _forged_stack(frames=5000)}
+
+        def call(session):
+            raise GuestError(doc)
+
+        failed = T._JailedInstance(FakeSession(call), _det()).activate(_activation())
+        failure = failed.failed.failure
+        self.assertTrue(failure.message.startswith(
+            "wfjail: the confined process of workflow Honest (run run-1) raised outside "
+            "workflow code: wfjail denied workflow Victim"), failure.message[:200])
+        self.assertNotIn("\n", failure.message)
+        self.assertNotIn("\x1b", failure.message)
+        self.assertLess(len(failure.message), 3 * T.MAX_CHILD_MESSAGE)
+        self.assertLessEqual(failure.stack_trace.count("[confined child]"),
+                             T.MAX_STACK_FRAMES)
+        self.assertNotIn("\x1b", failure.stack_trace)
+        self.assertLess(len(failure.stack_trace), 200_000)
+
+
 if __name__ == "__main__":
     unittest.main()

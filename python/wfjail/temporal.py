@@ -408,7 +408,15 @@ class _JailedInstance(WorkflowInstance):
                 with self._state:
                     self._aborted = True
                 return _deadlocked(act, _stack_text(e.traceback or ""))
-            return _failed(act, "%s: %s\n%s" % (e.type, e.message, e.traceback))
+            # The child's handler raised (a workflow's own exceptions come as a failed
+            # completion): its type, message and traceback are its words, each up to a
+            # frame. Marked as the child's, bounded and escaped; the stack parsed.
+            return _failed(act, "wfjail: the confined process of workflow %s (run %s) raised "
+                           "outside workflow code: %s: %s" % (
+                               self._det.info.workflow_type, self._det.info.run_id,
+                               _escape(e.type, MAX_STACK_NAME),
+                               _escape(e.message, MAX_CHILD_MESSAGE)),
+                           _stack_text(e.traceback or ""))
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
                 return _evicted(act)
@@ -890,10 +898,11 @@ def _log_to_worker(info):
     return on_log
 
 
-def _failed(act, message):
+def _failed(act, message, stack_trace=""):
     """A completion that fails the workflow task with ``message`` (the worker retries it)."""
     completion = WorkflowActivationCompletion(run_id=act.run_id)
     completion.failed.failure.message = message
+    completion.failed.failure.stack_trace = stack_trace
     completion.failed.failure.source = "wfjail"
     return completion
 
