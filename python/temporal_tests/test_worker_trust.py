@@ -451,5 +451,56 @@ class GuestErrorTests(unittest.TestCase):
         self.assertLess(len(failure.stack_trace), 200_000)
 
 
+
+def _empty_commands(count):
+    """A completion of ``count`` empty commands, two bytes each on the wire (no protobuf
+    object is built here: the child writes such bytes as fast as it likes)."""
+    inner = b"\x0a\x00" * count
+    size, n = bytearray(), len(inner)
+    while True:
+        size.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    data = b"\x12" + bytes(size) + inner
+    return struct.pack(">I", len(data)) + data
+
+
+class ReplySizeTests(unittest.TestCase):
+    """A reply is at most a frame (16 MiB), but its protobuf decodes to 30 times that in the
+    worker (an empty command is two bytes on the wire, a Python object and a Core struct in
+    the worker), and Core holds each command again. The worker takes what the server could
+    take (``max_reply_bytes``, default 4 MiB: the server's gRPC limit on a task completion),
+    at most MAX_COMPLETION_COMMANDS commands (more than a history holds by default), and a
+    side channel of at most MAX_SIDE_CHANNEL bytes."""
+
+    def test_a_reply_past_the_servers_limit_is_refused_before_it_is_decoded(self):
+        big = _empty_commands((4 * 1024 * 1024) // 2 + 8)
+        inst = T._JailedInstance(FakeSession(big), _det())
+        with mock.patch.object(WorkflowActivationCompletion, "FromString",
+                               side_effect=AssertionError("decoded")) as parse:
+            failed = inst.activate(_activation())
+        self.assertFalse(parse.called)
+        self.assertIn("max_reply_bytes", failed.failed.failure.message)
+
+    def test_a_completion_with_more_commands_than_a_history_holds_fails_its_task(self):
+        inst = T._JailedInstance(FakeSession(_empty_commands(T.MAX_COMPLETION_COMMANDS + 1),
+                                             _empty_commands(10)), _det())
+        failed = inst.activate(_activation())
+        self.assertIn("%d commands" % (T.MAX_COMPLETION_COMMANDS + 1),
+                      failed.failed.failure.message)
+        done = inst.activate(_activation())
+        self.assertEqual(len(done.successful.commands), 10)
+
+    def test_a_side_channel_past_its_bound_is_not_parsed(self):
+        record = ["counter", "jobs", None, None, 1, {}]
+        side = {"metrics": [record], "pad": "x" * T.MAX_SIDE_CHANNEL}
+        with mock.patch.object(T.json, "loads", side_effect=AssertionError("parsed")):
+            completion, metrics = T._split_reply(
+                _reply(WorkflowActivationCompletion(run_id="run-1", successful={}), side))
+        self.assertEqual(metrics, [])
+        self.assertTrue(completion.HasField("successful"))
+
+
 if __name__ == "__main__":
     unittest.main()

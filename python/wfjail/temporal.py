@@ -100,12 +100,17 @@ class JailedWorkflowRunner(WorkflowRunner):
     server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
     ``reserved_metric_prefixes``: metric names a workflow may not use (the worker's own, so
     that a child cannot register one first; default ``("temporal_",)``, the SDK's and Core's).
+    ``max_reply_bytes``: the largest completion the worker takes from a child (default 4 MiB,
+    what the server takes in a task completion); raise it only when a payload storage driver
+    takes large payloads out of completions in the worker.
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
                  preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None,
-                 reserved_metric_prefixes=None):
+                 reserved_metric_prefixes=None, max_reply_bytes=None):
         self._policy = policy
+        self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
+                                    else max_reply_bytes)
         self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metric_prefixes
                                        is None else reserved_metric_prefixes)
         # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
@@ -159,7 +164,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det, self._reserved_metrics)
+        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes)
 
     def _policy_of(self, defn):
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -306,8 +311,9 @@ def _recipe(det, failure_types):
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
 
-    def __init__(self, session, det, reserved_metrics=None):
+    def __init__(self, session, det, reserved_metrics=None, max_reply_bytes=None):
         self._session = session
+        self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
         self._det = det
         self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
                                        else reserved_metrics)
@@ -361,7 +367,7 @@ class _JailedInstance(WorkflowInstance):
             reply = self._session.call(
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, metrics = _split_reply(reply)
+            completion, metrics = _split_reply(reply, self._max_reply_bytes)
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
@@ -613,13 +619,31 @@ def _escape(text, limit=None):
     return text.translate(_ESCAPES) + more
 
 
-def _split_reply(reply):
+# The largest completion taken from a child, by default: what the server takes in a task
+# completion (its gRPC limit, 4 MiB). A reply's protobuf decodes to some 30 times its size in
+# the worker (an empty command is two bytes), and Core holds each command again.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+# At most this many commands in one completion: more than a history holds by default (51,200
+# events; each command adds one at least), so such a task could never complete.
+MAX_COMPLETION_COMMANDS = 51_200
+# The side channel (metric records: at most _MAX_METRIC_RECORDS small ones) is parsed only
+# below this many bytes; JSON, too, decodes to many times its size.
+MAX_SIDE_CHANNEL = 1024 * 1024
+
+
+def _split_reply(reply, max_bytes=MAX_REPLY_BYTES):
     """A child's reply: the completion (protobuf), then JSON: the metric records of the
     activation. (Anything else in the JSON is ignored: the serialization contexts of the
-    completion's commands are the worker's own, ``_command_contexts``.)"""
+    completion's commands are the worker's own, ``_command_contexts``.) A completion over
+    ``max_bytes`` or with over MAX_COMPLETION_COMMANDS commands is a ProtocolError (before it
+    is decoded, for the first); a side channel over MAX_SIDE_CHANNEL is not read."""
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
+    if min(n, len(reply) - 4) > max_bytes:
+        raise ProtocolError("oversized", "the child's completion is %d bytes, over the %d the "
+                            "worker takes (JailedWorkflowRunner(max_reply_bytes=...))"
+                            % (min(n, len(reply) - 4), max_bytes))
     from google.protobuf.message import DecodeError
 
     try:
@@ -627,8 +651,13 @@ def _split_reply(reply):
     except DecodeError as e:
         raise ProtocolError("payload", "the child's completion is not a "
                             "WorkflowActivationCompletion: %s" % e) from None
+    commands = len(completion.successful.commands)
+    if commands > MAX_COMPLETION_COMMANDS:
+        raise ProtocolError("oversized", "the child's completion has %d commands, over the %d "
+                            "a history holds" % (commands, MAX_COMPLETION_COMMANDS))
+    side = reply[4 + n:]
     try:
-        doc = json.loads(reply[4 + n:] or b"{}")
+        doc = json.loads(side or b"{}") if len(side) <= MAX_SIDE_CHANNEL else {}
     except (ValueError, RecursionError):
         doc = {}
     if not isinstance(doc, dict):
