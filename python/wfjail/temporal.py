@@ -869,6 +869,9 @@ def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
             continue
 
 
+# The largest upcall (extern function call) the worker reads: their arguments are small (a
+# span's parameters, a patch id).
+MAX_UPCALL_BYTES = 1024 * 1024
 # Extern functions the child answers itself: the metric meter (its records travel with the
 # completions instead).
 _LOCAL_EXTERN = ("__temporal_get_metric_meter",)
@@ -881,6 +884,11 @@ def _upcalls_in_worker(det):
     import temporalio.worker
 
     def on_upcall(payload):
+        # Parsed on the activation's thread while the child waits: bounded (typed_json
+        # bounds the values rebuilt).
+        if len(payload) > MAX_UPCALL_BYTES:
+            raise ValueError("an upcall of %d bytes, over the %d the worker reads"
+                             % (len(payload), MAX_UPCALL_BYTES))
         doc = json.loads(payload)
         if not isinstance(doc, dict) or not isinstance(doc.get("fn"), str):
             raise ValueError("an upcall is a JSON object with a function name")
