@@ -535,5 +535,46 @@ class UpcallSizeTests(unittest.TestCase):
         self.assertEqual(calls, [])
 
 
+
+class LogFloodTests(unittest.TestCase):
+    """A LOG frame costs its child six bytes of limits.output: a session's 16 MiB is 2.8
+    million records, each a record of the worker's log (and its handlers' time). The worker
+    relays at most MAX_LOG_RECORDS of an activation, then says once how many it dropped."""
+
+    def test_a_flood_of_log_records_is_cut_per_activation_and_counted(self):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("temporalio.workflow")
+        logger.addHandler(handler)
+        old_level = logger.level
+        logger.setLevel(logging.DEBUG)
+        on_log = T._log_to_worker(_info())
+
+        def flood(session):
+            for i in range(5000):
+                on_log(logging.INFO, "spam %d" % i)
+            return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+
+        def quiet(session):
+            on_log(logging.INFO, "next activation")
+            return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+
+        inst = T._JailedInstance(FakeSession(flood, quiet), _det(), run_log=on_log)
+        try:
+            with self.assertLogs("wfjail.temporal", "WARNING") as said:
+                inst.activate(_activation())
+            inst.activate(_activation())
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        texts = [r.getMessage() for r in records]
+        self.assertEqual(len(texts), T.MAX_LOG_RECORDS + 1)
+        self.assertEqual(texts[-1], "next activation")
+        self.assertEqual(len(said.records), 1)
+        self.assertIn("dropped %d log records" % (5000 - T.MAX_LOG_RECORDS),
+                      said.records[0].getMessage())
+
+
 if __name__ == "__main__":
     unittest.main()

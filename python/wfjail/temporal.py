@@ -154,8 +154,9 @@ class JailedWorkflowRunner(WorkflowRunner):
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
+            run_log = _log_to_worker(det.info)
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
-                                     on_log=_log_to_worker(det.info),
+                                     on_log=run_log,
                                      on_upcall=_upcalls_in_worker(det),
                                      seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
                                      time_ns=_start_ns(det.info)).open()
@@ -164,7 +165,8 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes)
+        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
+                               run_log)
 
     def _policy_of(self, defn):
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -311,8 +313,11 @@ def _recipe(det, failure_types):
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
 
-    def __init__(self, session, det, reserved_metrics=None, max_reply_bytes=None):
+    def __init__(self, session, det, reserved_metrics=None, max_reply_bytes=None,
+                 run_log=None):
         self._session = session
+        # The run's log relay (``_log_to_worker``): its budget of records is per activation.
+        self._run_log = run_log
         self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
         self._det = det
         self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
@@ -358,6 +363,8 @@ class _JailedInstance(WorkflowInstance):
             return _evicted(act)
         self._calling = True
         self._idle.clear()
+        if self._run_log is not None:
+            self._run_log.begin()
         # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
         # nothing is interrupted there.
         watched = asyncio._get_running_loop() is None
@@ -431,6 +438,12 @@ class _JailedInstance(WorkflowInstance):
         finally:
             if watched:
                 _WATCHDOG.disarm(self)
+            if self._run_log is not None and self._run_log.dropped:
+                logging.getLogger("wfjail.temporal").warning(
+                    "workflow %s (run %s) dropped %d log records of one activation (the "
+                    "worker relays %d)", self._det.info.workflow_type, self._det.info.run_id,
+                    self._run_log.dropped, MAX_LOG_RECORDS)
+                self._run_log.dropped = 0
             with self._state:
                 self._calling = False
                 close = evicting or self._aborted
@@ -487,8 +500,10 @@ MAX_STACK_TEXT = 256 * 1024
 MAX_STACK_FRAMES = 64
 MAX_STACK_NAME = 256
 MAX_CHILD_MESSAGE = 4096
-# A log record of a child shows at most this many characters of its text.
+# A log record of a child shows at most this many characters of its text, and at most this
+# many records of an activation are relayed (a LOG frame costs its child six bytes).
 MAX_LOG_TEXT = 16 * 1024
+MAX_LOG_RECORDS = 1000
 # Frames of the child show with this after their file name: the worker never reads a file a
 # child names (the source lines are the child's own text), so a hostile workflow cannot get
 # lines of the worker's files into its failure.
@@ -914,25 +929,36 @@ def _upcalls_in_worker(det):
     return on_upcall
 
 
-def _log_to_worker(info):
+class _log_to_worker:  # noqa: N801  (called as the function it was)
     """The worker side of the run's log records: they go to the worker's own
     ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
     ``workflow.logger`` puts it (the text already carries it). The text is the child's: one
     line of the worker's log, escaped (``_escape``: no forged records, no terminal escapes)
-    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL."""
-    logger = logging.getLogger("temporalio.workflow")
-    extra = {"temporal_workflow": {
-        "namespace": info.namespace, "task_queue": info.task_queue,
-        "workflow_id": info.workflow_id, "run_id": info.run_id,
-        "workflow_type": info.workflow_type, "attempt": info.attempt,
-    }, "wfjail": True}
+    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL. At most
+    MAX_LOG_RECORDS records of an activation (``begin``) are relayed; ``dropped`` counts the
+    rest."""
 
-    def on_log(level, text):
+    def __init__(self, info):
+        self._logger = logging.getLogger("temporalio.workflow")
+        self._extra = {"temporal_workflow": {
+            "namespace": info.namespace, "task_queue": info.task_queue,
+            "workflow_id": info.workflow_id, "run_id": info.run_id,
+            "workflow_type": info.workflow_type, "attempt": info.attempt,
+        }, "wfjail": True}
+        self.relayed = 0
+        self.dropped = 0
+
+    def begin(self):
+        self.relayed = self.dropped = 0
+
+    def __call__(self, level, text):
+        if self.relayed >= MAX_LOG_RECORDS:
+            self.dropped += 1
+            return
+        self.relayed += 1
         level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
-        if logger.isEnabledFor(level):
-            logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=extra)
-
-    return on_log
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=self._extra)
 
 
 def _failed(act, message, stack_trace=""):
