@@ -576,5 +576,37 @@ class LogFloodTests(unittest.TestCase):
                       said.records[0].getMessage())
 
 
+
+class SessionFrameTests(unittest.TestCase):
+    """The worker's session reads a child's RESULT (or ERROR, LOG, UPCALL) only up to what it
+    takes: a 16 MiB frame was read whole (twice its size in memory, per activation in
+    flight) before the reply's bound refused it. A frame announced past ``max_frame`` ends
+    the session unread."""
+
+    def test_a_result_announced_past_max_frame_is_not_read(self):
+        import socket
+
+        from wfjail import client as C
+        from wfjail.errors import ProtocolError
+
+        serve, worker = socket.socketpair()
+        try:
+            worker.settimeout(10)
+            session = C.Session("unused", "{}")
+            session._max_frame = 1024 * 1024
+            session._sock = worker
+            # serve relays a RESULT of 8 MiB; only its first MiB has arrived yet.
+            serve.sendall(struct.pack("<IB", 8 * 1024 * 1024 + 1, C.RESULT))
+            threading.Thread(target=lambda: serve.sendall(b"\x00" * (1024 * 1024)),
+                             daemon=True).start()
+            with self.assertRaises(ProtocolError) as raised:
+                session.call(b"activation")
+            self.assertEqual(raised.exception.code, "oversized")
+            self.assertIsNone(session._sock)
+        finally:
+            serve.close()
+            worker.close()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -158,6 +158,10 @@ class JailedWorkflowRunner(WorkflowRunner):
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
                                      on_log=run_log,
                                      on_upcall=_upcalls_in_worker(det),
+                                     # A child's frames are read only up to what the worker
+                                     # takes of them (a reply and its side channel).
+                                     max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
+                                                   MAX_UPCALL_BYTES),
                                      seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
                                      time_ns=_start_ns(det.info)).open()
         except Busy as e:
@@ -993,9 +997,12 @@ def _violations_text(det, violations, denied=True):
 def _report_text(det, report, exc):
     if report.get("violations"):
         return _violations_text(det, report["violations"])
-    return "wfjail: the confined run of workflow %s ended: %s: %s" % (
+    hint = ""
+    if getattr(exc, "code", None) == "oversized" and "max_reply_bytes" not in str(exc):
+        hint = " (JailedWorkflowRunner(max_reply_bytes=...) bounds what the worker reads)"
+    return "wfjail: the confined run of workflow %s ended: %s: %s%s" % (
         det.info.workflow_type, _escape(report.get("status", type(exc).__name__)),
-        _escape(report.get("error") or exc, MAX_CHILD_MESSAGE))
+        _escape(report.get("error") or exc, MAX_CHILD_MESSAGE), hint)
 
 
 # -- in the confined child ------------------------------------------------------------------------
