@@ -88,3 +88,17 @@ class HugeReply:
         child_side.struct = Packer()
         child_side.json = Dumper()
         return "huge"
+
+
+@workflow.defn
+class Stubborn:
+    """Never yields, and catches the interruption that would say where it is."""
+
+    @workflow.run
+    async def run(self) -> None:
+        while True:
+            try:
+                while True:
+                    pass
+            except BaseException:  # noqa: BLE001  (wfjail.Interrupted: ignored)
+                pass

@@ -70,6 +70,35 @@ class HostileWorkflowTests(unittest.TestCase):
         self.assertTrue([r for r in said if "dropped" in r.getMessage()],
                         [r.getMessage() for r in said])
 
+    def test_a_child_that_ignores_its_interruption_does_not_hold_a_worker_thread(self):
+        # One executor thread, and a call timeout of 300 s: before the watchdog ended such a
+        # child, the greeting waited behind it for the call timeout (wait_for gave up).
+        import concurrent.futures
+
+        import workflows as W
+
+        async def go():
+            client = await self.server.client()
+            queue = "stubborn-" + uuid.uuid4().hex
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as executor:
+                async with Worker(client, task_queue=queue, workflows=[H.Stubborn, W.Greeting],
+                                  activities=[W.greet], workflow_task_executor=executor,
+                                  workflow_runner=JailedWorkflowRunner(call_timeout="300s")):
+                    h = await client.start_workflow(H.Stubborn.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                    failure = await task_failure(h, wait=30.0)
+                    await h.terminate()
+                    after = await asyncio.wait_for(client.execute_workflow(
+                        W.Greeting.run, "after", id=str(uuid.uuid4()), task_queue=queue), 120)
+            return failure, after
+
+        with _Capture("wfjail.temporal", logging.WARNING) as said:
+            failure, after = asyncio.run(go())
+        self.assertIn("[TMPRL1101] Potential deadlock detected", failure)
+        self.assertEqual(after, "Hello, after!")
+        self.assertTrue([r for r in said if "did not answer its interruption" in r.getMessage()],
+                        [r.getMessage() for r in said])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -608,5 +608,43 @@ class SessionFrameTests(unittest.TestCase):
             worker.close()
 
 
+
+class StubbornChildTests(unittest.TestCase):
+    """A child that ignores its interruption (a workflow loop that catches
+    ``wfjail.Interrupted``, or native code) held the activation's executor thread until the
+    call timeout (30 s by default), and with the SDK's safe eviction, which waits on a
+    deadlocked activation before it evicts, the run's slot: a few such runs took every
+    thread of the worker's workflow executor. The watchdog ends such a child INTERRUPT_WAIT
+    after it interrupted it."""
+
+    def test_a_child_that_ignores_its_interruption_is_ended_by_the_watchdog(self):
+        release = threading.Event()
+
+        class Stubborn(FakeSession):
+            def call(self, request, time_ns=None):
+                # Neither the interruption nor anything but the end of the session stops it.
+                if not release.wait(60):
+                    return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+                raise T.ProtocolError("truncated", "wfjail closed the session connection")
+
+            def abort(self):
+                self.closed = True
+                release.set()
+
+        session = Stubborn()
+        inst = T._JailedInstance(session, _det())
+        out = {}
+        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 0.1, create=True), \
+                mock.patch.object(T, "INTERRUPT_WAIT", 0.2, create=True), \
+                self.assertLogs("wfjail.temporal", "WARNING") as said:
+            thread = threading.Thread(target=lambda: out.update(c=inst.activate(_activation())))
+            thread.start()
+            thread.join(30)
+        self.assertTrue(session.interrupted.is_set())
+        self.assertTrue(session.closed)
+        self.assertIn("[TMPRL1101] Potential deadlock detected", out["c"].failed.failure.message)
+        self.assertIn("did not answer its interruption", said.records[0].getMessage())
+
+
 if __name__ == "__main__":
     unittest.main()

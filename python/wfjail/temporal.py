@@ -437,6 +437,8 @@ class _JailedInstance(WorkflowInstance):
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
                 return _evicted(act)
+            if self._overdue:  # ended by the watchdog: it did not answer its interruption
+                return _deadlocked(act, "")
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
@@ -468,13 +470,29 @@ class _JailedInstance(WorkflowInstance):
         return None
 
     def _interrupt_overdue(self):
-        """(On the watchdog's thread.) Interrupts the activation in progress, once."""
+        """(On the watchdog's thread.) Interrupts the activation in progress, once; returns
+        whether it did. Called again (INTERRUPT_WAIT later) while that activation has not
+        answered, ends the child: a child that ignores its interruption (a loop catching it,
+        native code) must not hold the activation's thread (and with the SDK's safe
+        eviction, the run's slot) until the call timeout."""
         with self._state:
-            if not self._calling or self._interrupting:
-                return
-            self._interrupting = True
-            self._overdue = True
+            if not self._calling:
+                return False
+            stuck = self._interrupting
+            if stuck:
+                self._aborted = True
+            else:
+                self._interrupting = True
+                self._overdue = True
+        if stuck:
+            logging.getLogger("wfjail.temporal").warning(
+                "workflow %s (run %s) did not answer its interruption within %s s: its "
+                "confined process is ended", self._det.info.workflow_type,
+                self._det.info.run_id, INTERRUPT_WAIT)
+            self._session.abort()
+            return False
         self._session.interrupt()
+        return True
 
     def get_serialization_context(self, command_info):
         if command_info is None:
@@ -594,9 +612,10 @@ class _Watchdog:
             self._due.pop(instance, None)
 
     def interrupt_now(self, instance):
-        """Interrupt ``instance``'s activation now (if it is in progress), off this thread."""
+        """Interrupt ``instance``'s activation now (if it is in progress and was not
+        interrupted yet: its answer then has INTERRUPT_WAIT), off this thread."""
         with self._cond:
-            if instance in self._due:
+            if instance in self._due and not instance._interrupting:
                 self._due[instance] = 0.0
                 self._cond.notify()
 
@@ -612,7 +631,12 @@ class _Watchdog:
                     continue
             for instance in overdue:
                 try:
-                    instance._interrupt_overdue()
+                    if instance._interrupt_overdue():
+                        # Its answer has INTERRUPT_WAIT; then the child is ended (unless the
+                        # activation disarmed it by answering).
+                        with self._cond:
+                            if instance._calling:
+                                self._due[instance] = time.monotonic() + INTERRUPT_WAIT
                 except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
                     logging.getLogger("wfjail.temporal").exception("interrupting a run failed")
 
