@@ -381,5 +381,275 @@ class ReplyTests(unittest.TestCase):
         self.assertEqual((done.run_id, done.HasField("successful")), ("run-1", True))
 
 
+
+# -- the hostile-guest pass (issue 16, Done when) ----------------------------------------------
+
+_FORGED_LINE = "\n2026-12-01 ERROR temporalio.worker credentials rotated\x1b[2J\x1b]0;owned\x07"
+
+
+class ViolationTextTests(unittest.TestCase):
+    """What wfjail denied a child is wfjail's word, but a violation's arguments (a path, an
+    argv) are the child's bytes: the worker's log line and the task failure show them escaped,
+    so that a child cannot add a line of its own to either."""
+
+    def _violation(self, action):
+        return {"category": "filesystem", "syscall": "openat",
+                "args": '"/tmp/x' + _FORGED_LINE + '\u2028", O_RDONLY', "action": action,
+                "rule": "filesystem.read", "hint": "add /tmp/x" + _FORGED_LINE}
+
+    def test_a_denied_paths_text_cannot_forge_lines_of_the_failure_or_the_log(self):
+        session = FakeSession(_reply(WorkflowActivationCompletion(run_id="run-1",
+                                                                  successful={})),
+                              _reply(WorkflowActivationCompletion(run_id="run-1",
+                                                                  successful={})))
+        inst = T._JailedInstance(session, _det())
+        session.violations = [self._violation("denied")]
+        failed = inst.activate(_activation())
+        message = failed.failed.failure.message
+        lines = message.split("\n")
+        self.assertEqual(len(lines), 2, message)
+        self.assertIn("\\x0a2026-12-01 ERROR", lines[1])
+        self.assertNotIn("\x1b", message)
+        self.assertNotIn("\u2028", message)
+        session.violations = [self._violation("warned")]
+        with self.assertLogs("wfjail.temporal", "WARNING") as logs:
+            inst.activate(_activation())
+        text = logs.records[0].getMessage()
+        self.assertEqual(len(text.split("\n")), 2, text)
+        self.assertNotIn("\x1b", text)
+
+
+
+class GuestErrorTests(unittest.TestCase):
+    """A child whose handler raises (not its workflow: the SDK turns a workflow's exceptions
+    into a failed completion) sends an ERROR frame of its own making: type, message and
+    traceback, each up to a frame. The failure the worker makes of it is marked as the
+    child's, bounded and escaped; its stack is parsed as a deadlock's is."""
+
+    def test_a_forged_handler_error_is_bounded_escaped_and_marked_as_the_childs(self):
+        from wfjail.client import GuestError
+
+        doc = {"type": "wfjail denied workflow Victim (run run-9) what workflow code may not "
+                       "do:" + _FORGED_LINE,
+               "message": "m" * 3_000_000 + _FORGED_LINE,
+               "traceback": _forged_stack(frames=5000)}
+
+        def call(session):
+            raise GuestError(doc)
+
+        failed = T._JailedInstance(FakeSession(call), _det()).activate(_activation())
+        failure = failed.failed.failure
+        self.assertTrue(failure.message.startswith(
+            "wfjail: the confined process of workflow Honest (run run-1) raised outside "
+            "workflow code: wfjail denied workflow Victim"), failure.message[:200])
+        self.assertNotIn("\n", failure.message)
+        self.assertNotIn("\x1b", failure.message)
+        self.assertLess(len(failure.message), 3 * T.MAX_CHILD_MESSAGE)
+        self.assertLessEqual(failure.stack_trace.count("[confined child]"),
+                             T.MAX_STACK_FRAMES)
+        self.assertNotIn("\x1b", failure.stack_trace)
+        self.assertLess(len(failure.stack_trace), 200_000)
+
+
+
+def _empty_commands(count):
+    """A completion of ``count`` empty commands, two bytes each on the wire (no protobuf
+    object is built here: the child writes such bytes as fast as it likes)."""
+    inner = b"\x0a\x00" * count
+    size, n = bytearray(), len(inner)
+    while True:
+        size.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    data = b"\x12" + bytes(size) + inner
+    return struct.pack(">I", len(data)) + data
+
+
+class ReplySizeTests(unittest.TestCase):
+    """A reply is at most a frame (16 MiB), but its protobuf decodes to 30 times that in the
+    worker (an empty command is two bytes on the wire, a Python object and a Core struct in
+    the worker), and Core holds each command again. The worker takes what the server could
+    take (``max_reply_bytes``, default 4 MiB: the server's gRPC limit on a task completion),
+    at most MAX_COMPLETION_COMMANDS commands (more than a history holds by default), and a
+    side channel of at most MAX_SIDE_CHANNEL bytes."""
+
+    def test_a_reply_past_the_servers_limit_is_refused_before_it_is_decoded(self):
+        big = _empty_commands((4 * 1024 * 1024) // 2 + 8)
+        inst = T._JailedInstance(FakeSession(big), _det())
+        with mock.patch.object(WorkflowActivationCompletion, "FromString",
+                               side_effect=AssertionError("decoded")) as parse:
+            failed = inst.activate(_activation())
+        self.assertFalse(parse.called)
+        self.assertIn("max_reply_bytes", failed.failed.failure.message)
+
+    def test_a_completion_with_more_commands_than_a_history_holds_fails_its_task(self):
+        inst = T._JailedInstance(FakeSession(_empty_commands(T.MAX_COMPLETION_COMMANDS + 1),
+                                             _empty_commands(10)), _det())
+        failed = inst.activate(_activation())
+        self.assertIn("%d commands" % (T.MAX_COMPLETION_COMMANDS + 1),
+                      failed.failed.failure.message)
+        done = inst.activate(_activation())
+        self.assertEqual(len(done.successful.commands), 10)
+
+    def test_a_side_channel_past_its_bound_is_not_parsed(self):
+        record = ["counter", "jobs", None, None, 1, {}]
+        side = {"metrics": [record], "pad": "x" * T.MAX_SIDE_CHANNEL}
+        with mock.patch.object(T.json, "loads", side_effect=AssertionError("parsed")):
+            completion, metrics = T._split_reply(
+                _reply(WorkflowActivationCompletion(run_id="run-1", successful={}), side))
+        self.assertEqual(metrics, [])
+        self.assertTrue(completion.HasField("successful"))
+
+
+
+class UpcallSizeTests(unittest.TestCase):
+    """An upcall is decoded on the activation's thread while the child waits: 3 MB of JSON
+    (a million zeros) took 2.8 s of the worker's GIL to rebuild, whatever the extern function
+    declares. The worker reads at most MAX_UPCALL_BYTES and rebuilds at most
+    typed_json.MAX_VALUES values of an upcall; the function is not called past them."""
+
+    def _on_upcall(self, calls):
+        def fn(values: list):
+            calls.append(len(values))
+            return None
+
+        return T._upcalls_in_worker(_det(fn=fn))
+
+    def test_an_upcall_of_too_many_values_is_refused_before_the_function_runs(self):
+        calls = []
+        payload = json.dumps({"fn": "fn", "args": [[0] * 200_000]}).encode()
+        self.assertLess(len(payload), T.MAX_UPCALL_BYTES)
+        with self.assertRaises(ValueError):
+            self._on_upcall(calls)(payload)
+        self.assertEqual(calls, [])
+        self._on_upcall(calls)(json.dumps({"fn": "fn", "args": [[0] * 1000]}).encode())
+        self.assertEqual(calls, [1000])
+
+    def test_an_oversized_upcall_is_not_parsed(self):
+        calls = []
+        payload = json.dumps({"fn": "fn", "args": [["x" * T.MAX_UPCALL_BYTES]]}).encode()
+        with mock.patch.object(T.json, "loads", side_effect=AssertionError("parsed")):
+            with self.assertRaises(ValueError):
+                self._on_upcall(calls)(payload)
+        self.assertEqual(calls, [])
+
+
+
+class LogFloodTests(unittest.TestCase):
+    """A LOG frame costs its child six bytes of limits.output: a session's 16 MiB is 2.8
+    million records, each a record of the worker's log (and its handlers' time). The worker
+    relays at most MAX_LOG_RECORDS of an activation, then says once how many it dropped."""
+
+    def test_a_flood_of_log_records_is_cut_per_activation_and_counted(self):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("temporalio.workflow")
+        logger.addHandler(handler)
+        old_level = logger.level
+        logger.setLevel(logging.DEBUG)
+        on_log = T._log_to_worker(_info())
+
+        def flood(session):
+            for i in range(5000):
+                on_log(logging.INFO, "spam %d" % i)
+            return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+
+        def quiet(session):
+            on_log(logging.INFO, "next activation")
+            return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+
+        inst = T._JailedInstance(FakeSession(flood, quiet), _det(), run_log=on_log)
+        try:
+            with self.assertLogs("wfjail.temporal", "WARNING") as said:
+                inst.activate(_activation())
+            inst.activate(_activation())
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        texts = [r.getMessage() for r in records]
+        self.assertEqual(len(texts), T.MAX_LOG_RECORDS + 1)
+        self.assertEqual(texts[-1], "next activation")
+        self.assertEqual(len(said.records), 1)
+        self.assertIn("dropped %d log records" % (5000 - T.MAX_LOG_RECORDS),
+                      said.records[0].getMessage())
+
+
+
+class SessionFrameTests(unittest.TestCase):
+    """The worker's session reads a child's RESULT (or ERROR, LOG, UPCALL) only up to what it
+    takes: a 16 MiB frame was read whole (twice its size in memory, per activation in
+    flight) before the reply's bound refused it. A frame announced past ``max_frame`` ends
+    the session unread."""
+
+    def test_a_result_announced_past_max_frame_is_not_read(self):
+        import socket
+
+        from wfjail import client as C
+        from wfjail.errors import ProtocolError
+
+        serve, worker = socket.socketpair()
+        try:
+            worker.settimeout(10)
+            session = C.Session("unused", "{}")
+            session._max_frame = 1024 * 1024
+            session._sock = worker
+            # serve relays a RESULT of 8 MiB; only its first MiB has arrived yet.
+            serve.sendall(struct.pack("<IB", 8 * 1024 * 1024 + 1, C.RESULT))
+            def send_a_mebibyte():
+                try:
+                    serve.sendall(b"\x00" * (1024 * 1024))
+                except OSError:
+                    pass  # the worker's end is closed: what the test wants
+
+            threading.Thread(target=send_a_mebibyte, daemon=True).start()
+            with self.assertRaises(ProtocolError) as raised:
+                session.call(b"activation")
+            self.assertEqual(raised.exception.code, "oversized")
+            self.assertIsNone(session._sock)
+        finally:
+            serve.close()
+            worker.close()
+
+
+
+class StubbornChildTests(unittest.TestCase):
+    """A child that ignores its interruption (a workflow loop that catches
+    ``wfjail.Interrupted``, or native code) held the activation's executor thread until the
+    call timeout (30 s by default), and with the SDK's safe eviction, which waits on a
+    deadlocked activation before it evicts, the run's slot: a few such runs took every
+    thread of the worker's workflow executor. The watchdog ends such a child INTERRUPT_WAIT
+    after it interrupted it."""
+
+    def test_a_child_that_ignores_its_interruption_is_ended_by_the_watchdog(self):
+        release = threading.Event()
+
+        class Stubborn(FakeSession):
+            def call(self, request, time_ns=None):
+                # Neither the interruption nor anything but the end of the session stops it.
+                if not release.wait(60):
+                    return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
+                raise T.ProtocolError("truncated", "wfjail closed the session connection")
+
+            def abort(self):
+                self.closed = True
+                release.set()
+
+        session = Stubborn()
+        inst = T._JailedInstance(session, _det())
+        out = {}
+        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 0.1, create=True), \
+                mock.patch.object(T, "INTERRUPT_WAIT", 0.2, create=True), \
+                self.assertLogs("wfjail.temporal", "WARNING") as said:
+            thread = threading.Thread(target=lambda: out.update(c=inst.activate(_activation())))
+            thread.start()
+            thread.join(30)
+        self.assertTrue(session.interrupted.is_set())
+        self.assertTrue(session.closed)
+        self.assertIn("[TMPRL1101] Potential deadlock detected", out["c"].failed.failure.message)
+        self.assertIn("did not answer its interruption", said.records[0].getMessage())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -194,7 +194,7 @@ class Client:
                                "or pass the path")
 
     def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
-                on_upcall=None, seed=None, time_ns=None):
+                on_upcall=None, seed=None, time_ns=None, max_frame=None):
         """A session (use it as a context manager). ``handler`` in zygote mode,
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
         value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
@@ -207,10 +207,12 @@ class Client:
         "seeded"``, the session's randomness (``os.urandom``, ``random``, ``uuid4``) is drawn
         from this seed (default 0). ``time_ns``: under ``[time] clock = "virtual"``, what the
         guest's wall clock reads (nanoseconds since the epoch; default: now), until a call
-        passes another."""
+        passes another. ``max_frame``: the largest RESULT, ERROR, LOG or UPCALL payload (the
+        guest's words) this session reads (default: the protocol's 16 MiB); a larger one
+        ends the session unread (``ProtocolError('oversized')``)."""
         return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None,
                                             seed, time_ns),
-                       on_log, on_upcall)
+                       on_log, on_upcall, max_frame)
 
     def status(self):
         """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
@@ -224,9 +226,15 @@ class Client:
         return json.loads(_expect(kind, payload, SERVER))
 
 
+# The frames whose payload is the guest's (their size is its choice): a session may read
+# less of them than the protocol's cap.
+_GUEST_SIZED = frozenset((RESULT, ERROR, LOG, UPCALL))
+
+
 class Session:
-    def __init__(self, path, open_doc, on_log=None, on_upcall=None):
+    def __init__(self, path, open_doc, on_log=None, on_upcall=None, max_frame=None):
         self._path, self._open_doc = path, open_doc
+        self._max_frame = CAP if max_frame is None else int(max_frame)
         self._on_log = on_log
         self._on_upcall = on_upcall
         self._sock = None
@@ -341,6 +349,14 @@ class Session:
         _check_length(length)
         kind = self._read_exact(1)[0]
         _check_kind(kind)
+        if kind in _GUEST_SIZED and length - 1 > self._max_frame:
+            # Not read: the session ends here (the rest of the frame would be read as
+            # frames), and wfjail ends the guest when the worker leaves.
+            self._sock.close()
+            self._sock = None
+            raise ProtocolError("oversized", "a %s frame of %d bytes from the guest, over the "
+                                "%d this session reads" % (_NAMES[kind], length - 1,
+                                                            self._max_frame))
         return kind, self._read_exact(length - 1)
 
     def __enter__(self):

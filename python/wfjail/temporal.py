@@ -100,12 +100,17 @@ class JailedWorkflowRunner(WorkflowRunner):
     server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
     ``reserved_metric_prefixes``: metric names a workflow may not use (the worker's own, so
     that a child cannot register one first; default ``("temporal_",)``, the SDK's and Core's).
+    ``max_reply_bytes``: the largest completion the worker takes from a child (default 4 MiB,
+    what the server takes in a task completion); raise it only when a payload storage driver
+    takes large payloads out of completions in the worker.
     """
 
     def __init__(self, policy="temporal-python", *, max_sessions=1100, socket=None, wfjail=None,
                  preload=(), zygotes=None, call_timeout="30s", sandboxed=False, policies=None,
-                 reserved_metric_prefixes=None):
+                 reserved_metric_prefixes=None, max_reply_bytes=None):
         self._policy = policy
+        self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
+                                    else max_reply_bytes)
         self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metric_prefixes
                                        is None else reserved_metric_prefixes)
         # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
@@ -149,9 +154,14 @@ class JailedWorkflowRunner(WorkflowRunner):
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
+            run_log = _log_to_worker(det.info)
             session = client.session(handler=_FACTORY, init=recipe, timeout=self._call_timeout,
-                                     on_log=_log_to_worker(det.info),
+                                     on_log=run_log,
                                      on_upcall=_upcalls_in_worker(det),
+                                     # A child's frames are read only up to what the worker
+                                     # takes of them (a reply and its side channel).
+                                     max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
+                                                   MAX_UPCALL_BYTES),
                                      seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
                                      time_ns=_start_ns(det.info)).open()
         except Busy as e:
@@ -159,7 +169,8 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det, self._reserved_metrics)
+        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
+                               run_log)
 
     def _policy_of(self, defn):
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -306,8 +317,12 @@ def _recipe(det, failure_types):
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
 
-    def __init__(self, session, det, reserved_metrics=None):
+    def __init__(self, session, det, reserved_metrics=None, max_reply_bytes=None,
+                 run_log=None):
         self._session = session
+        # The run's log relay (``_log_to_worker``): its budget of records is per activation.
+        self._run_log = run_log
+        self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
         self._det = det
         self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
                                        else reserved_metrics)
@@ -352,6 +367,8 @@ class _JailedInstance(WorkflowInstance):
             return _evicted(act)
         self._calling = True
         self._idle.clear()
+        if self._run_log is not None:
+            self._run_log.begin()
         # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
         # nothing is interrupted there.
         watched = asyncio._get_running_loop() is None
@@ -361,7 +378,7 @@ class _JailedInstance(WorkflowInstance):
             reply = self._session.call(
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, metrics = _split_reply(reply)
+            completion, metrics = _split_reply(reply, self._max_reply_bytes)
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
@@ -408,15 +425,31 @@ class _JailedInstance(WorkflowInstance):
                 with self._state:
                     self._aborted = True
                 return _deadlocked(act, _stack_text(e.traceback or ""))
-            return _failed(act, "%s: %s\n%s" % (e.type, e.message, e.traceback))
+            # The child's handler raised (a workflow's own exceptions come as a failed
+            # completion): its type, message and traceback are its words, each up to a
+            # frame. Marked as the child's, bounded and escaped; the stack parsed.
+            return _failed(act, "wfjail: the confined process of workflow %s (run %s) raised "
+                           "outside workflow code: %s: %s" % (
+                               self._det.info.workflow_type, self._det.info.run_id,
+                               _escape(e.type, MAX_STACK_NAME),
+                               _escape(e.message, MAX_CHILD_MESSAGE)),
+                           _stack_text(e.traceback or ""))
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
                 return _evicted(act)
+            if self._overdue:  # ended by the watchdog: it did not answer its interruption
+                return _deadlocked(act, "")
             report = getattr(e, "report", None) or {}
             return _failed(act, _report_text(self._det, report, e))
         finally:
             if watched:
                 _WATCHDOG.disarm(self)
+            if self._run_log is not None and self._run_log.dropped:
+                logging.getLogger("wfjail.temporal").warning(
+                    "workflow %s (run %s) dropped %d log records of one activation (the "
+                    "worker relays %d)", self._det.info.workflow_type, self._det.info.run_id,
+                    self._run_log.dropped, MAX_LOG_RECORDS)
+                self._run_log.dropped = 0
             with self._state:
                 self._calling = False
                 close = evicting or self._aborted
@@ -437,13 +470,29 @@ class _JailedInstance(WorkflowInstance):
         return None
 
     def _interrupt_overdue(self):
-        """(On the watchdog's thread.) Interrupts the activation in progress, once."""
+        """(On the watchdog's thread.) Interrupts the activation in progress, once; returns
+        whether it did. Called again (INTERRUPT_WAIT later) while that activation has not
+        answered, ends the child: a child that ignores its interruption (a loop catching it,
+        native code) must not hold the activation's thread (and with the SDK's safe
+        eviction, the run's slot) until the call timeout."""
         with self._state:
-            if not self._calling or self._interrupting:
-                return
-            self._interrupting = True
-            self._overdue = True
+            if not self._calling:
+                return False
+            stuck = self._interrupting
+            if stuck:
+                self._aborted = True
+            else:
+                self._interrupting = True
+                self._overdue = True
+        if stuck:
+            logging.getLogger("wfjail.temporal").warning(
+                "workflow %s (run %s) did not answer its interruption within %s s: its "
+                "confined process is ended", self._det.info.workflow_type,
+                self._det.info.run_id, INTERRUPT_WAIT)
+            self._session.abort()
+            return False
         self._session.interrupt()
+        return True
 
     def get_serialization_context(self, command_info):
         if command_info is None:
@@ -473,8 +522,10 @@ MAX_STACK_TEXT = 256 * 1024
 MAX_STACK_FRAMES = 64
 MAX_STACK_NAME = 256
 MAX_CHILD_MESSAGE = 4096
-# A log record of a child shows at most this many characters of its text.
+# A log record of a child shows at most this many characters of its text, and at most this
+# many records of an activation are relayed (a LOG frame costs its child six bytes).
 MAX_LOG_TEXT = 16 * 1024
+MAX_LOG_RECORDS = 1000
 # Frames of the child show with this after their file name: the worker never reads a file a
 # child names (the source lines are the child's own text), so a hostile workflow cannot get
 # lines of the worker's files into its failure.
@@ -561,9 +612,10 @@ class _Watchdog:
             self._due.pop(instance, None)
 
     def interrupt_now(self, instance):
-        """Interrupt ``instance``'s activation now (if it is in progress), off this thread."""
+        """Interrupt ``instance``'s activation now (if it is in progress and was not
+        interrupted yet: its answer then has INTERRUPT_WAIT), off this thread."""
         with self._cond:
-            if instance in self._due:
+            if instance in self._due and not instance._interrupting:
                 self._due[instance] = 0.0
                 self._cond.notify()
 
@@ -579,7 +631,12 @@ class _Watchdog:
                     continue
             for instance in overdue:
                 try:
-                    instance._interrupt_overdue()
+                    if instance._interrupt_overdue():
+                        # Its answer has INTERRUPT_WAIT; then the child is ended (unless the
+                        # activation disarmed it by answering).
+                        with self._cond:
+                            if instance._calling:
+                                self._due[instance] = time.monotonic() + INTERRUPT_WAIT
                 except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
                     logging.getLogger("wfjail.temporal").exception("interrupting a run failed")
 
@@ -605,13 +662,31 @@ def _escape(text, limit=None):
     return text.translate(_ESCAPES) + more
 
 
-def _split_reply(reply):
+# The largest completion taken from a child, by default: what the server takes in a task
+# completion (its gRPC limit, 4 MiB). A reply's protobuf decodes to some 30 times its size in
+# the worker (an empty command is two bytes), and Core holds each command again.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+# At most this many commands in one completion: more than a history holds by default (51,200
+# events; each command adds one at least), so such a task could never complete.
+MAX_COMPLETION_COMMANDS = 51_200
+# The side channel (metric records: at most _MAX_METRIC_RECORDS small ones) is parsed only
+# below this many bytes; JSON, too, decodes to many times its size.
+MAX_SIDE_CHANNEL = 1024 * 1024
+
+
+def _split_reply(reply, max_bytes=MAX_REPLY_BYTES):
     """A child's reply: the completion (protobuf), then JSON: the metric records of the
     activation. (Anything else in the JSON is ignored: the serialization contexts of the
-    completion's commands are the worker's own, ``_command_contexts``.)"""
+    completion's commands are the worker's own, ``_command_contexts``.) A completion over
+    ``max_bytes`` or with over MAX_COMPLETION_COMMANDS commands is a ProtocolError (before it
+    is decoded, for the first); a side channel over MAX_SIDE_CHANNEL is not read."""
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
+    if min(n, len(reply) - 4) > max_bytes:
+        raise ProtocolError("oversized", "the child's completion is %d bytes, over the %d the "
+                            "worker takes (JailedWorkflowRunner(max_reply_bytes=...))"
+                            % (min(n, len(reply) - 4), max_bytes))
     from google.protobuf.message import DecodeError
 
     try:
@@ -619,8 +694,13 @@ def _split_reply(reply):
     except DecodeError as e:
         raise ProtocolError("payload", "the child's completion is not a "
                             "WorkflowActivationCompletion: %s" % e) from None
+    commands = len(completion.successful.commands)
+    if commands > MAX_COMPLETION_COMMANDS:
+        raise ProtocolError("oversized", "the child's completion has %d commands, over the %d "
+                            "a history holds" % (commands, MAX_COMPLETION_COMMANDS))
+    side = reply[4 + n:]
     try:
-        doc = json.loads(reply[4 + n:] or b"{}")
+        doc = json.loads(side or b"{}") if len(side) <= MAX_SIDE_CHANNEL else {}
     except (ValueError, RecursionError):
         doc = {}
     if not isinstance(doc, dict):
@@ -832,6 +912,9 @@ def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
             continue
 
 
+# The largest upcall (extern function call) the worker reads: their arguments are small (a
+# span's parameters, a patch id).
+MAX_UPCALL_BYTES = 1024 * 1024
 # Extern functions the child answers itself: the metric meter (its records travel with the
 # completions instead).
 _LOCAL_EXTERN = ("__temporal_get_metric_meter",)
@@ -844,6 +927,11 @@ def _upcalls_in_worker(det):
     import temporalio.worker
 
     def on_upcall(payload):
+        # Parsed on the activation's thread while the child waits: bounded (typed_json
+        # bounds the values rebuilt).
+        if len(payload) > MAX_UPCALL_BYTES:
+            raise ValueError("an upcall of %d bytes, over the %d the worker reads"
+                             % (len(payload), MAX_UPCALL_BYTES))
         doc = json.loads(payload)
         if not isinstance(doc, dict) or not isinstance(doc.get("fn"), str):
             raise ValueError("an upcall is a JSON object with a function name")
@@ -869,31 +957,43 @@ def _upcalls_in_worker(det):
     return on_upcall
 
 
-def _log_to_worker(info):
+class _log_to_worker:  # noqa: N801  (called as the function it was)
     """The worker side of the run's log records: they go to the worker's own
     ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
     ``workflow.logger`` puts it (the text already carries it). The text is the child's: one
     line of the worker's log, escaped (``_escape``: no forged records, no terminal escapes)
-    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL."""
-    logger = logging.getLogger("temporalio.workflow")
-    extra = {"temporal_workflow": {
-        "namespace": info.namespace, "task_queue": info.task_queue,
-        "workflow_id": info.workflow_id, "run_id": info.run_id,
-        "workflow_type": info.workflow_type, "attempt": info.attempt,
-    }, "wfjail": True}
+    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL. At most
+    MAX_LOG_RECORDS records of an activation (``begin``) are relayed; ``dropped`` counts the
+    rest."""
 
-    def on_log(level, text):
+    def __init__(self, info):
+        self._logger = logging.getLogger("temporalio.workflow")
+        self._extra = {"temporal_workflow": {
+            "namespace": info.namespace, "task_queue": info.task_queue,
+            "workflow_id": info.workflow_id, "run_id": info.run_id,
+            "workflow_type": info.workflow_type, "attempt": info.attempt,
+        }, "wfjail": True}
+        self.relayed = 0
+        self.dropped = 0
+
+    def begin(self):
+        self.relayed = self.dropped = 0
+
+    def __call__(self, level, text):
+        if self.relayed >= MAX_LOG_RECORDS:
+            self.dropped += 1
+            return
+        self.relayed += 1
         level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
-        if logger.isEnabledFor(level):
-            logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=extra)
-
-    return on_log
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, "%s", _escape(text, MAX_LOG_TEXT), extra=self._extra)
 
 
-def _failed(act, message):
+def _failed(act, message, stack_trace=""):
     """A completion that fails the workflow task with ``message`` (the worker retries it)."""
     completion = WorkflowActivationCompletion(run_id=act.run_id)
     completion.failed.failure.message = message
+    completion.failed.failure.stack_trace = stack_trace
     completion.failed.failure.source = "wfjail"
     return completion
 
@@ -910,18 +1010,23 @@ def _violations_text(det, violations, denied=True):
         "denied" if denied else "let through (policy in warn mode)",
         det.info.workflow_type, det.info.run_id)]
     for v in violations:
-        lines.append("  %s %s(%s) %s [%s]: %s" % (
-            v.get("category"), v.get("syscall"), v.get("args"), v.get("action"), v.get("rule"),
-            v.get("hint")))
+        # A violation's arguments (a path, an argv) and its hint carry the child's bytes:
+        # escaped, so that each violation stays one line (no forged ones after it).
+        lines.append("  %s %s(%s) %s [%s]: %s" % tuple(
+            _escape(v.get(k), MAX_CHILD_MESSAGE)
+            for k in ("category", "syscall", "args", "action", "rule", "hint")))
     return "\n".join(lines)
 
 
 def _report_text(det, report, exc):
     if report.get("violations"):
         return _violations_text(det, report["violations"])
-    return "wfjail: the confined run of workflow %s ended: %s: %s" % (
-        det.info.workflow_type, report.get("status", type(exc).__name__),
-        report.get("error") or exc)
+    hint = ""
+    if getattr(exc, "code", None) == "oversized" and "max_reply_bytes" not in str(exc):
+        hint = " (JailedWorkflowRunner(max_reply_bytes=...) bounds what the worker reads)"
+    return "wfjail: the confined run of workflow %s ended: %s: %s%s" % (
+        det.info.workflow_type, _escape(report.get("status", type(exc).__name__)),
+        _escape(report.get("error") or exc, MAX_CHILD_MESSAGE), hint)
 
 
 # -- in the confined child ------------------------------------------------------------------------

@@ -26,6 +26,10 @@ import typing
 
 _TAG = "$wfjail:"
 MAX_DEPTH = 32
+# At most this many values (each list, object, string, number...) are rebuilt for one call's
+# arguments: rebuilding costs the worker's time (a few microseconds a value) while the child
+# waits, so a child must not send millions.
+MAX_VALUES = 10_000
 
 
 class ChildException(Exception):
@@ -228,6 +232,7 @@ def decode_args(fn, args):
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
     except (TypeError, ValueError):
         params = []
+    _check_count(args)
     out = []
     for i, a in enumerate(args):
         hint = typing.Any
@@ -238,3 +243,19 @@ def decode_args(fn, args):
             hint = hints.get(params[-1].name, typing.Any)
         out.append(decode(a, hint))
     return out
+
+
+def _check_count(data, limit=None):
+    """ValueError when ``data`` (parsed JSON) holds more than ``limit`` (MAX_VALUES) values;
+    the walk stops there."""
+    limit = MAX_VALUES if limit is None else limit
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise ValueError("the arguments hold more than %d values" % limit)
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
