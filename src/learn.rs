@@ -406,6 +406,28 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     out
 }
 
+/// What both runs of `wfjail learn` have, whatever the base or the draft says: no network
+/// (an empty network namespace, and network calls refused by the supervisor), and a PID and an
+/// IPC namespace of their own, required (a run that cannot have them does not start). The
+/// learning run lets through what the base denies (`warn`), and the draft is not reviewed:
+/// without those namespaces, a process the run forked would outlive learn, and a System V
+/// IPC object it made would stay on the host. Landlock and seccomp user notification are
+/// required too: without them, `warn` would let every write through to the host.
+pub fn contain(policy: &mut crate::policy::Policy) {
+    use crate::policy::Layer;
+    policy.network.mode = crate::policy::NetworkMode::None;
+    policy.namespaces.net = true;
+    policy.namespaces.pid = true;
+    policy.namespaces.ipc = true;
+    policy.namespaces.mount = true;
+    policy.require.extend([
+        Layer::PidNs,
+        Layer::IpcNs,
+        Layer::Landlock,
+        Layer::SeccompNotify,
+    ]);
+}
+
 /// Why a learning or verifying run cannot keep its writes off the host.
 #[derive(Debug, thiserror::Error)]
 pub enum ThrowawayError {

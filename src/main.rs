@@ -288,9 +288,9 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     // would stop them before they are seen (the draft raises it when it allows them).
     learning.limits.processes = None;
     // Network calls are refused and recorded (the supervisor sees them only when the policy
-    // does not allow them outright), in an empty network namespace.
-    learning.network.mode = policy::NetworkMode::None;
-    learning.namespaces.net = true;
+    // does not allow them outright), in an empty network namespace; what the run starts or
+    // makes stays in its own PID and IPC namespaces.
+    wfjail::learn::contain(&mut learning);
     eprintln!(
         "wfjail: learning what {} needs beyond policy {} (its writes go to a throw-away copy, the network is refused)",
         args.command.join(" "),
@@ -437,8 +437,7 @@ fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> V
     if drafted.network.mode != policy::NetworkMode::None {
         withheld.push("the network".to_string());
     }
-    drafted.network.mode = policy::NetworkMode::None;
-    drafted.namespaces.net = true;
+    wfjail::learn::contain(drafted);
     if drafted.on_violation == policy::OnViolation::Warn {
         drafted.on_violation = policy::OnViolation::Deny;
     }

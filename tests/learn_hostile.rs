@@ -379,3 +379,59 @@ fn the_copies_hold_no_more_than_limits_disk() {
     assert!(after <= 1 << 20, "{after} bytes: {err}");
     assert!(!s.path("rw/big").exists(), "{err}");
 }
+
+/// The processes whose command line names `needle`, by pid (to find what a run left behind).
+fn processes_naming(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// A base that turns the namespaces off (they are best-effort unless required) gave the
+/// learning run, which lets through what the base denies, the host's System V IPC and process
+/// table: a shared memory segment it made stayed on the host after learn, and a process it
+/// forked outlived learn (reading whatever it liked). Both runs now have a PID and an IPC
+/// namespace of their own, required whatever the base says.
+#[test]
+fn a_base_without_namespaces_leaves_no_process_and_no_ipc_object_on_the_host() {
+    let s = Scratch::new("lh-nons");
+    let base = s.write(
+        "base.toml",
+        "extends = \"default\"\n[namespaces]\nuser = false\nnet = false\npid = false\nipc = false\nuts = false\nmount = false\n",
+    );
+    let key = 0x5746_0000 + (std::process::id() & 0xffff) as i32;
+    let script = format!(
+        "import ctypes, os, sys, time\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('SHM', libc.shmget({key}, 4096, 0o1600), file=sys.stderr)\nif os.fork() == 0:\n    os.setsid()\n    os.closerange(0, 3)\n    time.sleep(60)\n    os._exit(0)\nprint('FORKED', file=sys.stderr)\n"
+    );
+    let (_, _, err) = learn(&s, base.to_str().unwrap(), &["--no-verify"], &script);
+    let app = s.path("app/app.py").display().to_string();
+    let survivors = processes_naming(&app);
+    for pid in &survivors {
+        // Processes this test's program started.
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    let ipcs = Command::new("ipcs").arg("-m").output().unwrap();
+    let left = String::from_utf8_lossy(&ipcs.stdout).contains(&format!("0x{key:08x} "));
+    if left {
+        let _ = Command::new("ipcrm")
+            .args(["-M", &key.to_string()])
+            .status();
+    }
+    assert!(err.contains("FORKED"), "the program ran: {err}");
+    assert!(
+        survivors.is_empty(),
+        "processes of the run outlived learn: {survivors:?}: {err}"
+    );
+    assert!(
+        !left,
+        "a System V shared memory segment stayed on the host: {err}"
+    );
+}
