@@ -76,9 +76,38 @@ fn read_target(path: &Path) -> Option<(PathBuf, bool)> {
     if path.starts_with("/proc") {
         return None;
     }
-    let real = std::fs::canonicalize(path).ok()?;
-    let dir = real.is_dir();
-    Some((real, dir))
+    host_path(path)
+        .ok()
+        .filter(|(real, _)| !real.starts_with("/proc"))
+}
+
+/// What `path`, named by the run, is on the host: `(canonical path, is a directory)`. Resolved
+/// without /proc's magic links (`RESOLVE_NO_MAGICLINKS`): `/dev/stdin`, `/dev/fd/N` and the
+/// like lead through `/proc/self`, which here is wfjail, not the run, and would name the files
+/// wfjail's own descriptors are (ELOOP instead).
+fn host_path(path: &Path) -> Result<(PathBuf, bool), nix::errno::Errno> {
+    use std::os::fd::AsFd;
+    let root = std::fs::File::open("/").map_err(|_| nix::errno::Errno::EACCES)?;
+    let fd = crate::sys::openat2(
+        root.as_fd(),
+        &cstring(path),
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_NO_MAGICLINKS,
+    )?;
+    let file = std::fs::File::from(fd);
+    let dir = file
+        .metadata()
+        .map_err(|_| nix::errno::Errno::EACCES)?
+        .is_dir();
+    use std::os::fd::AsRawFd;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| nix::errno::Errno::EACCES)?;
+    // A path the kernel shows with " (deleted)" or a pseudo file's name is no grant.
+    if !real.is_absolute() || real.to_string_lossy().ends_with(" (deleted)") {
+        return Err(nix::errno::Errno::ENOENT);
+    }
+    Ok((real, dir))
 }
 
 /// The read grants for what the run read: a directory it opened as such, a directory two or
@@ -183,8 +212,11 @@ fn floor(path: &Path, write: bool) -> Option<&'static str> {
 /// does not exist, the reason.
 fn write_grant(path: &Path) -> Result<PathBuf, &'static str> {
     let dir = path.parent().ok_or("the whole file system")?;
-    match std::fs::canonicalize(dir) {
-        Ok(real) if real.is_dir() => Ok(real),
+    match host_path(dir) {
+        Ok((real, true)) => Ok(real),
+        Err(nix::errno::Errno::ELOOP) => Err(
+            "its path leads through /proc's links (/dev/fd, /dev/stdin...), which name wfjail's own descriptors here, not the run's",
+        ),
         _ => Err(
             "its directory does not exist, and a draft grants no directory above the file (create the directory and learn again)",
         ),

@@ -435,3 +435,42 @@ fn a_base_without_namespaces_leaves_no_process_and_no_ipc_object_on_the_host() {
         "a System V shared memory segment stayed on the host: {err}"
     );
 }
+
+/// The draft resolved the paths the program named in wfjail's own context: `/dev/stdin`,
+/// `/dev/fd/1` are links through `/proc/self`, which there are wfjail's descriptors, so a
+/// program that opened its own stdin and stdout got a read grant on the files wfjail's were
+/// redirected to (and on their directory), which it never read. Paths are now resolved
+/// without /proc's magic links: those grant nothing.
+#[test]
+fn a_path_through_proc_magic_links_grants_nothing_of_wfjail_s_own() {
+    let s = Scratch::new("lh-magic");
+    std::fs::create_dir_all(s.path("app")).unwrap();
+    std::fs::create_dir_all(s.path("private")).unwrap();
+    let input = s.write("private/input.txt", "request");
+    let output = s.path("private/output.log");
+    let app = s.write(
+        "app/app.py",
+        "import os, sys\nfor p in ('/dev/stdin', '/dev/fd/0', '/dev/stdout', '/dev/fd/1', '/proc/self/fd/1'):\n    try:\n        os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))\n    except OSError:\n        pass\nprint('OPENED', file=sys.stderr)\n",
+    );
+    let draft = s.path("draft.toml");
+    let out = Command::new(wfjail_bin())
+        .args(["learn", "-p", "default", "--no-verify", "--raw", "--output"])
+        .arg(&draft)
+        .arg("--ro")
+        .arg(s.path("app"))
+        .args(["--", PY])
+        .arg(&app)
+        .stdin(std::fs::File::open(&input).unwrap())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("OPENED"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    let private = s.path("private").display().to_string();
+    assert!(
+        !text.contains(&format!("\"{private}")),
+        "the draft grants what wfjail's own descriptors are:\n{text}"
+    );
+}
