@@ -188,6 +188,16 @@ const SYSTEM_FILES: &[&str] = &[
 /// usual ones, or the home directory.
 fn floor(path: &Path, write: bool) -> Option<&'static str> {
     let under = |roots: &[&str]| roots.iter().any(|r| path.starts_with(r));
+    let Some(text) = path.to_str() else {
+        return Some("a name that is not UTF-8, which a policy cannot spell");
+    };
+    if text.contains('$') {
+        // No escape for it: `${home}` in a grant stands for another path, and a bare `$` is
+        // an error.
+        return Some(
+            "a `$` in its path, which a policy reads as a variable (${cwd}, ${home}, ${exe_dir}) and would make another path",
+        );
+    }
     if path == Path::new("/") {
         Some("the whole file system")
     } else if SYSTEM_ROOTS.iter().any(|r| path == Path::new(r)) {
@@ -246,8 +256,21 @@ fn outermost(grants: BTreeMap<PathBuf, Needed>) -> BTreeMap<PathBuf, Needed> {
     kept
 }
 
+/// `s` as a TOML basic string: `"` and `\` escaped, and every control character (TOML
+/// refuses them raw, DEL included, which JSON's escaping leaves).
 fn toml_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The policy text that extends `base` (as `extends` names it) by what `learned` shows the

@@ -474,3 +474,61 @@ fn a_path_through_proc_magic_links_grants_nothing_of_wfjail_s_own() {
         "the draft grants what wfjail's own descriptors are:\n{text}"
     );
 }
+
+/// The draft wrote the paths the run read as they are, and a policy reads `${...}` in a path
+/// as a variable: a directory of the program's own files named `${exe_dir}` became a grant
+/// that, loaded, stands for another path (here, through a link the program's files hold, a
+/// directory it never touched); a bare `$`, or a DEL character (which TOML strings must
+/// escape), made a draft that does not load at all. Such paths are now listed as not granted,
+/// control characters escaped, and the draft loads.
+#[test]
+fn a_path_that_a_policy_would_read_otherwise_is_not_granted() {
+    let s = Scratch::new("lh-dollar");
+    std::fs::create_dir_all(s.path("private")).unwrap();
+    let mut reads = Vec::new();
+    for dir in ["${exe_dir}", "a$b", "del\u{7f}x"] {
+        std::fs::create_dir_all(s.path(&format!("app/data/{dir}"))).unwrap();
+        for f in ["one.txt", "two.txt"] {
+            reads.push(s.write(&format!("app/data/{dir}/{f}"), "x"));
+        }
+    }
+    // ${exe_dir} is /usr/bin for python3: data/usr/bin leads to a directory the run never read.
+    std::fs::create_dir_all(s.path("app/data/usr")).unwrap();
+    std::os::unix::fs::symlink(s.path("private"), s.path("app/data/usr/bin")).unwrap();
+    // The program's files are read from outside its --ro grant, so that the draft grants them.
+    let list: Vec<String> = reads.iter().map(|p| p.display().to_string()).collect();
+    std::fs::create_dir_all(s.path("prog")).unwrap();
+    let list = s.write("prog/list.txt", &list.join("\n"));
+    let script = format!(
+        "for p in open({list:?}).read().split('\\n'):\n    open(p).read()\nprint('READ')\n",
+        list = list.display().to_string()
+    );
+    let app = s.write("prog/app.py", &script);
+    let draft = s.path("draft.toml");
+    let (rc, _, err) = wfjail(&[
+        "learn",
+        "-p",
+        "default",
+        "--no-verify",
+        "--raw",
+        "--output",
+        draft.to_str().unwrap(),
+        "--ro",
+        s.path("prog").to_str().unwrap(),
+        "--",
+        PY,
+        app.to_str().unwrap(),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    let p = wfjail::policy::from_source("draft.toml", &text)
+        .unwrap_or_else(|e| panic!("the draft does not load: {e}\n{text}"));
+    for g in &p.filesystem.read {
+        assert!(!g.value.0.contains('$'), "{:?} in\n{text}", g.value.0);
+    }
+    assert!(
+        text.contains("${exe_dir}/one.txt\" (read): a `$` in its path"),
+        "the draft says what it did not grant:\n{text}"
+    );
+    assert!(text.contains("del\\u007fx"), "{text}");
+}
