@@ -213,6 +213,9 @@ fn floor(path: &Path, write: bool) -> Option<&'static str> {
         .is_some_and(|home| home.starts_with(path))
     {
         Some("the home directory (keys and credentials included), or a directory that holds it")
+    } else if path.parent() == Some(Path::new("/home")) {
+        // Another user's (HOME is root's /root under sudo): as much a home as ours.
+        Some("a home directory (keys and credentials included)")
     } else {
         None
     }
@@ -791,6 +794,10 @@ mod tests {
         );
         assert_eq!(floor(Path::new("/etc/app"), false), None);
         assert_eq!(floor(Path::new("/var/lib/app"), true), None);
+        assert!(floor(Path::new("/home/someone"), false).is_some());
+        assert_eq!(floor(Path::new("/home/someone/project"), true), None);
+        assert!(floor(Path::new("/srv/a$b"), false).is_some());
+        assert_eq!(toml_str("a\u{7f}\"\\\n"), "\"a\\u007f\\\"\\\\\\u000a\"");
     }
 
     #[test]

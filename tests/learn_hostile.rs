@@ -532,3 +532,56 @@ fn a_path_that_a_policy_would_read_otherwise_is_not_granted() {
     );
     assert!(text.contains("del\\u007fx"), "{text}");
 }
+
+/// The floor kept out the home directory of the user who ran learn ($HOME), not the others':
+/// a program that listed another user's home (`/home/NAME`, with root's HOME /root, as
+/// under sudo) got it granted as a whole, keys and all. A directory right under `/home` is
+/// now never granted, for reading or writing.
+#[test]
+fn a_draft_never_grants_another_user_s_home() {
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let s = Scratch::new("lh-home");
+    let home = Gone(std::path::PathBuf::from(format!(
+        "/home/wfjail-lh-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(home.0.join(".ssh")).unwrap();
+    std::fs::write(home.0.join(".ssh/id_ed25519"), "key").unwrap();
+    let script = format!(
+        "import os\nprint(os.listdir({h:?}))\ntry:\n    open({w:?}, 'w')\nexcept OSError:\n    pass\n",
+        h = home.0.display().to_string(),
+        w = home.0.join("planted").display().to_string()
+    );
+    std::fs::create_dir_all(s.path("app")).unwrap();
+    let app = s.write("app/app.py", &script);
+    let draft = s.path("draft.toml");
+    let out = Command::new(wfjail_bin())
+        .args(["learn", "-p", "default", "--no-verify", "--raw", "--output"])
+        .arg(&draft)
+        .arg("--ro")
+        .arg(s.path("app"))
+        .args(["--", PY])
+        .arg(&app)
+        .env("HOME", "/root")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    let shown = home.0.display().to_string();
+    assert!(
+        !text.contains(&format!("    \"{shown}\",")),
+        "another user's home is granted:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("#   \"{shown}\" (read): a home directory"))
+            && text.contains(&format!("#   \"{shown}\" (write): a home directory")),
+        "{text}"
+    );
+}
