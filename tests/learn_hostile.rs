@@ -585,3 +585,22 @@ fn a_draft_never_grants_another_user_s_home() {
         "{text}"
     );
 }
+
+/// A program that swallows the refusal of what learn withholds from an unreviewed draft (here
+/// a chmod, which the verifying run does not get) does not make learn pass: it says "not
+/// verified" and exits with the run's status (3, a violation), never 0. (Holds on the build
+/// before this test too.)
+#[test]
+fn a_draft_that_is_not_verified_never_exits_0() {
+    let s = Scratch::new("lh-unverified");
+    std::fs::create_dir_all(s.path("app")).unwrap();
+    let f = s.write("app/data.txt", "x");
+    let script = format!(
+        "import os\ntry:\n    os.chmod({f:?}, 0o600)\nexcept OSError:\n    pass\n",
+        f = f.display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, "default", &[], &script);
+    assert!(draft.contains("\"chmod\""), "{draft}");
+    assert!(err.contains("not verified"), "{err}");
+    assert_eq!(rc, 3, "{err}");
+}
