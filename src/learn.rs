@@ -216,9 +216,32 @@ fn floor(path: &Path, write: bool) -> Option<&'static str> {
     } else if path.parent() == Some(Path::new("/home")) {
         // Another user's (HOME is root's /root under sudo): as much a home as ours.
         Some("a home directory (keys and credentials included)")
+    } else if write && in_dot_directory(path) {
+        Some(
+            "a home's dot-directory (keys, shell start-up files, autostart: what runs unconfined later)",
+        )
+    } else if write && path == Path::new("/var/tmp") {
+        Some("a directory every user shares (their files, like /tmp's)")
     } else {
         None
     }
+}
+
+/// Whether `path` lies in a dot-directory of a home (`$HOME`, `/root`, `/home/NAME`):
+/// `~/.ssh`, `~/.config/autostart`...
+fn in_dot_directory(path: &Path) -> bool {
+    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
+    let homes = home.into_iter().chain([PathBuf::from("/root")]).chain(
+        path.ancestors()
+            .find(|a| a.parent() == Some(Path::new("/home")))
+            .map(Path::to_path_buf),
+    );
+    homes.into_iter().any(|h| {
+        path.strip_prefix(&h)
+            .ok()
+            .and_then(|rest| rest.components().next())
+            .is_some_and(|c| c.as_os_str().as_encoded_bytes().starts_with(b"."))
+    })
 }
 
 /// The directory a denied write was in; never a directory above it: when that directory

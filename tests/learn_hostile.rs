@@ -604,3 +604,52 @@ fn a_draft_that_is_not_verified_never_exits_0() {
     assert!(err.contains("not verified"), "{err}");
     assert_eq!(rc, 3, "{err}");
 }
+
+/// A write the learning run was refused became a read-write grant on its directory, wherever
+/// that was: a program that tried `~/.ssh/authorized_keys` and a file in `/var/tmp` got a
+/// draft granting `~/.ssh` (and any dot-directory of a home: shell start-up files, autostart,
+/// what runs unconfined later) and the shared `/var/tmp` (other users' files, like `/tmp`).
+/// Neither is granted now, and the draft says why.
+#[test]
+fn a_draft_never_grants_writing_a_home_s_dot_directories_or_var_tmp() {
+    let s = Scratch::new("lh-dot");
+    std::fs::create_dir_all(s.path("home/.ssh")).unwrap();
+    std::fs::create_dir_all(s.path("home/.config/autostart")).unwrap();
+    let home = s.path("home");
+    let targets = [
+        home.join(".ssh/authorized_keys"),
+        home.join(".config/autostart/x.desktop"),
+        std::path::PathBuf::from(format!("/var/tmp/wfjail-lh-{}", std::process::id())),
+    ];
+    let list: Vec<String> = targets.iter().map(|p| p.display().to_string()).collect();
+    let script = format!(
+        "for p in {list:?}:\n    try:\n        open(p, 'w')\n    except OSError:\n        pass\n"
+    );
+    std::fs::create_dir_all(s.path("app")).unwrap();
+    let app = s.write("app/app.py", &script);
+    let draft = s.path("draft.toml");
+    let out = Command::new(wfjail_bin())
+        .args(["learn", "-p", "default", "--no-verify", "--raw", "--output"])
+        .arg(&draft)
+        .arg("--ro")
+        .arg(s.path("app"))
+        .args(["--", PY])
+        .arg(&app)
+        .env("HOME", &home)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!targets[2].exists(), "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    assert!(!text.contains("write = ["), "no write grant:\n{text}");
+    let h = home.display().to_string();
+    for refused in [
+        format!("#   \"{h}/.ssh\" (write): a home's dot-directory"),
+        format!("#   \"{h}/.config/autostart\" (write): a home's dot-directory"),
+        "#   \"/var/tmp\" (write): a directory every user shares".to_string(),
+    ] {
+        assert!(text.contains(&refused), "{refused} in\n{text}");
+    }
+}
