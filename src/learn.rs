@@ -487,6 +487,12 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     out
 }
 
+/// The most tasks (processes and threads together) the learning run may have at once. It lets
+/// through the forks and threads the base denies, to see them; without a bound, a fork bomb
+/// would fill the host's process table and memory. (A pids cgroup enforces it as root, where
+/// RLIMIT_NPROC does not bind.)
+pub const MAX_TASKS: u64 = 512;
+
 /// What both runs of `wfjail learn` have, whatever the base or the draft says: no network
 /// (an empty network namespace, and network calls refused by the supervisor), and a PID and an
 /// IPC namespace of their own, required (a run that cannot have them does not start). The

@@ -653,3 +653,27 @@ fn a_draft_never_grants_writing_a_home_s_dot_directories_or_var_tmp() {
         assert!(text.contains(&refused), "{refused} in\n{text}");
     }
 }
+
+/// The learning run lifted the process limit (so that threads and forks are seen, not
+/// stopped), and as root nothing else bounded them: a fork bomb ran unchecked on the host.
+/// It now meets `learn::MAX_TASKS` (through a pids cgroup as root, where RLIMIT_NPROC does not
+/// bind), and the draft still says how many the run started.
+#[test]
+fn a_fork_bomb_while_learning_meets_a_bound() {
+    let s = Scratch::new("lh-forks");
+    let script = "import os, sys\nn = 0\nfor i in range(800):\n    try:\n        pid = os.fork()\n    except OSError as e:\n        print('REFUSED', e.errno, 'after', n, file=sys.stderr)\n        break\n    if pid == 0:\n        os.execv('/bin/sleep', ['sleep', '3'])\n    n += 1\nprint('FORKED', n, file=sys.stderr)\n";
+    let (rc, draft, err) = learn(&s, "default", &["--no-verify"], script);
+    assert_eq!(rc, 0, "{err}");
+    let forked: u64 = err
+        .split("FORKED ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        forked < wfjail::learn::MAX_TASKS,
+        "{forked} processes at once: {err}"
+    );
+    assert!(err.contains("REFUSED 11 after"), "EAGAIN: {err}");
+    assert!(draft.contains("subprocess = \"allow\""), "{draft}");
+}
