@@ -677,3 +677,27 @@ fn a_fork_bomb_while_learning_meets_a_bound() {
     assert!(err.contains("REFUSED 11 after"), "EAGAIN: {err}");
     assert!(draft.contains("subprocess = \"allow\""), "{draft}");
 }
+
+/// Each call the learning run records is kept for the draft, up to 100 000 of them, with its
+/// arguments: a run that opened that many paths of 4 KiB each made wfjail hold about 1 GiB of
+/// the host's memory. What is kept is now bounded in bytes too
+/// (`supervise::notify::MAX_LEARNED_BYTES`): past it, calls are not learned (the draft lacks
+/// them, and its run is not verified).
+#[test]
+fn what_learn_keeps_of_a_run_is_bounded_in_bytes() {
+    let s = Scratch::new("lh-learned");
+    let script = "import os\nlong = '/tmp/' + '/'.join(['x' * 250] * 15) + '/'\nfor i in range(12000):\n    try:\n        os.open(long + str(i), os.O_RDONLY)\n    except OSError:\n        pass\nprint('OPENED')\n";
+    let (rc, _, err) = learn(&s, "default", &["--no-verify"], script);
+    assert_eq!(rc, 0, "{err}");
+    let recorded: usize = err
+        .split("ended ok (")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    let kept = 3800 * recorded;
+    assert!(
+        kept <= wfjail::supervise::notify::MAX_LEARNED_BYTES + (1 << 20),
+        "{recorded} calls of about 3.8 KiB kept"
+    );
+}
