@@ -487,6 +487,30 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     out
 }
 
+/// The learning run's policy from the base's: `warn` (every call the base denies proceeds and
+/// is recorded), and what [`contain`] gives both runs. Network calls and file metadata
+/// changes the base allows outright (`[syscalls] allow`) are withdrawn, so that they are
+/// refused and recorded like the ones it denies: the learning run can open any file for
+/// reading, and Landlock does not check metadata changes, so a base's `fchmod` would reach
+/// every file the user owns, not only those a run of the base can open. (The verifying run,
+/// whose reads are the draft's, keeps what the base allows.)
+pub fn learning_policy(base: &crate::policy::Policy) -> crate::policy::Policy {
+    let mut learning = base.clone();
+    learning.on_violation = crate::policy::OnViolation::Warn;
+    // Threads and processes the run starts are let through and recorded: the base's process
+    // limit would stop them before they are seen (the draft raises it when it allows them).
+    // MAX_TASKS bounds them instead, so that a fork bomb cannot fill the host.
+    learning.limits.processes = Some(base.limits.processes.unwrap_or(0).max(MAX_TASKS));
+    learning.syscalls.allow.retain(|a| {
+        !matches!(
+            syscalls::category(&a.value.0),
+            Category::Network | Category::Filesystem
+        )
+    });
+    contain(&mut learning);
+    learning
+}
+
 /// The most tasks (processes and threads together) the learning run may have at once. It lets
 /// through the forks and threads the base denies, to see them; without a bound, a fork bomb
 /// would fill the host's process table and memory. (A pids cgroup enforces it as root, where

@@ -282,21 +282,10 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         eprintln!("wfjail: {e}");
         return Ok(125);
     }
-    let mut learning = base.clone();
-    learning.on_violation = policy::OnViolation::Warn;
-    // Threads and processes the run starts are let through and recorded: the base's process
-    // limit would stop them before they are seen (the draft raises it when it allows them).
-    // learn::MAX_TASKS bounds them instead, so that a fork bomb cannot fill the host.
-    learning.limits.processes = Some(
-        base.limits
-            .processes
-            .unwrap_or(0)
-            .max(wfjail::learn::MAX_TASKS),
-    );
-    // Network calls are refused and recorded (the supervisor sees them only when the policy
-    // does not allow them outright), in an empty network namespace; what the run starts or
-    // makes stays in its own PID and IPC namespaces.
-    wfjail::learn::contain(&mut learning);
+    // Everything the base denies proceeds and is recorded, but nothing reaches outside: no
+    // network, no metadata changes, no process or IPC object that outlives the run, at most
+    // learn::MAX_TASKS tasks.
+    let learning = wfjail::learn::learning_policy(&base);
     eprintln!(
         "wfjail: learning what {} needs beyond policy {} (its writes go to a throw-away copy, the network is refused)",
         args.command.join(" "),

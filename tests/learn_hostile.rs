@@ -701,3 +701,37 @@ fn what_learn_keeps_of_a_run_is_bounded_in_bytes() {
         "{recorded} calls of about 3.8 KiB kept"
     );
 }
+
+/// A base that allows a metadata call outright (`fchmod`, for the command's own output) let
+/// the learning run, which can open any file for reading, change the mode of any file the
+/// user owns: Landlock does not check metadata changes, and the learning run's reads are not
+/// the base's. A run of the base cannot open the file at all. While learning, those calls
+/// are now refused and recorded like the ones the base denies (the verifying run, whose
+/// reads are the draft's, keeps what the base allows).
+#[test]
+fn a_metadata_call_the_base_allows_changes_nothing_outside_its_grants_while_learning() {
+    let s = Scratch::new("lh-fchmod");
+    let base = s.write(
+        "base.toml",
+        "extends = \"default\"\n[syscalls]\nallow = [\"fchmod\", \"fchown\", \"fsetxattr\", \"fremovexattr\"]\n",
+    );
+    std::fs::create_dir_all(s.path("outside")).unwrap();
+    let victim = s.write("outside/victim", "x");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "import os, sys\nfd = os.open({v:?}, os.O_RDONLY)\ntry:\n    os.fchmod(fd, 0o666)\n    print('CHANGED', file=sys.stderr)\nexcept OSError as e:\n    print('REFUSED', e.errno, file=sys.stderr)\n",
+        v = victim.display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, base.to_str().unwrap(), &["--no-verify"], &script);
+    assert_eq!(rc, 0, "{err}");
+    let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "the learning run changed a host file's mode: {err}"
+    );
+    assert!(err.contains("REFUSED 1"), "{err}");
+    assert!(
+        draft.contains("fchmod(") && draft.contains("refused while learning"),
+        "{draft}"
+    );
+}
