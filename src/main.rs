@@ -433,6 +433,19 @@ fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> V
         withheld.push("the network".to_string());
     }
     wfjail::learn::contain(drafted);
+    // The draft's limits.processes is twice what the learning run started (one after the
+    // other, maybe): the unreviewed run has no more tasks at once than the learning run.
+    let bound = base
+        .limits
+        .processes
+        .unwrap_or(0)
+        .max(wfjail::learn::MAX_TASKS);
+    if drafted.limits.processes.is_none_or(|p| p > bound) {
+        if drafted.limits.processes.is_some() {
+            withheld.push(format!("more than {bound} tasks at once"));
+        }
+        drafted.limits.processes = Some(bound);
+    }
     if drafted.on_violation == policy::OnViolation::Warn {
         drafted.on_violation = policy::OnViolation::Deny;
     }

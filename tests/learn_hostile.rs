@@ -735,3 +735,27 @@ fn a_metadata_call_the_base_allows_changes_nothing_outside_its_grants_while_lear
         "{draft}"
     );
 }
+
+/// The draft allows the processes the learning run started, with `limits.processes` at twice
+/// their number, and the verifying run (not reviewed) ran under it: a program that forked
+/// and reaped 700 times while learning (seen as such: it can list `/` only there) had 1402
+/// tasks at once in the verifying run. That run now has at most `learn::MAX_TASKS` too (or
+/// the base's limit, when higher); the draft still says what the run started.
+#[test]
+fn the_verifying_run_meets_the_same_bound_on_tasks() {
+    let s = Scratch::new("lh-verify-forks");
+    let script = "import os, sys\ntry:\n    os.listdir('/')\n    learning = True\nexcept OSError:\n    learning = False\nn = 0\nfor i in range(700 if learning else 900):\n    try:\n        pid = os.fork()\n    except OSError as e:\n        break\n    if pid == 0:\n        os.execv('/bin/sleep', ['sleep', '0' if learning else '3'])\n    if learning:\n        os.waitpid(pid, 0)\n    n += 1\nprint('LEARNING', n, file=sys.stderr)\nif not learning:\n    # Its stderr is not shown: a refused write is, with its path.\n    try:\n        open('/VERIFYING-%d-' % n, 'w')\n    except OSError:\n        pass\n";
+    let (_, draft, err) = learn(&s, "default", &[], script);
+    assert!(err.contains("LEARNING 700"), "{err}");
+    assert!(draft.contains("processes = 1402"), "{draft}");
+    let verifying: u64 = err
+        .split("/VERIFYING-")
+        .nth(1)
+        .and_then(|t| t.split('-').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        verifying < wfjail::learn::MAX_TASKS,
+        "{verifying} processes at once in the verifying run: {err}"
+    );
+}
