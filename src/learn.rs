@@ -613,6 +613,10 @@ impl Throwaway {
     /// The most the copies of one run hold when the policy sets no `limits.disk`: they are in
     /// memory, and a run must not fill the host's.
     pub const DEFAULT_SIZE: u64 = 1 << 30;
+    /// The copies hold one file or directory per this many bytes of their size...
+    pub const BYTES_PER_INODE: u64 = 8 << 10;
+    /// ...and at least this many.
+    pub const MIN_INODES: u64 = 1024;
 
     /// Covers each of `write` (canonical paths, as `plan::build` expands them) with a
     /// throw-away copy; all the copies together hold at most `size` bytes (then ENOSPC). An
@@ -698,10 +702,15 @@ impl Throwaway {
             &scratch_c,
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
-            // (size=0 would be no limit at all.)
+            // (size=0 would be no limit at all.) Files without data take no size: their
+            // number is bounded too (the kernel's default is half the host's RAM in pages).
             Some(
-                &std::ffi::CString::new(format!("mode=0700,size={}", size.max(1 << 16)))
-                    .unwrap_or_default(),
+                &std::ffi::CString::new(format!(
+                    "mode=0700,size={},nr_inodes={}",
+                    size.max(1 << 16),
+                    (size / Self::BYTES_PER_INODE).max(Self::MIN_INODES)
+                ))
+                .unwrap_or_default(),
             ),
         );
         if let Err(e) = mounted {

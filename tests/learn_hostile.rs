@@ -759,3 +759,37 @@ fn the_verifying_run_meets_the_same_bound_on_tasks() {
         "{verifying} processes at once in the verifying run: {err}"
     );
 }
+
+/// The copies' tmpfs held at most `limits.disk` bytes, but files without data take none: its
+/// inodes were bounded only by the kernel's default (half the host's RAM in pages), and each
+/// costs the host memory. A run that made 5 000 empty files under a 1 MiB copy made them all;
+/// now the tmpfs has one inode per 8 KiB of its size (at least 1 024).
+#[test]
+fn the_copies_hold_a_bounded_number_of_files() {
+    let s = Scratch::new("lh-inodes");
+    std::fs::create_dir_all(s.path("rw")).unwrap();
+    let base = s.write(
+        "base.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"1MiB\"\n",
+    );
+    let script = format!(
+        "import os, sys\nn = 0\ntry:\n    while n < 5000:\n        os.close(os.open({d:?} + '/f%d' % n, os.O_WRONLY | os.O_CREAT))\n        n += 1\nexcept OSError as e:\n    print('REFUSED', e.errno, file=sys.stderr)\nprint('MADE', n, file=sys.stderr)\n",
+        d = s.path("rw").display().to_string()
+    );
+    let rw = s.path("rw");
+    let (_, _, err) = learn(
+        &s,
+        base.to_str().unwrap(),
+        &["--no-verify", "--rw", rw.to_str().unwrap()],
+        &script,
+    );
+    let made: u64 = err
+        .split("MADE ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(made <= 1024, "{made} files in a 1 MiB copy: {err}");
+    assert!(err.contains("REFUSED 28"), "ENOSPC: {err}");
+    assert_eq!(std::fs::read_dir(&rw).unwrap().count(), 0, "{err}");
+}
