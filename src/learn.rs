@@ -283,7 +283,8 @@ fn outermost(grants: BTreeMap<PathBuf, Needed>) -> BTreeMap<PathBuf, Needed> {
 }
 
 /// `s` as a TOML basic string: `"` and `\` escaped, and every control character (TOML
-/// refuses them raw, DEL included, which JSON's escaping leaves).
+/// refuses them raw, DEL included, which JSON's escaping leaves) and bidirectional control
+/// ([`reorders`]) as `\uXXXX`.
 fn toml_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -291,7 +292,7 @@ fn toml_str(s: &str) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c if c.is_control() || reorders(c) => out.push_str(&format!("\\u{:04x}", u32::from(c))),
             c => out.push(c),
         }
     }
@@ -793,10 +794,22 @@ fn refused_while_learning(v: &Violation) -> bool {
         )
 }
 
+/// Unicode's bidirectional controls: a text holding them shows in another order than it
+/// reads (a draft is for review, and the paths in it are the program's).
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn one_line(s: &str, max: usize) -> String {
     let flat: String = s
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || reorders(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect();
     if flat.chars().count() > max {
         flat.chars().take(max).collect::<String>() + "..."

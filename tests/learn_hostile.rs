@@ -793,3 +793,55 @@ fn the_copies_hold_a_bounded_number_of_files() {
     assert!(err.contains("REFUSED 28"), "ENOSPC: {err}");
     assert_eq!(std::fs::read_dir(&rw).unwrap().count(), 0, "{err}");
 }
+
+/// A draft is for review, and the names of the program's files are the program's: Unicode
+/// bidirectional controls (U+202E and the like) in a path made its grant line, and the
+/// comments, show in another order than they mean (a grant that reads as another path). They
+/// are now escaped in the paths (`\u202e`) and blanked in the comments.
+#[test]
+fn a_draft_shows_no_bidirectional_controls() {
+    let s = Scratch::new("lh-bidi");
+    let dir = "data/\u{202e}txt.exe";
+    std::fs::create_dir_all(s.path(&format!("app/{dir}"))).unwrap();
+    let a = s.write(&format!("app/{dir}/a"), "x");
+    let b = s.write(&format!("app/{dir}/b"), "x");
+    std::fs::create_dir_all(s.path("prog")).unwrap();
+    let list = s.write(
+        "prog/list.txt",
+        &format!("{}\n{}", a.display(), b.display()),
+    );
+    let app = s.write(
+        "prog/app.py",
+        &format!(
+            "for p in open({l:?}, encoding='utf-8').read().split('\\n'):\n    open(p).read()\n",
+            l = list.display().to_string()
+        ),
+    );
+    let draft = s.path("draft.toml");
+    let (rc, _, err) = wfjail(&[
+        "learn",
+        "-p",
+        "default",
+        "--no-verify",
+        "--raw",
+        "--output",
+        draft.to_str().unwrap(),
+        "--ro",
+        s.path("prog").to_str().unwrap(),
+        "--",
+        PY,
+        app.to_str().unwrap(),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    assert!(!text.contains('\u{202e}'), "{text}");
+    assert!(text.contains("\\u202etxt.exe\","), "{text}");
+    let p = wfjail::policy::from_source("draft.toml", &text).unwrap();
+    assert!(
+        p.filesystem
+            .read
+            .iter()
+            .any(|g| g.value.0.contains('\u{202e}')),
+        "the grant is the path: {text}"
+    );
+}
