@@ -478,7 +478,19 @@ fn keep_stdin(opts: &mut RunOptions, tag: &str) -> anyhow::Result<Option<RemoveO
         .read_to_end(&mut bytes)
         .context("reading the request from stdin")?;
     let path = std::env::temp_dir().join(format!("wfjail-{tag}-{}.request", std::process::id()));
-    std::fs::write(&path, &bytes).context("keeping the request for every run")?;
+    // Its name can be guessed: made new (never through a link or over a file already there),
+    // and for our eyes only (the request may hold what other users must not read).
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("keeping the request for every run in {}", path.display()))?
+    };
+    file.write_all(&bytes)
+        .context("keeping the request for every run")?;
     opts.input = Some(path.clone());
     Ok(Some(RemoveOnDrop(path)))
 }

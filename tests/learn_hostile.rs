@@ -845,3 +845,30 @@ fn a_draft_shows_no_bidirectional_controls() {
         "the grant is the path: {text}"
     );
 }
+
+/// Both runs read the request learn keeps from its stdin in a file of its temp dir: that
+/// file was made with the umask's mode (0644 here: any local user could read the request)
+/// at a name anyone can guess, following a link already there. It is now made new (never
+/// through a link or over a file already there), 0600.
+#[test]
+fn the_request_learn_keeps_is_its_own() {
+    let s = Scratch::new("lh-request");
+    std::fs::create_dir_all(s.path("tmp")).unwrap();
+    let app = s.write(
+        "app.py",
+        &format!(
+            "import glob, os, sys\nfor p in glob.glob({t:?} + '/wfjail-learn-*.request'):\n    print('MODE', oct(os.stat(p).st_mode & 0o777), file=sys.stderr)\n",
+            t = s.path("tmp").display().to_string()
+        ),
+    );
+    let out = Command::new(wfjail_bin())
+        .args(["learn", "-p", "default", "--no-verify", "--raw", "--", PY])
+        .arg(&app)
+        .env("TMPDIR", s.path("tmp"))
+        .stdin(std::fs::File::open(&app).unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("MODE 0o600"), "{err}");
+}
