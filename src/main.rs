@@ -349,7 +349,12 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     if args.no_verify {
         return Ok(0);
     }
-    let mut drafted = match policy::from_source(&draft_path.display().to_string(), &text) {
+    // The draft is read as written; the base it extends, when a file, from that file.
+    let sources = DraftSources {
+        path: &draft_path,
+        text: &text,
+    };
+    let mut drafted = match policy::load_from(&draft_path.display().to_string(), &sources) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wfjail: the draft does not load (a bug in learn): {e}");
@@ -390,6 +395,26 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(u8::try_from(check.exit_status).unwrap_or(125))
+}
+
+/// The policy files for loading a draft: the draft's text at its path (its file may not be
+/// written: `--output` unset), other files (the base it extends) from the file system.
+struct DraftSources<'a> {
+    path: &'a std::path::Path,
+    text: &'a str,
+}
+
+impl policy::Sources for DraftSources<'_> {
+    fn read(&self, path: &std::path::Path) -> std::io::Result<policy::SourceText> {
+        if path == self.path {
+            Ok(policy::SourceText {
+                text: self.text.to_string(),
+                identity: path.to_path_buf(),
+            })
+        } else {
+            policy::FileSystem.read(path)
+        }
+    }
 }
 
 /// Covers the write grants of a run of `policy` with throw-away copies (`learn::Throwaway`);

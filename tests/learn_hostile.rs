@@ -411,7 +411,7 @@ fn a_base_without_namespaces_leaves_no_process_and_no_ipc_object_on_the_host() {
     let script = format!(
         "import ctypes, os, sys, time\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('SHM', libc.shmget({key}, 4096, 0o1600), file=sys.stderr)\nif os.fork() == 0:\n    os.setsid()\n    os.closerange(0, 3)\n    time.sleep(60)\n    os._exit(0)\nprint('FORKED', file=sys.stderr)\n"
     );
-    let (_, _, err) = learn(&s, base.to_str().unwrap(), &["--no-verify"], &script);
+    let (_, _, err) = learn(&s, base.to_str().unwrap(), &[], &script);
     let app = s.path("app/app.py").display().to_string();
     let survivors = processes_naming(&app);
     for pid in &survivors {
@@ -871,4 +871,24 @@ fn the_request_learn_keeps_is_its_own() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("MODE 0o600"), "{err}");
+}
+
+/// With a base given as a file, the draft (`extends = "/path/base.toml"`) was loaded as text,
+/// which may extend a built-in only: learn said "the draft does not load (a bug in learn)"
+/// and never ran the verifying run. It is loaded with its `extends` read from the file now,
+/// and verified like any other (its writes into the throw-away copies).
+#[test]
+fn a_draft_that_extends_a_policy_file_is_verified() {
+    let s = Scratch::new("lh-extends");
+    let base = s.write("base.toml", "extends = \"default\"\n");
+    std::fs::create_dir_all(s.path("out")).unwrap();
+    let script = format!(
+        "open({f:?}, 'w').write('x')\n",
+        f = s.path("out/f.txt").display().to_string()
+    );
+    let (rc, draft, err) = learn(&s, base.to_str().unwrap(), &[], &script);
+    assert!(draft.contains("base.toml\""), "{draft}");
+    assert!(err.contains("the command passes under the draft"), "{err}");
+    assert_eq!(rc, 0, "{err}");
+    assert!(!s.path("out/f.txt").exists(), "{err}");
 }
