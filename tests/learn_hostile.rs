@@ -892,3 +892,63 @@ fn a_draft_that_extends_a_policy_file_is_verified() {
     assert_eq!(rc, 0, "{err}");
     assert!(!s.path("out/f.txt").exists(), "{err}");
 }
+
+/// Ways around the copies that hold (kept as a check): a host file hard-linked into the
+/// `--rw` directory is written in the copy (copy-up), never through its other name; a rename
+/// out of the copy and a link into it fail with EXDEV; a host file opened for reading cannot
+/// be reopened for writing through `/proc/self/fd`; a link planted in the copy is not
+/// followed out by a write.
+#[test]
+fn links_renames_and_reopens_do_not_cross_the_copy() {
+    let s = Scratch::new("lh-cross");
+    for d in ["rw", "outside"] {
+        std::fs::create_dir_all(s.path(d)).unwrap();
+    }
+    let host = s.write("outside/host.txt", "host");
+    std::fs::hard_link(&host, s.path("rw/linked.txt")).unwrap();
+    let script = format!(
+        r#"import os, sys
+def t(name, f):
+    try:
+        f()
+        print(name, 'OK', file=sys.stderr)
+    except OSError as e:
+        print(name, e.errno, file=sys.stderr)
+rw, out = {rw:?}, {out:?}
+t('hardlink', lambda: open(rw + '/linked.txt', 'r+').write('PWND'))
+t('rename-out', lambda: os.rename(rw + '/linked.txt', out + '/moved.txt'))
+t('link-in', lambda: os.link(out + '/host.txt', rw + '/in.txt'))
+fd = os.open(out + '/host.txt', os.O_RDONLY)
+t('reopen', lambda: os.open('/proc/self/fd/%d' % fd, os.O_WRONLY))
+t('symlink', lambda: os.symlink(out + '/host.txt', rw + '/sl'))
+t('through-symlink', lambda: open(rw + '/sl', 'w').write('PWND'))
+"#,
+        rw = s.path("rw").display().to_string(),
+        out = s.path("outside").display().to_string(),
+    );
+    let rw = s.path("rw");
+    let (_, _, err) = learn(
+        &s,
+        "default",
+        &["--no-verify", "--rw", rw.to_str().unwrap()],
+        &script,
+    );
+    for expected in [
+        "hardlink OK",
+        "rename-out 18",
+        "link-in 18",
+        "reopen 13",
+        "symlink OK",
+        "through-symlink 13",
+    ] {
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "host", "{err}");
+    let mut left: Vec<String> = std::fs::read_dir(&rw)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["linked.txt"], "{err}");
+    assert_eq!(std::fs::read_dir(s.path("outside")).unwrap().count(), 1);
+}
