@@ -952,3 +952,70 @@ t('through-symlink', lambda: open(rw + '/sl', 'w').write('PWND'))
     assert_eq!(left, ["linked.txt"], "{err}");
     assert_eq!(std::fs::read_dir(s.path("outside")).unwrap().count(), 1);
 }
+
+/// A path is data in the draft, never TOML: a directory of the program's files whose name
+/// closes the string and the array and opens `[network]` (quotes, `]`, newlines) is one
+/// escaped grant, and the loaded draft allows no network (held before this pass too).
+#[test]
+fn a_path_cannot_inject_toml_into_the_draft() {
+    let s = Scratch::new("lh-inject");
+    let dir = "x\",]\n[network]\nmode = \"allow\"\n[filesystem]\nwrite = [\"/\"]\n#";
+    std::fs::create_dir_all(s.path(&format!("app/{dir}"))).unwrap();
+    let files = [
+        s.write(&format!("app/{dir}/a"), "x"),
+        s.write(&format!("app/{dir}/b"), "x"),
+    ];
+    std::fs::create_dir_all(s.path("prog")).unwrap();
+    let list = s.write(
+        "prog/list.json",
+        &serde_json::to_string(
+            &files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap(),
+    );
+    let app = s.write(
+        "prog/app.py",
+        &format!(
+            "import json\nfor p in json.load(open({l:?})):\n    open(p).read()\n",
+            l = list.display().to_string()
+        ),
+    );
+    let draft = s.path("draft.toml");
+    let (rc, _, err) = wfjail(&[
+        "learn",
+        "-p",
+        "default",
+        "--no-verify",
+        "--raw",
+        "--output",
+        draft.to_str().unwrap(),
+        "--ro",
+        s.path("prog").to_str().unwrap(),
+        "--",
+        PY,
+        app.to_str().unwrap(),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    let p = wfjail::policy::from_source("draft.toml", &text).unwrap();
+    assert_eq!(p.network.mode, wfjail::policy::NetworkMode::None, "{text}");
+    assert!(
+        p.filesystem.write.iter().all(|w| w.value.0 != "/"),
+        "{text}"
+    );
+    let grants: Vec<&str> = p
+        .filesystem
+        .read
+        .iter()
+        .map(|g| g.value.0.as_str())
+        .filter(|g| g.contains("[network]"))
+        .collect();
+    assert_eq!(
+        grants,
+        [s.path(&format!("app/{dir}")).to_str().unwrap()],
+        "{text}"
+    );
+}
