@@ -76,9 +76,38 @@ fn read_target(path: &Path) -> Option<(PathBuf, bool)> {
     if path.starts_with("/proc") {
         return None;
     }
-    let real = std::fs::canonicalize(path).ok()?;
-    let dir = real.is_dir();
-    Some((real, dir))
+    host_path(path)
+        .ok()
+        .filter(|(real, _)| !real.starts_with("/proc"))
+}
+
+/// What `path`, named by the run, is on the host: `(canonical path, is a directory)`. Resolved
+/// without /proc's magic links (`RESOLVE_NO_MAGICLINKS`): `/dev/stdin`, `/dev/fd/N` and the
+/// like lead through `/proc/self`, which here is wfjail, not the run, and would name the files
+/// wfjail's own descriptors are (ELOOP instead).
+fn host_path(path: &Path) -> Result<(PathBuf, bool), nix::errno::Errno> {
+    use std::os::fd::AsFd;
+    let root = std::fs::File::open("/").map_err(|_| nix::errno::Errno::EACCES)?;
+    let fd = crate::sys::openat2(
+        root.as_fd(),
+        &cstring(path),
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_NO_MAGICLINKS,
+    )?;
+    let file = std::fs::File::from(fd);
+    let dir = file
+        .metadata()
+        .map_err(|_| nix::errno::Errno::EACCES)?
+        .is_dir();
+    use std::os::fd::AsRawFd;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| nix::errno::Errno::EACCES)?;
+    // A path the kernel shows with " (deleted)" or a pseudo file's name is no grant.
+    if !real.is_absolute() || real.to_string_lossy().ends_with(" (deleted)") {
+        return Err(nix::errno::Errno::ENOENT);
+    }
+    Ok((real, dir))
 }
 
 /// The read grants for what the run read: a directory it opened as such, a directory two or
@@ -159,6 +188,16 @@ const SYSTEM_FILES: &[&str] = &[
 /// usual ones, or the home directory.
 fn floor(path: &Path, write: bool) -> Option<&'static str> {
     let under = |roots: &[&str]| roots.iter().any(|r| path.starts_with(r));
+    let Some(text) = path.to_str() else {
+        return Some("a name that is not UTF-8, which a policy cannot spell");
+    };
+    if text.contains('$') {
+        // No escape for it: `${home}` in a grant stands for another path, and a bare `$` is
+        // an error.
+        return Some(
+            "a `$` in its path, which a policy reads as a variable (${cwd}, ${home}, ${exe_dir}) and would make another path",
+        );
+    }
     if path == Path::new("/") {
         Some("the whole file system")
     } else if SYSTEM_ROOTS.iter().any(|r| path == Path::new(r)) {
@@ -174,17 +213,46 @@ fn floor(path: &Path, write: bool) -> Option<&'static str> {
         .is_some_and(|home| home.starts_with(path))
     {
         Some("the home directory (keys and credentials included), or a directory that holds it")
+    } else if path.parent() == Some(Path::new("/home")) {
+        // Another user's (HOME is root's /root under sudo): as much a home as ours.
+        Some("a home directory (keys and credentials included)")
+    } else if write && in_dot_directory(path) {
+        Some(
+            "a home's dot-directory (keys, shell start-up files, autostart: what runs unconfined later)",
+        )
+    } else if write && path == Path::new("/var/tmp") {
+        Some("a directory every user shares (their files, like /tmp's)")
     } else {
         None
     }
+}
+
+/// Whether `path` lies in a dot-directory of a home (`$HOME`, `/root`, `/home/NAME`):
+/// `~/.ssh`, `~/.config/autostart`...
+fn in_dot_directory(path: &Path) -> bool {
+    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
+    let homes = home.into_iter().chain([PathBuf::from("/root")]).chain(
+        path.ancestors()
+            .find(|a| a.parent() == Some(Path::new("/home")))
+            .map(Path::to_path_buf),
+    );
+    homes.into_iter().any(|h| {
+        path.strip_prefix(&h)
+            .ok()
+            .and_then(|rest| rest.components().next())
+            .is_some_and(|c| c.as_os_str().as_encoded_bytes().starts_with(b"."))
+    })
 }
 
 /// The directory a denied write was in; never a directory above it: when that directory
 /// does not exist, the reason.
 fn write_grant(path: &Path) -> Result<PathBuf, &'static str> {
     let dir = path.parent().ok_or("the whole file system")?;
-    match std::fs::canonicalize(dir) {
-        Ok(real) if real.is_dir() => Ok(real),
+    match host_path(dir) {
+        Ok((real, true)) => Ok(real),
+        Err(nix::errno::Errno::ELOOP) => Err(
+            "its path leads through /proc's links (/dev/fd, /dev/stdin...), which name wfjail's own descriptors here, not the run's",
+        ),
         _ => Err(
             "its directory does not exist, and a draft grants no directory above the file (create the directory and learn again)",
         ),
@@ -214,8 +282,22 @@ fn outermost(grants: BTreeMap<PathBuf, Needed>) -> BTreeMap<PathBuf, Needed> {
     kept
 }
 
+/// `s` as a TOML basic string: `"` and `\` escaped, and every control character (TOML
+/// refuses them raw, DEL included, which JSON's escaping leaves) and bidirectional control
+/// ([`reorders`]) as `\uXXXX`.
 fn toml_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() || reorders(c) => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The policy text that extends `base` (as `extends` names it) by what `learned` shows the
@@ -406,6 +488,58 @@ pub fn draft(base: &str, learned: &Learned, command: &[String]) -> String {
     out
 }
 
+/// The learning run's policy from the base's: `warn` (every call the base denies proceeds and
+/// is recorded), and what [`contain`] gives both runs. Network calls and file metadata
+/// changes the base allows outright (`[syscalls] allow`) are withdrawn, so that they are
+/// refused and recorded like the ones it denies: the learning run can open any file for
+/// reading, and Landlock does not check metadata changes, so a base's `fchmod` would reach
+/// every file the user owns, not only those a run of the base can open. (The verifying run,
+/// whose reads are the draft's, keeps what the base allows.)
+pub fn learning_policy(base: &crate::policy::Policy) -> crate::policy::Policy {
+    let mut learning = base.clone();
+    learning.on_violation = crate::policy::OnViolation::Warn;
+    // Threads and processes the run starts are let through and recorded: the base's process
+    // limit would stop them before they are seen (the draft raises it when it allows them).
+    // MAX_TASKS bounds them instead, so that a fork bomb cannot fill the host.
+    learning.limits.processes = Some(base.limits.processes.unwrap_or(0).max(MAX_TASKS));
+    learning.syscalls.allow.retain(|a| {
+        !matches!(
+            syscalls::category(&a.value.0),
+            Category::Network | Category::Filesystem
+        )
+    });
+    contain(&mut learning);
+    learning
+}
+
+/// The most tasks (processes and threads together) the learning run may have at once. It lets
+/// through the forks and threads the base denies, to see them; without a bound, a fork bomb
+/// would fill the host's process table and memory. (A pids cgroup enforces it as root, where
+/// RLIMIT_NPROC does not bind.)
+pub const MAX_TASKS: u64 = 512;
+
+/// What both runs of `wfjail learn` have, whatever the base or the draft says: no network
+/// (an empty network namespace, and network calls refused by the supervisor), and a PID and an
+/// IPC namespace of their own, required (a run that cannot have them does not start). The
+/// learning run lets through what the base denies (`warn`), and the draft is not reviewed:
+/// without those namespaces, a process the run forked would outlive learn, and a System V
+/// IPC object it made would stay on the host. Landlock and seccomp user notification are
+/// required too: without them, `warn` would let every write through to the host.
+pub fn contain(policy: &mut crate::policy::Policy) {
+    use crate::policy::Layer;
+    policy.network.mode = crate::policy::NetworkMode::None;
+    policy.namespaces.net = true;
+    policy.namespaces.pid = true;
+    policy.namespaces.ipc = true;
+    policy.namespaces.mount = true;
+    policy.require.extend([
+        Layer::PidNs,
+        Layer::IpcNs,
+        Layer::Landlock,
+        Layer::SeccompNotify,
+    ]);
+}
+
 /// Why a learning or verifying run cannot keep its writes off the host.
 #[derive(Debug, thiserror::Error)]
 pub enum ThrowawayError {
@@ -480,6 +614,10 @@ impl Throwaway {
     /// The most the copies of one run hold when the policy sets no `limits.disk`: they are in
     /// memory, and a run must not fill the host's.
     pub const DEFAULT_SIZE: u64 = 1 << 30;
+    /// The copies hold one file or directory per this many bytes of their size...
+    pub const BYTES_PER_INODE: u64 = 8 << 10;
+    /// ...and at least this many.
+    pub const MIN_INODES: u64 = 1024;
 
     /// Covers each of `write` (canonical paths, as `plan::build` expands them) with a
     /// throw-away copy; all the copies together hold at most `size` bytes (then ENOSPC). An
@@ -565,10 +703,15 @@ impl Throwaway {
             &scratch_c,
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
-            // (size=0 would be no limit at all.)
+            // (size=0 would be no limit at all.) Files without data take no size: their
+            // number is bounded too (the kernel's default is half the host's RAM in pages).
             Some(
-                &std::ffi::CString::new(format!("mode=0700,size={}", size.max(1 << 16)))
-                    .unwrap_or_default(),
+                &std::ffi::CString::new(format!(
+                    "mode=0700,size={},nr_inodes={}",
+                    size.max(1 << 16),
+                    (size / Self::BYTES_PER_INODE).max(Self::MIN_INODES)
+                ))
+                .unwrap_or_default(),
             ),
         );
         if let Err(e) = mounted {
@@ -651,10 +794,22 @@ fn refused_while_learning(v: &Violation) -> bool {
         )
 }
 
+/// Unicode's bidirectional controls: a text holding them shows in another order than it
+/// reads (a draft is for review, and the paths in it are the program's).
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn one_line(s: &str, max: usize) -> String {
     let flat: String = s
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || reorders(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect();
     if flat.chars().count() > max {
         flat.chars().take(max).collect::<String>() + "..."
@@ -714,6 +869,10 @@ mod tests {
         );
         assert_eq!(floor(Path::new("/etc/app"), false), None);
         assert_eq!(floor(Path::new("/var/lib/app"), true), None);
+        assert!(floor(Path::new("/home/someone"), false).is_some());
+        assert_eq!(floor(Path::new("/home/someone/project"), true), None);
+        assert!(floor(Path::new("/srv/a$b"), false).is_some());
+        assert_eq!(toml_str("a\u{7f}\"\\\n"), "\"a\\u007f\\\"\\\\\\u000a\"");
     }
 
     #[test]

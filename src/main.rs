@@ -282,15 +282,10 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
         eprintln!("wfjail: {e}");
         return Ok(125);
     }
-    let mut learning = base.clone();
-    learning.on_violation = policy::OnViolation::Warn;
-    // Threads and processes the run starts are let through and recorded: a process limit
-    // would stop them before they are seen (the draft raises it when it allows them).
-    learning.limits.processes = None;
-    // Network calls are refused and recorded (the supervisor sees them only when the policy
-    // does not allow them outright), in an empty network namespace.
-    learning.network.mode = policy::NetworkMode::None;
-    learning.namespaces.net = true;
+    // Everything the base denies proceeds and is recorded, but nothing reaches outside: no
+    // network, no metadata changes, no process or IPC object that outlives the run, at most
+    // learn::MAX_TASKS tasks.
+    let learning = wfjail::learn::learning_policy(&base);
     eprintln!(
         "wfjail: learning what {} needs beyond policy {} (its writes go to a throw-away copy, the network is refused)",
         args.command.join(" "),
@@ -354,7 +349,12 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     if args.no_verify {
         return Ok(0);
     }
-    let mut drafted = match policy::from_source(&draft_path.display().to_string(), &text) {
+    // The draft is read as written; the base it extends, when a file, from that file.
+    let sources = DraftSources {
+        path: &draft_path,
+        text: &text,
+    };
+    let mut drafted = match policy::load_from(&draft_path.display().to_string(), &sources) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("wfjail: the draft does not load (a bug in learn): {e}");
@@ -397,6 +397,26 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     Ok(u8::try_from(check.exit_status).unwrap_or(125))
 }
 
+/// The policy files for loading a draft: the draft's text at its path (its file may not be
+/// written: `--output` unset), other files (the base it extends) from the file system.
+struct DraftSources<'a> {
+    path: &'a std::path::Path,
+    text: &'a str,
+}
+
+impl policy::Sources for DraftSources<'_> {
+    fn read(&self, path: &std::path::Path) -> std::io::Result<policy::SourceText> {
+        if path == self.path {
+            Ok(policy::SourceText {
+                text: self.text.to_string(),
+                identity: path.to_path_buf(),
+            })
+        } else {
+            policy::FileSystem.read(path)
+        }
+    }
+}
+
 /// Covers the write grants of a run of `policy` with throw-away copies (`learn::Throwaway`);
 /// `Err` is the exit status when that cannot be done (a plan that does not build is not run
 /// either: nothing would say which grants it wrote to).
@@ -437,8 +457,20 @@ fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> V
     if drafted.network.mode != policy::NetworkMode::None {
         withheld.push("the network".to_string());
     }
-    drafted.network.mode = policy::NetworkMode::None;
-    drafted.namespaces.net = true;
+    wfjail::learn::contain(drafted);
+    // The draft's limits.processes is twice what the learning run started (one after the
+    // other, maybe): the unreviewed run has no more tasks at once than the learning run.
+    let bound = base
+        .limits
+        .processes
+        .unwrap_or(0)
+        .max(wfjail::learn::MAX_TASKS);
+    if drafted.limits.processes.is_none_or(|p| p > bound) {
+        if drafted.limits.processes.is_some() {
+            withheld.push(format!("more than {bound} tasks at once"));
+        }
+        drafted.limits.processes = Some(bound);
+    }
     if drafted.on_violation == policy::OnViolation::Warn {
         drafted.on_violation = policy::OnViolation::Deny;
     }
@@ -471,7 +503,19 @@ fn keep_stdin(opts: &mut RunOptions, tag: &str) -> anyhow::Result<Option<RemoveO
         .read_to_end(&mut bytes)
         .context("reading the request from stdin")?;
     let path = std::env::temp_dir().join(format!("wfjail-{tag}-{}.request", std::process::id()));
-    std::fs::write(&path, &bytes).context("keeping the request for every run")?;
+    // Its name can be guessed: made new (never through a link or over a file already there),
+    // and for our eyes only (the request may hold what other users must not read).
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("keeping the request for every run in {}", path.display()))?
+    };
+    file.write_all(&bytes)
+        .context("keeping the request for every run")?;
     opts.input = Some(path.clone());
     Ok(Some(RemoveOnDrop(path)))
 }

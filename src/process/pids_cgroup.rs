@@ -29,11 +29,13 @@ pub enum CgroupError {
 }
 
 /// `limits.processes` when only a pids cgroup can enforce it: the policy sets it, allows
-/// forks or threads (otherwise the filter already stops them), and wfjail runs as root.
+/// forks or threads (otherwise the filter already stops them; under `warn` it lets them
+/// through), and wfjail runs as root.
 pub fn needed(policy: &crate::policy::Policy) -> Option<u64> {
-    use crate::policy::Toggle;
-    let forks =
-        policy.process.subprocess == Toggle::Allow || policy.process.threads == Toggle::Allow;
+    use crate::policy::{OnViolation, Toggle};
+    let forks = policy.process.subprocess == Toggle::Allow
+        || policy.process.threads == Toggle::Allow
+        || policy.on_violation == OnViolation::Warn;
     (forks && nix::unistd::geteuid().is_root())
         .then_some(policy.limits.processes)
         .flatten()

@@ -238,8 +238,10 @@ pub struct Outcome {
     pub seed: Option<u64>,
     /// The workflow time the guest's wall clock read (`clock = "virtual"`).
     pub clock: Option<i64>,
-    /// `wfjail learn`: every violation, in order, up to `notify::MAX_LEARNED`.
+    /// `wfjail learn`: every violation, in order, up to `notify::MAX_LEARNED` (and
+    /// `notify::MAX_LEARNED_BYTES` of arguments, counted in `learned_bytes`).
     pub learned: Vec<Violation>,
+    pub learned_bytes: usize,
     /// A malformed set-up record (a bug or a hostile child).
     pub channel_error: Option<String>,
     /// Framed mode: the result payload, the guest's error, or what broke the conversation.
@@ -751,7 +753,7 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                         clock: o.clock,
-                        learned: cfg.learn.then_some(&mut o.learned),
+                        learned: cfg.learn.then_some((&mut o.learned, &mut o.learned_bytes)),
                     };
                     let rules = notify::Rules {
                         decisions: &cfg.decisions,

@@ -103,12 +103,17 @@ pub struct State<'v> {
     pub entropy: Option<&'v mut Entropy>,
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
-    /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`]).
-    pub learned: Option<&'v mut Vec<Violation>>,
+    /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
+    /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
+    pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
 }
 
 /// The most violations a learning run keeps (each open of a Python import is one).
 pub const MAX_LEARNED: usize = 100_000;
+/// The most bytes of arguments (paths, mostly) a learning run keeps: wfjail's memory is the
+/// host's, and a hostile run naming 100 000 paths of 4 KiB each would fill it (those past the
+/// bound are not learned, so the draft lacks them and its run is not verified).
+pub const MAX_LEARNED_BYTES: usize = 32 << 20;
 
 /// The notifications a guest may have answered in a burst: the bucket's size.
 pub const BUDGET_BURST: u32 = 100_000;
@@ -190,9 +195,11 @@ pub fn handle(
     };
     let handled = match violation {
         Some(v) => {
-            if let Some(l) = state.learned
+            if let Some((l, bytes)) = state.learned
                 && l.len() < MAX_LEARNED
+                && *bytes + v.args.len() <= MAX_LEARNED_BYTES
             {
+                *bytes += v.args.len();
                 l.push(v.clone());
             }
             state.violations.record(v);
