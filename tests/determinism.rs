@@ -590,3 +590,67 @@ except OSError as e:
     o.check(!futex, "no futex sleep violation");
     o.assert_violation("pselect6", "sleep");
 }
+
+/// Unmaps `[vvar]` and `[vdso]` and asks the kernel for a fresh vDSO, whose clock functions
+/// would read the real time without a syscall (the exec stop patched only the first one).
+const MAP_FRESH_VDSO: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+spans = []
+for l in open('/proc/self/maps'):
+    if l.rstrip().endswith(('[vdso]', '[vvar]', '[vvar_vclock]')):
+        a, b = (int(x, 16) for x in l.split()[0].split('-'))
+        spans.append((a, b))
+for a, b in spans:
+    libc.munmap(a, b - a)
+r = libc.syscall(158, 0x2003, ctypes.c_ulong(spans[0][0]))
+e = ctypes.get_errno()
+os.write(1, b"map_vdso %d %d\n" % (r, e))
+os._exit(0)
+"#;
+
+#[test]
+fn a_fresh_vdso_is_refused_and_reported() {
+    let s = Scratch::new("det-map-vdso");
+    let policy = s.write("virtual.toml", VIRTUAL);
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--ro",
+        "/proc",
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        MAP_FRESH_VDSO,
+    ]);
+    o.check(
+        line(&o, "map_vdso") == format!("-1 {}", libc::EPERM),
+        "arch_prctl(ARCH_MAP_VDSO_64): EPERM",
+    );
+    let v = o.assert_violation("arch_prctl", "clock");
+    o.check(
+        v["args"].as_str().unwrap().contains("ARCH_MAP_VDSO_64"),
+        "the code is named",
+    );
+    o.check(
+        v["hint"].as_str().unwrap().contains("real clock"),
+        "the hint says why",
+    );
+    // The thread pointer is still set and read (every C library does at start-up).
+    let o = run_virtual(
+        &s,
+        Some(CLOCK),
+        "1",
+        &[
+            PY,
+            "-c",
+            "import ctypes; l = ctypes.CDLL(None, use_errno=True); v = ctypes.c_ulong(); print('get_fs', l.syscall(158, 0x1003, ctypes.byref(v)), v.value != 0)",
+        ],
+    );
+    o.check(line(&o, "get_fs") == "0 True", "ARCH_GET_FS still answers");
+    o.check(o.status() == "ok", "status ok");
+}

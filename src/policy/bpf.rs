@@ -137,6 +137,9 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
             Leaf::AllowIf(vec![rule(vec![cond(4, Len::Qword, Op::Eq, 0)], name)?])
         }
         ArgRule::IoctlAllowlist => Leaf::AllowIf(one_of(name, 1, syscalls::IOCTL_ALLOWED)?),
+        ArgRule::ArchPrctlAllowlist => {
+            Leaf::AllowIf(one_of(name, 0, syscalls::ARCH_PRCTL_ALLOWED)?)
+        }
         ArgRule::FcntlAllowlist => Leaf::AllowElseSupervise {
             allow: one_of(name, 1, syscalls::FCNTL_ALLOWED)?,
             supervise: Some(one_of(name, 1, syscalls::FCNTL_LOCKS)?),

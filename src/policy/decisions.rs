@@ -111,6 +111,7 @@ const SYSV_IPC: &[&str] = &[
 
 const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
 const TIMED_WAIT_HINT: &str = "a wait with a timeout (select, poll, Event.wait, Lock.acquire(timeout=...)) blocks the worker like time.sleep; use workflow.sleep(), workflow.wait_condition() or asyncio.sleep() (durable timers)";
+const ARCH_PRCTL_HINT: &str = "only the thread pointer, CPU feature and shadow-stack codes of arch_prctl are allowed; ARCH_MAP_VDSO would map a fresh vDSO that reads the real clock without a syscall (use workflow.now())";
 const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
 const IPC_HINT: &str =
     "inter-process channels are not allowed in workflow code (prefork sessions would share them)";
@@ -185,6 +186,12 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "fcntl commands are an allowlist (descriptor flags, duplication, lock queries; locks under --rw)"
                 .into()
         }
+        // Refined by the code in the decoder (a vDSO mapping is a clock violation).
+        "arch_prctl" if guarded => {
+            always_deny = true;
+            hint = Some(ARCH_PRCTL_HINT);
+            "arch_prctl codes are an allowlist (thread pointer, CPU features, shadow stack; no ARCH_MAP_VDSO)".into()
+        }
         "memfd_create" if guarded => {
             hint = Some(MEMFD_HINT);
             "memory files are denied: they are not counted by limits.memory".into()
@@ -252,6 +259,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
         | Args::Prlimit
         | Args::Memfd
         | Args::Mmap
+        | Args::ArchPrctl
             if policy_denies =>
         {
             Args::Hex
