@@ -699,7 +699,12 @@ pub fn supervise(
                     match startup.notification(is_initial_exec(&n, child.pid)) {
                         Route::AllowExec => {
                             // With the vDSO patched at the exec stop when the policy asks.
-                            if let Err(e) = vdso::exec(l.as_fd(), &n, child.pid, cfg.vdso) {
+                            if let Err(e) = vdso::exec(
+                                l.as_fd(),
+                                &n,
+                                child.pid,
+                                cfg.vdso.map(|p| p.seeded(cfg.seed)),
+                            ) {
                                 if let Some(w) = err_sink.as_mut() {
                                     let _ = writeln!(w, "wfjail: {e}");
                                 }
