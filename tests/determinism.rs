@@ -654,3 +654,37 @@ fn a_fresh_vdso_is_refused_and_reported() {
     o.check(line(&o, "get_fs") == "0 True", "ARCH_GET_FS still answers");
     o.check(o.status() == "ok", "status ok");
 }
+
+#[test]
+fn monotonic_clocks_read_the_same_virtual_time_in_every_run_and_still_move() {
+    let s = Scratch::new("det-monotonic");
+    let code = "import time, asyncio\n\
+                print('mono', time.monotonic_ns(), time.perf_counter_ns(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW))\n\
+                async def f():\n    await asyncio.sleep(0)\n    return asyncio.get_running_loop().time()\n\
+                print('loop', asyncio.run(f()))\n";
+    let a = run_virtual(&s, Some(CLOCK), "3", &[PY, "-c", code]);
+    let b = run_virtual(&s, Some(CLOCK), "3", &[PY, "-c", code]);
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "a monotonic read is not a violation",
+        );
+    }
+    a.check(
+        line(&a, "mono") == line(&b, "mono"),
+        "time.monotonic_ns(), perf_counter_ns(), CLOCK_BOOTTIME, CLOCK_MONOTONIC_RAW: the same in both runs",
+    );
+    a.check(
+        line(&a, "loop") == line(&b, "loop"),
+        "asyncio's loop.time(): the same in both runs",
+    );
+    let reads: Vec<i64> = line(&a, "mono")
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    a.check(
+        reads.windows(2).all(|w| w[1] > w[0]),
+        "each read is later than the one before",
+    );
+}

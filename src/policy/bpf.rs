@@ -218,6 +218,11 @@ const FUTEX_CMD_MASK: u64 = 0x7f;
 /// `CLOCK_REALTIME_ALARM`, `CLOCK_TAI` (which is the wall clock plus a constant).
 pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
+/// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
+/// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
+/// (`supervise/clock.rs`).
+pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
+
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
 fn one_of(
     name: &'static str,
@@ -316,9 +321,9 @@ pub fn decisions(
     }
     if policy.time.clock != ClockMode::Real {
         // The wall clock: `clock_gettime` of a realtime clock, `gettimeofday`, `time` (the
-        // vDSO is patched to make these syscalls, supervise/vdso.rs). Monotonic and CPU
-        // clocks stay allowed. Virtual: the supervisor answers with the workflow time; deny:
-        // a violation.
+        // vDSO is patched to make these syscalls, supervise/vdso.rs). CPU clocks stay
+        // allowed. Virtual: the supervisor answers with the workflow time (and the monotonic
+        // clocks with a virtual one); deny: a violation (and the monotonic clocks run).
         let not_realtime = rule(
             REALTIME_CLOCKS
                 .iter()
@@ -327,10 +332,20 @@ pub fn decisions(
             "clock_gettime",
         )?;
         if policy.time.clock == ClockMode::Virtual {
+            // The monotonic clocks too: the supervisor answers from the execution's virtual
+            // monotonic clock (supervise/clock.rs). CPU-time clocks stay allowed.
+            let neither = rule(
+                REALTIME_CLOCKS
+                    .iter()
+                    .chain(&MONOTONIC_CLOCKS)
+                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                    .collect(),
+                "clock_gettime",
+            )?;
             map.insert(
                 nr("clock_gettime"),
                 Leaf::AllowElseSupervise {
-                    allow: vec![not_realtime],
+                    allow: vec![neither],
                     supervise: None,
                 },
             );

@@ -626,6 +626,7 @@ impl Zygote {
                         violations: &mut own,
                         entropy: None,
                         clock: None,
+                        monotonic: None,
                         learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
@@ -676,17 +677,24 @@ impl Zygote {
             };
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
-            let clock = det.clock;
+            let det_now = &mut *det;
+            let clock = det_now.clock;
             let mut unarmed = crate::supervise::entropy::Entropy::new(0);
-            let entropy = if det.armed {
-                det.entropy.as_mut()
+            // Before HELLO a spare's clock reads do not move its session's monotonic clock.
+            let mut unarmed_clock = crate::supervise::clock::Monotonic::default();
+            let (entropy, monotonic) = if det_now.armed {
+                (det_now.entropy.as_mut(), &mut det_now.monotonic)
             } else {
-                det.entropy.as_mut().map(|_| &mut unarmed)
+                (
+                    det_now.entropy.as_mut().map(|_| &mut unarmed),
+                    &mut unarmed_clock,
+                )
             };
             let state = notify::State {
                 violations: &mut v,
                 entropy,
                 clock,
+                monotonic: Some(monotonic),
                 learned: None,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || {

@@ -466,6 +466,7 @@ pub fn supervise(
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
+    let mut monotonic = clock::Monotonic::default();
     if policy.time.clock == crate::policy::ClockMode::Virtual {
         o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
     }
@@ -740,6 +741,7 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                         clock: o.clock,
+                        monotonic: Some(&mut monotonic),
                         learned: cfg.learn.then_some(&mut o.learned),
                     };
                     let rules = notify::Rules {

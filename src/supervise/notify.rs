@@ -103,6 +103,8 @@ pub struct State<'v> {
     pub entropy: Option<&'v mut Entropy>,
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
+    /// The virtual monotonic clock, under `clock = "virtual"` (`clock.rs`).
+    pub monotonic: Option<&'v mut super::clock::Monotonic>,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`]).
     pub learned: Option<&'v mut Vec<Violation>>,
 }
@@ -125,7 +127,8 @@ pub fn handle(
     state: State<'_>,
     kill: impl FnOnce(),
 ) -> Handled {
-    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, state.clock) else {
+    let clock = state.clock.map(|now| (now, state.monotonic));
+    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, clock) else {
         return Handled::Quiet; // the call is gone: what was read may not be its own
     };
     let handled = match violation {
@@ -158,7 +161,7 @@ fn decide(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<i64>,
+    clock: Option<(i64, Option<&mut super::clock::Monotonic>)>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -182,9 +185,16 @@ fn decide(
         return Some((cpu_answer(&n.args, cpus), None));
     }
     // Workflow time: the wall clock reads the execution's time, not a violation.
-    if let (Some(d), Some(now)) = (decision, clock)
+    if let (Some(d), Some((now, monotonic))) = (decision, clock)
         && d.check == Check::Clock
     {
+        // A monotonic clock reads the virtual monotonic clock (clock.rs).
+        let clockid = n.args[0] & 0xffff_ffff;
+        if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
+            let mut spare = super::clock::Monotonic::default();
+            let now = monotonic.unwrap_or(&mut spare).read(now);
+            return Some((clock_answer(d.name, &n.args, now), None));
+        }
         return Some((clock_answer(d.name, &n.args, now), None));
     }
     let mem = ProcessMemory { pid: n.pid };
