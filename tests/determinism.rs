@@ -688,3 +688,114 @@ fn monotonic_clocks_read_the_same_virtual_time_in_every_run_and_still_move() {
         "each read is later than the one before",
     );
 }
+
+const PROCESS_FACTS: &str = r#"
+import json, os, time, resource, signal
+IMPORTED = time.time()
+IMPORTED_MONO = time.monotonic_ns()
+got = []
+def facts(req):
+    signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return json.dumps([IMPORTED, IMPORTED_MONO, os.getpid(), len(got), ru.ru_utime + ru.ru_stime,
+                       ru.ru_maxrss, ru.ru_minflt, time.monotonic_ns(), time.process_time_ns(),
+                       os.times().elapsed]).encode()
+"#;
+
+const PROCESS_WORKER: &str = r#"
+c = Client()
+out = []
+for _ in range(2):
+    with c.session(handler=MOD + ":facts", seed=1, time_ns=1_000_000_000_000) as s:
+        out.append(json.loads(s.call(b"a")))
+print(json.dumps(out))
+"#;
+
+#[test]
+fn sessions_read_the_same_pid_usage_and_import_time_in_every_run() {
+    for zygote in [true, false] {
+        let (s, module) =
+            serve_scratch("det-facts", "facts", PROCESS_FACTS, "", &[], PROCESS_WORKER);
+        let policy = s.path("policy.toml").display().to_string();
+        let worker = s.path("worker.py").display().to_string();
+        let zygote_args = common::zygote_args(&module, "1");
+        let mut args = vec!["serve", "-p", &policy];
+        if zygote {
+            args.extend(zygote_args.iter().map(String::as_str));
+        } else {
+            let exec_worker = PROCESS_WORKER.replace(
+                "handler=MOD + \":facts\"",
+                "argv=[sys.executable, \"-c\", \"import importlib; from wfjail import guest; guest.run(importlib.import_module(%r).facts)\" % MOD]",
+            );
+            s.write(
+                "worker.py",
+                &std::fs::read_to_string(s.path("worker.py"))
+                    .unwrap()
+                    .replace(PROCESS_WORKER, &exec_worker),
+            );
+        }
+        args.extend(["--", PY, &worker]);
+        let out = wfjail_with(&args, |c| {
+            c.current_dir(&s.0);
+        });
+        let mode = if zygote { "zygote" } else { "exec" };
+        out.check(out.code == 0, &format!("{mode}: wfjail serve exits 0"));
+        let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        let (a, b) = (&r[0], &r[1]);
+        out.check(a == b, &format!("{mode}: two sessions, the same facts"));
+        // Imported in the zygote before any session: its fixed instant; in an exec-mode
+        // session, the session's workflow time.
+        let imported = if zygote { 946_684_800.0 } else { 1000.0 };
+        out.check(
+            a[0] == imported,
+            &format!("{mode}: time.time() at import ({})", a[0]),
+        );
+        // The pid no process of a zygote's namespace has, or pid 1 of the session's own.
+        let pid = if zygote { 4_194_303 } else { 1 };
+        out.check(
+            a[2] == pid,
+            &format!("{mode}: os.getpid() is {pid} ({})", a[2]),
+        );
+        out.check(
+            a[3] == 1,
+            &format!("{mode}: a signal to os.getpid() reaches the session"),
+        );
+        out.check(
+            a[4] == 0.0 && a[5] == 0 && a[6] == 0,
+            &format!("{mode}: getrusage: no CPU time, no pages ({a})"),
+        );
+    }
+}
+
+#[test]
+fn resource_usage_cpu_clocks_and_uptime_are_pinned_under_the_virtual_clock() {
+    let s = Scratch::new("det-usage");
+    let code = "import os, time, resource, ctypes\n\
+                ru = resource.getrusage(resource.RUSAGE_SELF)\n\
+                t = os.times()\n\
+                class SI(ctypes.Structure):\n    _fields_ = [('uptime', ctypes.c_long), ('loads', ctypes.c_ulong * 3), ('totalram', ctypes.c_ulong), ('freeram', ctypes.c_ulong)]\n\
+                si = SI(); ctypes.CDLL(None).sysinfo(ctypes.byref(si))\n\
+                print('usage', ru.ru_utime, ru.ru_stime, ru.ru_maxrss, ru.ru_minflt, ru.ru_nvcsw, t.user, t.system, t.elapsed, time.process_time_ns(), time.thread_time_ns(), si.uptime, list(si.loads), si.freeram == si.totalram)\n";
+    let a = run_virtual(&s, Some(CLOCK), "1", &[PY, "-c", code]);
+    let b = run_virtual(&s, Some(CLOCK), "1", &[PY, "-c", code]);
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "not violations",
+        );
+    }
+    a.check(
+        line(&a, "usage") == line(&b, "usage"),
+        "the same resource usage, CPU clocks, times() and uptime in both runs",
+    );
+    a.check(
+        line(&a, "usage").starts_with("0.0 0.0 0 0 0 0.0 0.0 "),
+        "getrusage and times(): no CPU time, no pages, no switches",
+    );
+    a.check(
+        line(&a, "usage").ends_with(" 1000 [0, 0, 0] True"),
+        "sysinfo: a virtual uptime, no load, all memory free",
+    );
+}

@@ -220,7 +220,8 @@ pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
 /// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
 /// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
-/// (`supervise/clock.rs`).
+/// (`supervise/clock.rs`); every other clock but the realtime ones (the CPU-time clocks)
+/// reads the time that clock moved since its origin.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
@@ -320,36 +321,18 @@ pub fn decisions(
         }
     }
     if policy.time.clock != ClockMode::Real {
-        // The wall clock: `clock_gettime` of a realtime clock, `gettimeofday`, `time` (the
-        // vDSO is patched to make these syscalls, supervise/vdso.rs). CPU clocks stay
-        // allowed. Virtual: the supervisor answers with the workflow time (and the monotonic
-        // clocks with a virtual one); deny: a violation (and the monotonic clocks run).
-        let not_realtime = rule(
-            REALTIME_CLOCKS
-                .iter()
-                .map(|&c| cond(0, Len::Dword, Op::Ne, c))
-                .collect(),
-            "clock_gettime",
-        )?;
+        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs).
         if policy.time.clock == ClockMode::Virtual {
-            // The monotonic clocks too: the supervisor answers from the execution's virtual
-            // monotonic clock (supervise/clock.rs). CPU-time clocks stay allowed.
-            let neither = rule(
-                REALTIME_CLOCKS
-                    .iter()
-                    .chain(&MONOTONIC_CLOCKS)
-                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
-                    .collect(),
-                "clock_gettime",
-            )?;
-            map.insert(
-                nr("clock_gettime"),
-                Leaf::AllowElseSupervise {
-                    allow: vec![neither],
-                    supervise: None,
-                },
-            );
-            for n in ["gettimeofday", "time"] {
+            // Every clock goes to the supervisor: the wall clock reads the workflow time, the
+            // monotonic and CPU clocks the virtual monotonic clock (supervise/clock.rs), and
+            // resource usage, `times` and `sysinfo` (CPU times, uptime) pinned values.
+            let mut supervised = vec!["clock_gettime", "gettimeofday", "time"];
+            supervised.extend(["getrusage", "times", "sysinfo"]);
+            if zygote {
+                // A session's pid is pinned (its siblings share the zygote's namespace).
+                supervised.push("getpid");
+            }
+            for n in supervised {
                 map.insert(
                     nr(n),
                     Leaf::AllowElseSupervise {
@@ -359,6 +342,15 @@ pub fn decisions(
                 );
             }
         } else {
+            // Deny: a wall-clock read (`clock_gettime` of a realtime clock, `gettimeofday`,
+            // `time`) is a violation; the monotonic and CPU clocks run.
+            let not_realtime = rule(
+                REALTIME_CLOCKS
+                    .iter()
+                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                    .collect(),
+                "clock_gettime",
+            )?;
             map.insert(nr("clock_gettime"), Leaf::AllowIf(vec![not_realtime]));
             map.remove(&nr("gettimeofday"));
             map.remove(&nr("time"));

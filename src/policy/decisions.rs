@@ -35,8 +35,16 @@ pub enum Check {
     Exit,
     /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
     Seeded,
-    /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
+    /// A clock read under `clock = "virtual"`: the wall clock answered with the execution's
+    /// time, the monotonic and CPU clocks with its virtual monotonic clock.
     Clock,
+    /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
+    /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).
+    Usage,
+    /// `getpid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
+    /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own
+    /// PID namespace).
+    Pid,
     /// `sched_getaffinity` under `[process] cpu_count = N`: answered with N CPUs.
     CpuCount(u32),
     /// A wait under `sleep = "deny"` (`syscalls::TIMED_WAITS`): its timeout is read; a
@@ -249,6 +257,10 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             {
                 Check::Clock
             }
+            "getrusage" | "times" | "sysinfo" if policy.time.clock == ClockMode::Virtual => {
+                Check::Usage
+            }
+            "getpid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
             _ => Check::Violation,
         }
     };

@@ -186,16 +186,33 @@ fn decide(
     }
     // Workflow time: the wall clock reads the execution's time, not a violation.
     if let (Some(d), Some((now, monotonic))) = (decision, clock)
-        && d.check == Check::Clock
+        && matches!(d.check, Check::Clock | Check::Usage)
     {
-        // A monotonic clock reads the virtual monotonic clock (clock.rs).
-        let clockid = n.args[0] & 0xffff_ffff;
-        if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
+        // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
+        if d.check == Check::Usage {
             let mut spare = super::clock::Monotonic::default();
-            let now = monotonic.unwrap_or(&mut spare).read(now);
-            return Some((clock_answer(d.name, &n.args, now), None));
+            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            return Some((usage_answer(d.name, &n.args, mono), None));
+        }
+        // A monotonic clock reads the virtual monotonic clock (clock.rs); a CPU-time clock
+        // how far that moved since its origin.
+        let clockid = n.args[0] & 0xffff_ffff;
+        if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+            let mut spare = super::clock::Monotonic::default();
+            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            let value = if crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
+                mono
+            } else {
+                mono - super::clock::MONOTONIC_ORIGIN
+            };
+            return Some((clock_answer(d.name, &n.args, value), None));
         }
         return Some((clock_answer(d.name, &n.args, now), None));
+    }
+    // `getpid` reaches the supervisor only from a prefork plan, whose router answers a
+    // session's; anywhere else the guest's own pid is its namespace's.
+    if decision.is_some_and(|d| d.check == Check::Pid) {
+        return Some((Answer::Continue, None));
     }
     let mem = ProcessMemory { pid: n.pid };
     // A write-open inside the grants: the supervisor opens what it judged (opener.rs). One
@@ -410,6 +427,60 @@ pub fn clock_answer(name: &str, args: &[u64; 6], now: i64) -> Answer {
             },
         },
     }
+}
+
+/// The answer to `getrusage`, `times` or `sysinfo` (`name`, arguments `args`) while the
+/// virtual monotonic clock reads `mono`: what the kernel would write for a process that has
+/// used no CPU time, on a machine up for `mono` with no load and nothing else running (the
+/// memory totals are the host's, from `/proc/meminfo`, and all of it free).
+pub fn usage_answer(name: &str, args: &[u64; 6], mono: i64) -> Answer {
+    match name {
+        // getrusage(who, struct rusage *): RUSAGE_SELF, _CHILDREN, _THREAD.
+        "getrusage" if !(-1..=1).contains(&(args[0] as i32)) => Answer::Errno(libc::EINVAL),
+        "getrusage" if args[1] == 0 => Answer::Errno(libc::EFAULT),
+        "getrusage" => Answer::Value {
+            ret: 0,
+            writes: vec![(args[1], vec![0u8; std::mem::size_of::<libc::rusage>()])],
+        },
+        // times(struct tms *): no CPU time; returns clock ticks (100 Hz) since "boot".
+        "times" => Answer::Value {
+            ret: mono / 10_000_000,
+            writes: if args[0] != 0 {
+                vec![(args[0], vec![0u8; std::mem::size_of::<libc::tms>()])]
+            } else {
+                vec![]
+            },
+        },
+        "sysinfo" if args[0] == 0 => Answer::Errno(libc::EFAULT),
+        _ => {
+            let (ram, swap) = memory_totals();
+            let mut info = vec![0u8; std::mem::size_of::<libc::sysinfo>()];
+            let mut put = |at: usize, v: u64| info[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+            put(0, (mono / 1_000_000_000) as u64); // uptime; loads stay 0
+            put(32, ram); // totalram
+            put(40, ram); // freeram
+            put(64, swap); // totalswap
+            put(72, swap); // freeswap
+            info[80..82].copy_from_slice(&1u16.to_ne_bytes()); // procs
+            info[104..108].copy_from_slice(&1u32.to_ne_bytes()); // mem_unit
+            Answer::Value {
+                ret: 0,
+                writes: vec![(args[0], info)],
+            }
+        }
+    }
+}
+
+/// The host's memory and swap totals in bytes (`/proc/meminfo`; 0 when it cannot be read).
+fn memory_totals() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    (kib("MemTotal:"), kib("SwapTotal:"))
 }
 
 /// Lets the call of notification `n` run (the initial exec, the zygote's own forks).
