@@ -799,3 +799,50 @@ fn resource_usage_cpu_clocks_and_uptime_are_pinned_under_the_virtual_clock() {
         "sysinfo: a virtual uptime, no load, all memory free",
     );
 }
+
+#[test]
+fn a_descriptors_times_are_the_workflow_time_for_pipes_devices_and_proc() {
+    let s = Scratch::new("det-fstat");
+    let policy = s.write("virtual.toml", VIRTUAL);
+    let code = "import os\n\
+                r, w = os.pipe(); os.write(w, b'x')\n\
+                f = open('/proc/self/stat', 'rb')\n\
+                n = os.open('/dev/null', os.O_RDONLY)\n\
+                print('pipe', os.fstat(w).st_mtime_ns, os.fstat(r).st_atime_ns, os.fstat(w).st_ctime_ns)\n\
+                print('stdout', os.fstat(1).st_mtime_ns)\n\
+                print('proc', os.fstat(f.fileno()).st_mtime_ns)\n\
+                print('devnull', os.stat(n, follow_symlinks=True).st_atime_ns)\n\
+                print('python', os.fstat(os.open('/usr/bin/python3', os.O_RDONLY)).st_mtime_ns == os.stat('/usr/bin/python3').st_mtime_ns)\n";
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--clock",
+        CLOCK,
+        "--ro",
+        "/proc",
+        "--ro",
+        "/dev/null",
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        code,
+    ]);
+    o.check(o.status() == "ok", "status ok");
+    let t = format!("{SECS}000000000");
+    o.check(
+        line(&o, "pipe") == format!("{t} {t} {t}"),
+        "a pipe the guest wrote to: the workflow time",
+    );
+    o.check(line(&o, "stdout") == t, "its stdout: the workflow time");
+    o.check(
+        line(&o, "proc") == t,
+        "a /proc file it opened: the workflow time",
+    );
+    o.check(line(&o, "devnull") == t, "a device: the workflow time");
+    o.check(
+        line(&o, "python") == "True",
+        "a regular file keeps its own times",
+    );
+}

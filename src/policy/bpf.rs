@@ -341,6 +341,28 @@ pub fn decisions(
                     },
                 );
             }
+            // A descriptor's stat: a pipe's or a /proc file's times are the clock's
+            // (supervise/filetimes.rs). By path (no AT_EMPTY_PATH) it stays in the kernel.
+            let empty_path = libc::AT_EMPTY_PATH as u64;
+            for (n, flags) in [("newfstatat", 3u8), ("statx", 2)] {
+                map.insert(
+                    nr(n),
+                    Leaf::AllowElseSupervise {
+                        allow: vec![rule(
+                            vec![cond(flags, Len::Dword, Op::MaskedEq(empty_path), 0)],
+                            n,
+                        )?],
+                        supervise: None,
+                    },
+                );
+            }
+            map.insert(
+                nr("fstat"),
+                Leaf::AllowElseSupervise {
+                    allow: vec![],
+                    supervise: None,
+                },
+            );
         } else {
             // Deny: a wall-clock read (`clock_gettime` of a realtime clock, `gettimeofday`,
             // `time`) is a violation; the monotonic and CPU clocks run.

@@ -41,6 +41,10 @@ pub enum Check {
     /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
     /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).
     Usage,
+    /// A descriptor's stat (`fstat`, `newfstatat`/`statx` with `AT_EMPTY_PATH`) under
+    /// `clock = "virtual"`: a pipe's, socket's, device's or `/proc` file's times read the
+    /// workflow time (`supervise/filetimes.rs`).
+    Stat,
     /// `getpid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
     /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own
     /// PID namespace).
@@ -261,6 +265,9 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
                 Check::Usage
             }
             "getpid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
+            "fstat" | "newfstatat" | "statx" if policy.time.clock == ClockMode::Virtual => {
+                Check::Stat
+            }
             _ => Check::Violation,
         }
     };

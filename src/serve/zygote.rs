@@ -672,7 +672,10 @@ impl Zygote {
                         );
                         continue;
                     }
-                    if matches!(check, Some(Check::Clock | Check::Usage | Check::Pid)) {
+                    if matches!(
+                        check,
+                        Some(Check::Clock | Check::Usage | Check::Pid | Check::Stat)
+                    ) {
                         notify::allow(listener.as_fd(), &n);
                         continue;
                     }

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod decode;
 pub mod disk;
 pub mod entropy;
+pub mod filetimes;
 pub mod memory;
 pub mod notify;
 pub mod opener;

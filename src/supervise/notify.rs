@@ -186,8 +186,13 @@ fn decide(
     }
     // Workflow time: the wall clock reads the execution's time, not a violation.
     if let (Some(d), Some((now, monotonic))) = (decision, clock)
-        && matches!(d.check, Check::Clock | Check::Usage)
+        && matches!(d.check, Check::Clock | Check::Usage | Check::Stat)
     {
+        // A descriptor's times (filetimes.rs).
+        if d.check == Check::Stat {
+            let mem = ProcessMemory { pid: n.pid };
+            return Some((super::filetimes::answer(n, &mem, d.name, now), None));
+        }
         // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
         if d.check == Check::Usage {
             let mut spare = super::clock::Monotonic::default();
