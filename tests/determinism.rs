@@ -690,17 +690,18 @@ fn monotonic_clocks_read_the_same_virtual_time_in_every_run_and_still_move() {
 }
 
 const PROCESS_FACTS: &str = r#"
-import json, os, time, resource, signal
+import json, os, time, resource, signal, threading
 IMPORTED = time.time()
 IMPORTED_MONO = time.monotonic_ns()
 got = []
 def facts(req):
     signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
     os.kill(os.getpid(), signal.SIGUSR1)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return json.dumps([IMPORTED, IMPORTED_MONO, os.getpid(), len(got), ru.ru_utime + ru.ru_stime,
                        ru.ru_maxrss, ru.ru_minflt, time.monotonic_ns(), time.process_time_ns(),
-                       os.times().elapsed]).encode()
+                       os.times().elapsed, threading.get_native_id()]).encode()
 "#;
 
 const PROCESS_WORKER: &str = r#"
@@ -758,8 +759,12 @@ fn sessions_read_the_same_pid_usage_and_import_time_in_every_run() {
             &format!("{mode}: os.getpid() is {pid} ({})", a[2]),
         );
         out.check(
-            a[3] == 1,
-            &format!("{mode}: a signal to os.getpid() reaches the session"),
+            a[3] == 2,
+            &format!("{mode}: a signal to os.getpid() and one to its thread reach the session"),
+        );
+        out.check(
+            a[10] == pid,
+            &format!("{mode}: threading.get_native_id() is the pid too"),
         );
         out.check(
             a[4] == 0.0 && a[5] == 0 && a[6] == 0,

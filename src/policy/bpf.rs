@@ -329,8 +329,9 @@ pub fn decisions(
             let mut supervised = vec!["clock_gettime", "gettimeofday", "time"];
             supervised.extend(["getrusage", "times", "sysinfo"]);
             if zygote {
-                // A session's pid is pinned (its siblings share the zygote's namespace).
-                supervised.push("getpid");
+                // A session's pid and thread id are pinned (its siblings share the zygote's
+                // namespace).
+                supervised.extend(["getpid", "gettid"]);
             }
             for n in supervised {
                 map.insert(

@@ -45,7 +45,7 @@ pub enum Check {
     /// `clock = "virtual"`: a pipe's, socket's, device's or `/proc` file's times read the
     /// workflow time (`supervise/filetimes.rs`).
     Stat,
-    /// `getpid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
+    /// `getpid`, `gettid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
     /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own
     /// PID namespace).
     Pid,
@@ -264,7 +264,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "getrusage" | "times" | "sysinfo" if policy.time.clock == ClockMode::Virtual => {
                 Check::Usage
             }
-            "getpid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
+            "getpid" | "gettid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
             "fstat" | "newfstatat" | "statx" if policy.time.clock == ClockMode::Virtual => {
                 Check::Stat
             }

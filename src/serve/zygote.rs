@@ -712,7 +712,9 @@ impl Zygote {
                 && matches!(name, "kill" | "tkill" | "tgkill")
                 && pid_pinned
                 && n.args[0] as i32 == SESSION_PID
-                && (name != "tgkill" || ns_pid_of(n.pid) == Some(n.args[1] as i32))
+                && (name != "tgkill"
+                    || n.args[1] as i32 == SESSION_PID
+                    || ns_pid_of(n.pid) == Some(n.args[1] as i32))
             {
                 drop((v, det));
                 let sig = if name == "tgkill" {
