@@ -13,8 +13,13 @@
 //!   still calls the vDSO, and the vDSO now makes the real syscall, which the filter routes
 //!   to the supervisor (`supervise/notify.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
-//!   gets the same. Monotonic and CPU clocks become real syscalls too, allowed by the filter.
+//!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
+//!   supervisor answers them from a virtual monotonic clock (`clock.rs`), under `deny` the
+//!   filter lets them run.
 //! * `getrandom`: `mov rax, -ENOSYS; ret`, so the C library falls back to the syscall.
+//!
+//! Under a seeded or denied `getrandom` the 16 bytes the auxiliary vector's `AT_RANDOM`
+//! points at are overwritten too (`entropy::at_random`).
 //!
 //! Then the tracer lets go (`PTRACE_DETACH`). A zygote's sessions inherit the patched pages
 //! through `fork`. What stays: the time data page (`[vvar]`) is still mapped, and a program
