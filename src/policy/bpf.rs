@@ -321,8 +321,10 @@ pub fn decisions(
         }
     }
     if policy.time.clock != ClockMode::Real {
-        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs).
-        if policy.time.clock == ClockMode::Virtual {
+        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs). Without
+        // a supervisor (fall-back mode) `virtual` is `deny`: the wall clock is refused, and
+        // the rest is the kernel's (run.rs lists it as degraded).
+        if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
             // Every clock goes to the supervisor: the wall clock reads the workflow time, the
             // monotonic and CPU clocks the virtual monotonic clock (supervise/clock.rs), and
             // resource usage, `times` and `sysinfo` (CPU times, uptime) pinned values.
@@ -365,8 +367,9 @@ pub fn decisions(
                 },
             );
         } else {
-            // Deny: a wall-clock read (`clock_gettime` of a realtime clock, `gettimeofday`,
-            // `time`) is a violation; the monotonic and CPU clocks run.
+            // Deny (or virtual without a supervisor): a wall-clock read (`clock_gettime` of a
+            // realtime clock, `gettimeofday`, `time`) is a violation; the monotonic and CPU
+            // clocks run.
             let not_realtime = rule(
                 REALTIME_CLOCKS
                     .iter()
