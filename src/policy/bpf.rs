@@ -220,8 +220,7 @@ pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
 /// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
 /// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
-/// (`supervise/clock.rs`); every other clock but the realtime ones (the CPU-time clocks)
-/// reads the time that clock moved since its origin.
+/// (`supervise/clock.rs`). The CPU-time clocks stay the kernel's.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
@@ -325,10 +324,26 @@ pub fn decisions(
         // a supervisor (fall-back mode) `virtual` is `deny`: the wall clock is refused, and
         // the rest is the kernel's (run.rs lists it as degraded).
         if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
-            // Every clock goes to the supervisor: the wall clock reads the workflow time, the
-            // monotonic and CPU clocks the virtual monotonic clock (supervise/clock.rs), and
-            // resource usage, `times` and `sysinfo` (CPU times, uptime) pinned values.
-            let mut supervised = vec!["clock_gettime", "gettimeofday", "time"];
+            // The wall clock reads the workflow time, the monotonic clocks the virtual
+            // monotonic clock (supervise/clock.rs), and resource usage, `times` and
+            // `sysinfo` (CPU times, uptime) pinned values; the CPU-time clocks run (a loop
+            // that spends a CPU budget measures it with them).
+            let cpu_clocks = rule(
+                REALTIME_CLOCKS
+                    .iter()
+                    .chain(&MONOTONIC_CLOCKS)
+                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                    .collect(),
+                "clock_gettime",
+            )?;
+            map.insert(
+                nr("clock_gettime"),
+                Leaf::AllowElseSupervise {
+                    allow: vec![cpu_clocks],
+                    supervise: None,
+                },
+            );
+            let mut supervised = vec!["gettimeofday", "time"];
             supervised.extend(["getrusage", "times", "sysinfo"]);
             if zygote {
                 // A session's pid and thread id are pinned (its siblings share the zygote's

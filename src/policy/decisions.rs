@@ -36,7 +36,7 @@ pub enum Check {
     /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
     Seeded,
     /// A clock read under `clock = "virtual"`: the wall clock answered with the execution's
-    /// time, the monotonic and CPU clocks with its virtual monotonic clock.
+    /// time, the monotonic clocks with its virtual monotonic clock.
     Clock,
     /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
     /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).

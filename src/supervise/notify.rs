@@ -199,18 +199,16 @@ fn decide(
             let mono = monotonic.unwrap_or(&mut spare).read(now);
             return Some((usage_answer(d.name, &n.args, mono), None));
         }
-        // A monotonic clock reads the virtual monotonic clock (clock.rs); a CPU-time clock
-        // how far that moved since its origin.
+        // A monotonic clock reads the virtual monotonic clock (clock.rs); the filter lets
+        // the CPU-time clocks run, so any other clock here is the kernel's to answer.
         let clockid = n.args[0] & 0xffff_ffff;
-        if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+        if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
             let mut spare = super::clock::Monotonic::default();
             let mono = monotonic.unwrap_or(&mut spare).read(now);
-            let value = if crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
-                mono
-            } else {
-                mono - super::clock::MONOTONIC_ORIGIN
-            };
-            return Some((clock_answer(d.name, &n.args, value), None));
+            return Some((clock_answer(d.name, &n.args, mono), None));
+        }
+        if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+            return Some((Answer::Continue, None));
         }
         return Some((clock_answer(d.name, &n.args, now), None));
     }

@@ -14,8 +14,8 @@
 //!   to the supervisor (`supervise/notify.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
 //!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
-//!   supervisor answers them from a virtual monotonic clock (`clock.rs`), under `deny` the
-//!   filter lets them run.
+//!   supervisor answers the monotonic ones from a virtual monotonic clock (`clock.rs`); the
+//!   filter lets the others run.
 //! * `getrandom`: `mov rax, -ENOSYS; ret`, so the C library falls back to the syscall.
 //!
 //! Under a seeded or denied `getrandom` the 16 bytes the auxiliary vector's `AT_RANDOM`
