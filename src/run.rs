@@ -525,7 +525,7 @@ pub fn layers(
     }
     if pol.time.clock == crate::policy::ClockMode::Virtual && !notify {
         degraded.push(
-            "clock-virtual: no seccomp listener to answer wall-clock reads, so they are denied instead (time.time() and datetime.now() fail)"
+            "clock-virtual: no seccomp listener to answer wall-clock reads, so they are denied instead (time.time() and datetime.now() fail); the monotonic and CPU clocks, resource usage, process ids and a descriptor's times are the kernel's"
                 .into(),
         );
     }

@@ -1273,3 +1273,52 @@ pub fn current_seccomp_mode() -> Option<u32> {
 pub fn thread_count() -> Option<usize> {
     std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
 }
+
+// ---------------------------------------------------------------------------------------------
+// File metadata as the kernel lays it out (the supervisor answers a guest's fd-based stat)
+
+/// `struct stat` of `fd` as raw bytes (`newfstatat(fd, "", AT_EMPTY_PATH)`): what the kernel
+/// copies to a guest's `fstat` buffer.
+pub fn fstat_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; 144]> {
+    const _: () = assert!(std::mem::size_of::<libc::stat>() == 144);
+    let mut buf = [0u8; 144];
+    // SAFETY: the kernel writes one `struct stat` (144 bytes on x86_64, checked above) into
+    // our buffer of that size; the path is an empty C string.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_newfstatat,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(buf)
+    }
+}
+
+/// `struct statx` of `fd` as raw bytes (`statx(fd, "", AT_EMPTY_PATH | sync, mask)`).
+pub fn statx_raw(fd: BorrowedFd<'_>, sync: u32, mask: u32) -> io::Result<[u8; 256]> {
+    const _: () = assert!(std::mem::size_of::<libc::statx>() == 256);
+    let mut buf = [0u8; 256];
+    // SAFETY: the kernel writes one `struct statx` (256 bytes, checked above) into our buffer
+    // of that size; the path is an empty C string; the flags and mask are plain integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as u32 | (sync & libc::AT_STATX_SYNC_TYPE as u32),
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(buf)
+    }
+}

@@ -707,6 +707,27 @@ fn no_notify_socket_still_fails_with_eperm() {
 }
 
 #[test]
+fn no_notify_virtual_clock_still_runs_python_and_says_what_is_real() {
+    // Without a listener `clock = "virtual"` is `deny` for the wall clock; the calls only the
+    // supervisor could answer (fstat, monotonic clocks, usage) are the kernel's, not refused.
+    let o = py(
+        sim_root(&["--deny-notify"]),
+        "temporal-python",
+        &[],
+        "import os, time\nprint('ran', os.fstat(1).st_mode > 0, time.monotonic() > 0)\n",
+    );
+    o.check(
+        o.stdout.trim() == "ran True True",
+        "Python starts and reads them",
+    );
+    let degraded = strs(&o.report["layers"]["degraded"]).join("\n");
+    o.check(
+        degraded.contains("clock-virtual") && degraded.contains("monotonic and CPU clocks"),
+        "the degraded clock says what stays real",
+    );
+}
+
+#[test]
 fn no_notify_kill_policy_kills_with_sigsys() {
     let dir = TmpDir::shared("no-notify-kill");
     let policy = dir.write(

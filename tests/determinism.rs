@@ -590,3 +590,264 @@ except OSError as e:
     o.check(!futex, "no futex sleep violation");
     o.assert_violation("pselect6", "sleep");
 }
+
+/// Unmaps `[vvar]` and `[vdso]` and asks the kernel for a fresh vDSO, whose clock functions
+/// would read the real time without a syscall (the exec stop patched only the first one).
+const MAP_FRESH_VDSO: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+spans = []
+for l in open('/proc/self/maps'):
+    if l.rstrip().endswith(('[vdso]', '[vvar]', '[vvar_vclock]')):
+        a, b = (int(x, 16) for x in l.split()[0].split('-'))
+        spans.append((a, b))
+for a, b in spans:
+    libc.munmap(a, b - a)
+r = libc.syscall(158, 0x2003, ctypes.c_ulong(spans[0][0]))
+e = ctypes.get_errno()
+os.write(1, b"map_vdso %d %d\n" % (r, e))
+os._exit(0)
+"#;
+
+#[test]
+fn a_fresh_vdso_is_refused_and_reported() {
+    let s = Scratch::new("det-map-vdso");
+    let policy = s.write("virtual.toml", VIRTUAL);
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--ro",
+        "/proc",
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        MAP_FRESH_VDSO,
+    ]);
+    o.check(
+        line(&o, "map_vdso") == format!("-1 {}", libc::EPERM),
+        "arch_prctl(ARCH_MAP_VDSO_64): EPERM",
+    );
+    let v = o.assert_violation("arch_prctl", "clock");
+    o.check(
+        v["args"].as_str().unwrap().contains("ARCH_MAP_VDSO_64"),
+        "the code is named",
+    );
+    o.check(
+        v["hint"].as_str().unwrap().contains("real clock"),
+        "the hint says why",
+    );
+    // The thread pointer is still set and read (every C library does at start-up).
+    let o = run_virtual(
+        &s,
+        Some(CLOCK),
+        "1",
+        &[
+            PY,
+            "-c",
+            "import ctypes; l = ctypes.CDLL(None, use_errno=True); v = ctypes.c_ulong(); print('get_fs', l.syscall(158, 0x1003, ctypes.byref(v)), v.value != 0)",
+        ],
+    );
+    o.check(line(&o, "get_fs") == "0 True", "ARCH_GET_FS still answers");
+    o.check(o.status() == "ok", "status ok");
+}
+
+#[test]
+fn monotonic_clocks_read_the_same_virtual_time_in_every_run_and_still_move() {
+    let s = Scratch::new("det-monotonic");
+    let code = "import time, asyncio\n\
+                print('mono', time.monotonic_ns(), time.perf_counter_ns(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW))\n\
+                async def f():\n    await asyncio.sleep(0)\n    return asyncio.get_running_loop().time()\n\
+                print('loop', asyncio.run(f()))\n";
+    let a = run_virtual(&s, Some(CLOCK), "3", &[PY, "-c", code]);
+    let b = run_virtual(&s, Some(CLOCK), "3", &[PY, "-c", code]);
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "a monotonic read is not a violation",
+        );
+    }
+    a.check(
+        line(&a, "mono") == line(&b, "mono"),
+        "time.monotonic_ns(), perf_counter_ns(), CLOCK_BOOTTIME, CLOCK_MONOTONIC_RAW: the same in both runs",
+    );
+    a.check(
+        line(&a, "loop") == line(&b, "loop"),
+        "asyncio's loop.time(): the same in both runs",
+    );
+    let reads: Vec<i64> = line(&a, "mono")
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    a.check(
+        reads.windows(2).all(|w| w[1] > w[0]),
+        "each read is later than the one before",
+    );
+}
+
+const PROCESS_FACTS: &str = r#"
+import json, os, time, resource, signal, threading
+IMPORTED = time.time()
+IMPORTED_MONO = time.monotonic_ns()
+got = []
+def facts(req):
+    signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return json.dumps([IMPORTED, IMPORTED_MONO, os.getpid(), len(got), ru.ru_utime + ru.ru_stime,
+                       ru.ru_maxrss, ru.ru_minflt, time.monotonic_ns(), 0,
+                       os.times().elapsed, threading.get_native_id()]).encode()
+"#;
+
+const PROCESS_WORKER: &str = r#"
+c = Client()
+out = []
+for _ in range(2):
+    with c.session(handler=MOD + ":facts", seed=1, time_ns=1_000_000_000_000) as s:
+        out.append(json.loads(s.call(b"a")))
+print(json.dumps(out))
+"#;
+
+#[test]
+fn sessions_read_the_same_pid_usage_and_import_time_in_every_run() {
+    for zygote in [true, false] {
+        let (s, module) =
+            serve_scratch("det-facts", "facts", PROCESS_FACTS, "", &[], PROCESS_WORKER);
+        let policy = s.path("policy.toml").display().to_string();
+        let worker = s.path("worker.py").display().to_string();
+        let zygote_args = common::zygote_args(&module, "1");
+        let mut args = vec!["serve", "-p", &policy];
+        if zygote {
+            args.extend(zygote_args.iter().map(String::as_str));
+        } else {
+            let exec_worker = PROCESS_WORKER.replace(
+                "handler=MOD + \":facts\"",
+                "argv=[sys.executable, \"-c\", \"import importlib; from wfjail import guest; guest.run(importlib.import_module(%r).facts)\" % MOD]",
+            );
+            s.write(
+                "worker.py",
+                &std::fs::read_to_string(s.path("worker.py"))
+                    .unwrap()
+                    .replace(PROCESS_WORKER, &exec_worker),
+            );
+        }
+        args.extend(["--", PY, &worker]);
+        let out = wfjail_with(&args, |c| {
+            c.current_dir(&s.0);
+        });
+        let mode = if zygote { "zygote" } else { "exec" };
+        out.check(out.code == 0, &format!("{mode}: wfjail serve exits 0"));
+        let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        let (a, b) = (&r[0], &r[1]);
+        out.check(a == b, &format!("{mode}: two sessions, the same facts"));
+        // Imported in the zygote before any session: its fixed instant; in an exec-mode
+        // session, the session's workflow time.
+        let imported = if zygote { 946_684_800.0 } else { 1000.0 };
+        out.check(
+            a[0] == imported,
+            &format!("{mode}: time.time() at import ({})", a[0]),
+        );
+        // The pid no process of a zygote's namespace has, or pid 1 of the session's own.
+        let pid = if zygote { 4_194_303 } else { 1 };
+        out.check(
+            a[2] == pid,
+            &format!("{mode}: os.getpid() is {pid} ({})", a[2]),
+        );
+        out.check(
+            a[3] == 2,
+            &format!("{mode}: a signal to os.getpid() and one to its thread reach the session"),
+        );
+        out.check(
+            a[10] == pid,
+            &format!("{mode}: threading.get_native_id() is the pid too"),
+        );
+        out.check(
+            a[4] == 0.0 && a[5] == 0 && a[6] == 0,
+            &format!("{mode}: getrusage: no CPU time, no pages ({a})"),
+        );
+    }
+}
+
+#[test]
+fn resource_usage_times_and_uptime_are_pinned_under_the_virtual_clock() {
+    let s = Scratch::new("det-usage");
+    let code = "import os, time, resource, ctypes\n\
+                ru = resource.getrusage(resource.RUSAGE_SELF)\n\
+                t = os.times()\n\
+                class SI(ctypes.Structure):\n    _fields_ = [('uptime', ctypes.c_long), ('loads', ctypes.c_ulong * 3), ('totalram', ctypes.c_ulong), ('freeram', ctypes.c_ulong)]\n\
+                si = SI(); ctypes.CDLL(None).sysinfo(ctypes.byref(si))\n\
+                print('usage', ru.ru_utime, ru.ru_stime, ru.ru_maxrss, ru.ru_minflt, ru.ru_nvcsw, t.user, t.system, t.elapsed, si.uptime, list(si.loads), si.freeram == si.totalram)\n";
+    let a = run_virtual(&s, Some(CLOCK), "1", &[PY, "-c", code]);
+    let b = run_virtual(&s, Some(CLOCK), "1", &[PY, "-c", code]);
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(
+            o.report["violations"].as_array().unwrap().is_empty(),
+            "not violations",
+        );
+    }
+    a.check(
+        line(&a, "usage") == line(&b, "usage"),
+        "the same resource usage, times() and uptime in both runs",
+    );
+    a.check(
+        line(&a, "usage").starts_with("0.0 0.0 0 0 0 0.0 0.0 "),
+        "getrusage and times(): no CPU time, no pages, no switches",
+    );
+    a.check(
+        line(&a, "usage").ends_with(" 1000 [0, 0, 0] True"),
+        "sysinfo: a virtual uptime, no load, all memory free",
+    );
+}
+
+#[test]
+fn a_descriptors_times_are_the_workflow_time_for_pipes_devices_and_proc() {
+    let s = Scratch::new("det-fstat");
+    let policy = s.write("virtual.toml", VIRTUAL);
+    let code = "import os\n\
+                r, w = os.pipe(); os.write(w, b'x')\n\
+                f = open('/proc/self/stat', 'rb')\n\
+                n = os.open('/dev/null', os.O_RDONLY)\n\
+                print('pipe', os.fstat(w).st_mtime_ns, os.fstat(r).st_atime_ns, os.fstat(w).st_ctime_ns)\n\
+                print('stdout', os.fstat(1).st_mtime_ns)\n\
+                print('proc', os.fstat(f.fileno()).st_mtime_ns)\n\
+                print('devnull', os.stat(n, follow_symlinks=True).st_atime_ns)\n\
+                print('python', os.fstat(os.open('/usr/bin/python3', os.O_RDONLY)).st_mtime_ns == os.stat('/usr/bin/python3').st_mtime_ns)\n";
+    let o = wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--clock",
+        CLOCK,
+        "--ro",
+        "/proc",
+        "--ro",
+        "/dev/null",
+        "--raw",
+        "--",
+        PY,
+        "-c",
+        code,
+    ]);
+    o.check(o.status() == "ok", "status ok");
+    let t = format!("{SECS}000000000");
+    o.check(
+        line(&o, "pipe") == format!("{t} {t} {t}"),
+        "a pipe the guest wrote to: the workflow time",
+    );
+    o.check(line(&o, "stdout") == t, "its stdout: the workflow time");
+    o.check(
+        line(&o, "proc") == t,
+        "a /proc file it opened: the workflow time",
+    );
+    o.check(line(&o, "devnull") == t, "a device: the workflow time");
+    o.check(
+        line(&o, "python") == "True",
+        "a regular file keeps its own times",
+    );
+}

@@ -83,3 +83,28 @@ fn a_seed_without_a_seeded_policy_is_refused_with_what_to_do() {
         "--seed under default: exit 2, saying which setting it needs",
     );
 }
+
+/// The 16 bytes the kernel hands every process at exec (`getauxval(AT_RANDOM)`).
+const AT_RANDOM: &str = "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.getauxval.restype = ctypes.c_ulong\nprint(ctypes.string_at(libc.getauxval(25), 16).hex())\n";
+
+#[test]
+fn at_random_comes_from_the_seed_and_is_fixed_when_randomness_is_denied() {
+    let s = Scratch::new("seeded-at-random");
+    let a = seeded(&s, Some("7"), AT_RANDOM);
+    let b = seeded(&s, Some("7"), AT_RANDOM);
+    let c = seeded(&s, Some("8"), AT_RANDOM);
+    for o in [&a, &b, &c] {
+        o.check(o.status() == "ok", "status ok");
+        o.check(o.stdout.trim().len() == 32, "16 bytes read");
+    }
+    a.check(a.stdout == b.stdout, "seed 7 twice: the same AT_RANDOM");
+    a.check(c.stdout != a.stdout, "seed 8: another AT_RANDOM");
+    // Under getrandom = "deny" (strict) the bytes are fixed: no run draws real entropy there.
+    let d = wfjail(&["run", "-p", "strict", "--raw", "--", PY, "-c", AT_RANDOM]);
+    let e = wfjail(&["run", "-p", "strict", "--raw", "--", PY, "-c", AT_RANDOM]);
+    d.check(d.status() == "ok", "status ok");
+    d.check(
+        d.stdout == e.stdout && d.stdout.trim().len() == 32,
+        "strict twice: the same AT_RANDOM",
+    );
+}

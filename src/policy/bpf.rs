@@ -137,6 +137,9 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
             Leaf::AllowIf(vec![rule(vec![cond(4, Len::Qword, Op::Eq, 0)], name)?])
         }
         ArgRule::IoctlAllowlist => Leaf::AllowIf(one_of(name, 1, syscalls::IOCTL_ALLOWED)?),
+        ArgRule::ArchPrctlAllowlist => {
+            Leaf::AllowIf(one_of(name, 0, syscalls::ARCH_PRCTL_ALLOWED)?)
+        }
         ArgRule::FcntlAllowlist => Leaf::AllowElseSupervise {
             allow: one_of(name, 1, syscalls::FCNTL_ALLOWED)?,
             supervise: Some(one_of(name, 1, syscalls::FCNTL_LOCKS)?),
@@ -214,6 +217,11 @@ const FUTEX_CMD_MASK: u64 = 0x7f;
 /// The clocks that read the wall clock: `CLOCK_REALTIME`, `CLOCK_REALTIME_COARSE`,
 /// `CLOCK_REALTIME_ALARM`, `CLOCK_TAI` (which is the wall clock plus a constant).
 pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
+
+/// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
+/// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
+/// (`supervise/clock.rs`). The CPU-time clocks stay the kernel's.
+pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
 fn one_of(
@@ -312,26 +320,37 @@ pub fn decisions(
         }
     }
     if policy.time.clock != ClockMode::Real {
-        // The wall clock: `clock_gettime` of a realtime clock, `gettimeofday`, `time` (the
-        // vDSO is patched to make these syscalls, supervise/vdso.rs). Monotonic and CPU
-        // clocks stay allowed. Virtual: the supervisor answers with the workflow time; deny:
-        // a violation.
-        let not_realtime = rule(
-            REALTIME_CLOCKS
-                .iter()
-                .map(|&c| cond(0, Len::Dword, Op::Ne, c))
-                .collect(),
-            "clock_gettime",
-        )?;
-        if policy.time.clock == ClockMode::Virtual {
+        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs). Without
+        // a supervisor (fall-back mode) `virtual` is `deny`: the wall clock is refused, and
+        // the rest is the kernel's (run.rs lists it as degraded).
+        if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
+            // The wall clock reads the workflow time, the monotonic clocks the virtual
+            // monotonic clock (supervise/clock.rs), and resource usage, `times` and
+            // `sysinfo` (CPU times, uptime) pinned values; the CPU-time clocks run (a loop
+            // that spends a CPU budget measures it with them).
+            let cpu_clocks = rule(
+                REALTIME_CLOCKS
+                    .iter()
+                    .chain(&MONOTONIC_CLOCKS)
+                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                    .collect(),
+                "clock_gettime",
+            )?;
             map.insert(
                 nr("clock_gettime"),
                 Leaf::AllowElseSupervise {
-                    allow: vec![not_realtime],
+                    allow: vec![cpu_clocks],
                     supervise: None,
                 },
             );
-            for n in ["gettimeofday", "time"] {
+            let mut supervised = vec!["gettimeofday", "time"];
+            supervised.extend(["getrusage", "times", "sysinfo"]);
+            if zygote {
+                // A session's pid and thread id are pinned (its siblings share the zygote's
+                // namespace).
+                supervised.extend(["getpid", "gettid"]);
+            }
+            for n in supervised {
                 map.insert(
                     nr(n),
                     Leaf::AllowElseSupervise {
@@ -340,7 +359,39 @@ pub fn decisions(
                     },
                 );
             }
+            // A descriptor's stat: a pipe's or a /proc file's times are the clock's
+            // (supervise/filetimes.rs). By path (no AT_EMPTY_PATH) it stays in the kernel.
+            let empty_path = libc::AT_EMPTY_PATH as u64;
+            for (n, flags) in [("newfstatat", 3u8), ("statx", 2)] {
+                map.insert(
+                    nr(n),
+                    Leaf::AllowElseSupervise {
+                        allow: vec![rule(
+                            vec![cond(flags, Len::Dword, Op::MaskedEq(empty_path), 0)],
+                            n,
+                        )?],
+                        supervise: None,
+                    },
+                );
+            }
+            map.insert(
+                nr("fstat"),
+                Leaf::AllowElseSupervise {
+                    allow: vec![],
+                    supervise: None,
+                },
+            );
         } else {
+            // Deny (or virtual without a supervisor): a wall-clock read (`clock_gettime` of a
+            // realtime clock, `gettimeofday`, `time`) is a violation; the monotonic and CPU
+            // clocks run.
+            let not_realtime = rule(
+                REALTIME_CLOCKS
+                    .iter()
+                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
+                    .collect(),
+                "clock_gettime",
+            )?;
             map.insert(nr("clock_gettime"), Leaf::AllowIf(vec![not_realtime]));
             map.remove(&nr("gettimeofday"));
             map.remove(&nr("time"));

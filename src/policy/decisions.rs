@@ -35,8 +35,20 @@ pub enum Check {
     Exit,
     /// `getrandom` under `getrandom = "seeded"`: answered with the execution's stream.
     Seeded,
-    /// A wall-clock read under `clock = "virtual"`: answered with the execution's time.
+    /// A clock read under `clock = "virtual"`: the wall clock answered with the execution's
+    /// time, the monotonic clocks with its virtual monotonic clock.
     Clock,
+    /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
+    /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).
+    Usage,
+    /// A descriptor's stat (`fstat`, `newfstatat`/`statx` with `AT_EMPTY_PATH`) under
+    /// `clock = "virtual"`: a pipe's, socket's, device's or `/proc` file's times read the
+    /// workflow time (`supervise/filetimes.rs`).
+    Stat,
+    /// `getpid`, `gettid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
+    /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own
+    /// PID namespace).
+    Pid,
     /// `sched_getaffinity` under `[process] cpu_count = N`: answered with N CPUs.
     CpuCount(u32),
     /// A wait under `sleep = "deny"` (`syscalls::TIMED_WAITS`): its timeout is read; a
@@ -111,6 +123,7 @@ const SYSV_IPC: &[&str] = &[
 
 const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
 const TIMED_WAIT_HINT: &str = "a wait with a timeout (select, poll, Event.wait, Lock.acquire(timeout=...)) blocks the worker like time.sleep; use workflow.sleep(), workflow.wait_condition() or asyncio.sleep() (durable timers)";
+const ARCH_PRCTL_HINT: &str = "only the thread pointer, CPU feature and shadow-stack codes of arch_prctl are allowed; ARCH_MAP_VDSO would map a fresh vDSO that reads the real clock without a syscall (use workflow.now())";
 const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
 const IPC_HINT: &str =
     "inter-process channels are not allowed in workflow code (prefork sessions would share them)";
@@ -199,6 +212,12 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "fcntl commands are an allowlist (descriptor flags, duplication, lock queries; locks under --rw)"
                 .into()
         }
+        // Refined by the code in the decoder (a vDSO mapping is a clock violation).
+        "arch_prctl" if guarded => {
+            always_deny = true;
+            hint = Some(ARCH_PRCTL_HINT);
+            "arch_prctl codes are an allowlist (thread pointer, CPU features, shadow stack; no ARCH_MAP_VDSO)".into()
+        }
         "memfd_create" if guarded => {
             hint = Some(MEMFD_HINT);
             "memory files are denied: they are not counted by limits.memory".into()
@@ -256,6 +275,13 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             {
                 Check::Clock
             }
+            "getrusage" | "times" | "sysinfo" if policy.time.clock == ClockMode::Virtual => {
+                Check::Usage
+            }
+            "getpid" | "gettid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
+            "fstat" | "newfstatat" | "statx" if policy.time.clock == ClockMode::Virtual => {
+                Check::Stat
+            }
             _ => Check::Violation,
         }
     };
@@ -266,6 +292,7 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
         | Args::Prlimit
         | Args::Memfd
         | Args::Mmap
+        | Args::ArchPrctl
             if policy_denies =>
         {
             Args::Hex

@@ -114,7 +114,8 @@ pub enum Toggle {
 }
 
 /// `[time] clock`: what the guest's wall clock (`CLOCK_REALTIME` and its kin, `gettimeofday`,
-/// `time`) reads. Monotonic and CPU clocks are always real.
+/// `time`) reads. Under `virtual` the monotonic clocks read a virtual clock too
+/// (`supervise/clock.rs`); the CPU-time clocks are always real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClockMode {

@@ -148,6 +148,8 @@ pub enum Args {
     Memfd,
     /// `mmap`: mapping flags and length.
     Mmap,
+    /// `arch_prctl`: the code (a vDSO mapping makes it a `clock` violation).
+    ArchPrctl,
 }
 
 /// How a denied call of `name` shows its arguments.
@@ -183,6 +185,7 @@ pub fn args(name: &str) -> Args {
         "fcntl" => Args::Fcntl,
         "memfd_create" => Args::Memfd,
         "mmap" => Args::Mmap,
+        "arch_prctl" => Args::ArchPrctl,
         _ => Args::Hex,
     }
 }
@@ -335,6 +338,10 @@ pub enum ArgRule {
     /// fills in (`bpf::SELF_PID`). In prefork mode (each child has its own pid) the PID
     /// namespace and Landlock's signal scoping are what keep signals in.
     SelfPid,
+    /// `arch_prctl` with one of [`ARCH_PRCTL_ALLOWED`] only: what a C library and a runtime
+    /// ask at start-up. `ARCH_MAP_VDSO_*` maps a fresh vDSO, whose clock functions read the
+    /// real time without a syscall (undoing the exec stop's patch, `supervise/vdso.rs`).
+    ArchPrctlAllowlist,
     /// A call that changes the file system. Landlock decides; the supervisor also sees it
     /// (user notification) so that a write outside the policy is reported with its path.
     /// Without notification it is simply allowed, and Landlock alone denies.
@@ -621,7 +628,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("timer_delete", "timer cleanup"),
     any("timerfd_gettime", "timer queries"),
     // Runtime set-up done by libc and interpreters.
-    any("arch_prctl", "thread pointer set-up"),
+    Allowed {
+        name: "arch_prctl",
+        rule: ArgRule::ArchPrctlAllowlist,
+        why: "thread pointer set-up and CPU feature queries (no fresh vDSO: it would read the real clock)",
+    },
     any("set_tid_address", "libc start-up"),
     any("set_robust_list", "libc start-up"),
     any("rseq", "libc start-up"),
@@ -656,6 +667,54 @@ pub const IOCTL_ALLOWED: &[(u64, &str)] = &[
     (0x5450, "FIONCLEX"),     // os.set_inheritable(fd, True)
     (0x5451, "FIOCLEX"),      // os.set_inheritable(fd, False)
 ];
+
+/// The `arch_prctl` codes a guest may use (x86_64 values): the thread pointer (every C
+/// library), CPU feature queries and requests for itself (CPUID faulting's state, AMX state
+/// components), CET and shadow-stack status and control (glibc built with CET), and the
+/// linear-address-masking queries. Refused: `ARCH_MAP_VDSO_X32/_32/_64` (a fresh vDSO reads
+/// the real clock), `ARCH_SET_CPUID`, `ARCH_FORCE_TAGGED_SVA`, the KVM guest permissions.
+pub const ARCH_PRCTL_ALLOWED: &[(u64, &str)] = &[
+    (0x1001, "ARCH_SET_GS"),
+    (0x1002, "ARCH_SET_FS"),
+    (0x1003, "ARCH_GET_FS"),
+    (0x1004, "ARCH_GET_GS"),
+    (0x1011, "ARCH_GET_CPUID"),
+    (0x1021, "ARCH_GET_XCOMP_SUPP"),
+    (0x1022, "ARCH_GET_XCOMP_PERM"),
+    (0x1023, "ARCH_REQ_XCOMP_PERM"),
+    (0x3001, "ARCH_CET_STATUS"),
+    (0x4001, "ARCH_GET_UNTAG_MASK"),
+    (0x4002, "ARCH_ENABLE_TAGGED_ADDR"),
+    (0x4003, "ARCH_GET_MAX_TAG_BITS"),
+    (0x5001, "ARCH_SHSTK_ENABLE"),
+    (0x5002, "ARCH_SHSTK_DISABLE"),
+    (0x5003, "ARCH_SHSTK_LOCK"),
+    (0x5004, "ARCH_SHSTK_UNLOCK"),
+    (0x5005, "ARCH_SHSTK_STATUS"),
+];
+
+/// The `arch_prctl` codes that map a vDSO (refused: see [`ARCH_PRCTL_ALLOWED`]).
+pub const ARCH_MAP_VDSO: &[(u64, &str)] = &[
+    (0x2001, "ARCH_MAP_VDSO_X32"),
+    (0x2002, "ARCH_MAP_VDSO_32"),
+    (0x2003, "ARCH_MAP_VDSO_64"),
+];
+
+/// The name of `arch_prctl` code `code`, for reports.
+pub fn arch_prctl_name(code: u64) -> Option<&'static str> {
+    const OTHERS: &[(u64, &str)] = &[
+        (0x1012, "ARCH_SET_CPUID"),
+        (0x1024, "ARCH_GET_XCOMP_GUEST_PERM"),
+        (0x1025, "ARCH_REQ_XCOMP_GUEST_PERM"),
+        (0x4004, "ARCH_FORCE_TAGGED_SVA"),
+    ];
+    ARCH_PRCTL_ALLOWED
+        .iter()
+        .chain(ARCH_MAP_VDSO)
+        .chain(OTHERS)
+        .find(|&&(c, _)| c == code)
+        .map(|&(_, n)| n)
+}
 
 /// The `fcntl` commands a guest may make.
 pub const FCNTL_ALLOWED: &[(u64, &str)] = &[

@@ -149,6 +149,7 @@ pub fn launch(
         SockFlag::SOCK_CLOEXEC,
     )
     .map_err(|e| (StartError::Socket(e), vec![]))?;
+    let seed = open.seed;
     let (child, command, applied) = match (&server.pool, open) {
         (
             Some(pool),
@@ -188,7 +189,9 @@ pub fn launch(
                 ..
             },
         ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
-            Ok(c) => {
+            Ok(mut c) => {
+                // AT_RANDOM from the session's seed (supervise/vdso.rs).
+                c.plan.vdso = c.plan.vdso.map(|p| p.seeded(seed));
                 server.children.lock().unwrap().insert(id, c.pidfd.clone());
                 let applied = Applied::of(&c.plan);
                 (Child::Exec(Box::new(c)), argv, applied)

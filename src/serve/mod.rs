@@ -186,6 +186,8 @@ pub struct Determinism {
     pub entropy: Option<crate::supervise::entropy::Entropy>,
     /// The seed it was keyed by, for the report.
     pub seed: Option<u64>,
+    /// The session's virtual monotonic clock (`clock = "virtual"`).
+    pub monotonic: crate::supervise::clock::Monotonic,
     /// The guest has said HELLO: its `getrandom` draws from `entropy`. Before (a zygote's
     /// child between its fork and its session), fixed bytes: how much it drew then depends
     /// on timing (whether a spare was ready), which must not shift the session's stream.
@@ -202,6 +204,7 @@ impl Determinism {
             clock: virtual_clock.then(|| time_ns.unwrap_or_else(crate::supervise::clock::host_now)),
             entropy: seed.map(crate::supervise::entropy::Entropy::new),
             seed,
+            monotonic: Default::default(),
             armed: false,
         }
     }

@@ -842,11 +842,13 @@ impl Session {
         let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
         let mut det = self.shared.determinism.lock().unwrap();
+        let det = &mut *det;
         let clock = det.clock;
         let state = notify::State {
             violations: &mut v,
             entropy: det.entropy.as_mut(),
             clock,
+            monotonic: Some(&mut det.monotonic),
             learned: None,
         };
         let rules = notify::Rules::new(&e.plan, &e.grants);

@@ -574,6 +574,12 @@ impl Zygote {
     }
 
     fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
+        // The zygote's own virtual monotonic clock (`clock = "virtual"`).
+        let mut own_clock = crate::supervise::clock::Monotonic::default();
+        // Whether the policy pins a session's pid (`getpid` then reaches the router).
+        let pid_pinned = syscalls::number("getpid")
+            .and_then(|nr| rules.decisions.get(nr))
+            .is_some_and(|d| d.check == Check::Pid);
         let Ok(mut buf) = NotifBuf::new() else { return };
         let mut own = Violations::new(Some(format!("wfjail: zygote {}: ", self.index)));
         loop {
@@ -612,20 +618,28 @@ impl Zygote {
                         late_reads: false,
                         ..rules
                     };
-                    // While preloading it reads the real clock and real entropy (the SDK
-                    // needs randomness at import), and it waits with a timeout between
-                    // sessions; sessions get theirs after the fork.
+                    // While preloading it reads real entropy (the SDK needs randomness at
+                    // import), and it waits with a timeout between sessions; sessions get
+                    // theirs after the fork. Its clocks read a fixed instant (below).
                     let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
                     if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                        && matches!(check, Some(Check::Seeded | Check::Clock | Check::TimedWait))
+                        && matches!(
+                            check,
+                            Some(Check::Seeded | Check::Usage | Check::Pid | Check::TimedWait)
+                        )
                     {
                         notify::allow(listener.as_fd(), &n);
                         continue;
                     }
+                    // Under `clock = "virtual"` what preloading reads of the wall clock is
+                    // [`PRELOAD_INSTANT`], and its monotonic clock is a virtual one of its
+                    // own: a module-level `time.time()` in preloaded code gives the same
+                    // value in every zygote, as a replay needs.
                     let state = notify::State {
                         violations: &mut own,
                         entropy: None,
-                        clock: None,
+                        clock: Some(PRELOAD_INSTANT),
+                        monotonic: Some(&mut own_clock),
                         learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
@@ -658,7 +672,10 @@ impl Zygote {
                         );
                         continue;
                     }
-                    if check == Some(Check::Clock) {
+                    if matches!(
+                        check,
+                        Some(Check::Clock | Check::Usage | Check::Pid | Check::Stat)
+                    ) {
                         notify::allow(listener.as_fd(), &n);
                         continue;
                     }
@@ -686,17 +703,64 @@ impl Zygote {
             }
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
-            let clock = det.clock;
+            // Its pid, once it runs its session: the same in every session (`getpid` reaches
+            // the supervisor only when the policy pins it), and a signal to that pid is a
+            // signal to itself, sent for it.
+            let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
+            let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
+            if native && det.armed && check == Some(Check::Pid) {
+                drop((v, det));
+                let answer = notify::Answer::Value {
+                    ret: SESSION_PID as i64,
+                    writes: vec![],
+                };
+                notify::respond(listener.as_fd(), &n, answer);
+                continue;
+            }
+            if native
+                && det.armed
+                && matches!(name, "kill" | "tkill" | "tgkill")
+                && pid_pinned
+                && n.args[0] as i32 == SESSION_PID
+                && (name != "tgkill"
+                    || n.args[1] as i32 == SESSION_PID
+                    || ns_pid_of(n.pid) == Some(n.args[1] as i32))
+            {
+                drop((v, det));
+                let sig = if name == "tgkill" {
+                    n.args[2]
+                } else {
+                    n.args[1]
+                };
+                // The caller waits on this notification: its pid cannot have been reused.
+                let answer = match sys::kill_pid(n.pid as libc::pid_t, sig as i32) {
+                    Ok(()) => notify::Answer::Value {
+                        ret: 0,
+                        writes: vec![],
+                    },
+                    Err(e) => notify::Answer::Errno(e.raw_os_error().unwrap_or(libc::EINVAL)),
+                };
+                notify::respond(listener.as_fd(), &n, answer);
+                continue;
+            }
+            let det_now = &mut *det;
+            let clock = det_now.clock;
             let mut unarmed = crate::supervise::entropy::Entropy::new(0);
-            let entropy = if det.armed {
-                det.entropy.as_mut()
+            // Before HELLO a spare's clock reads do not move its session's monotonic clock.
+            let mut unarmed_clock = crate::supervise::clock::Monotonic::default();
+            let (entropy, monotonic) = if det_now.armed {
+                (det_now.entropy.as_mut(), &mut det_now.monotonic)
             } else {
-                det.entropy.as_mut().map(|_| &mut unarmed)
+                (
+                    det_now.entropy.as_mut().map(|_| &mut unarmed),
+                    &mut unarmed_clock,
+                )
             };
             let state = notify::State {
                 violations: &mut v,
                 entropy,
                 clock,
+                monotonic: Some(monotonic),
                 learned: None,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
@@ -732,6 +796,19 @@ fn inspectable(pid: libc::pid_t) -> Result<(), InspectError> {
         .map(|_| ())
         .map_err(InspectError::Memory)
 }
+
+/// The wall-clock time a zygote reads while it preloads, under `clock = "virtual"`:
+/// 2000-01-01T00:00:00Z. Code imported there runs before any session has a workflow time; a
+/// fixed instant makes what it computes at import the same in every zygote and every replay.
+pub const PRELOAD_INSTANT: i64 = 946_684_800_000_000_000;
+
+/// The pid a session reads (`getpid`) when the policy pins it (`clock = "virtual"`): the
+/// highest pid Linux can give (`PID_MAX_LIMIT - 1`), so that it is no other process's in
+/// the namespace the sessions share: a signal to it from a session is a signal to itself,
+/// and it shadows no sibling (nor the zygote, pid 1, whose signals stay refused and
+/// reported). A `wfjail run` guest and an exec-mode session are pid 1 of their own
+/// namespace.
+pub const SESSION_PID: i32 = 4_194_303;
 
 /// The pid of global `pid` in its own (innermost) PID namespace.
 fn ns_pid_of(pid: u32) -> Option<i32> {

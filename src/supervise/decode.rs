@@ -745,6 +745,15 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
             a[1]
         ),
         Args::Mmap => format!("{}, {} bytes", format_mmap_flags(a[3]), a[1]),
+        Args::ArchPrctl => {
+            let code = a[0] & 0xffff_ffff;
+            if refine && syscalls::ARCH_MAP_VDSO.iter().any(|&(c, _)| c == code) {
+                category = Category::Clock;
+            }
+            let shown = syscalls::arch_prctl_name(code)
+                .map_or_else(|| format!("code {code:#x}"), |n| format!("{n} ({code:#x})"));
+            format!("{shown}, {:#x}", a[1])
+        }
     };
     Decoded {
         category,

@@ -55,6 +55,15 @@ impl Entropy {
     }
 }
 
+/// The 16 bytes a guest's auxiliary vector points at (`AT_RANDOM`) under a seeded or denied
+/// `getrandom`, keyed by `seed` (0 under deny): a stream of its own, so that the bytes
+/// `getrandom` answers are the same as before this was written (`supervise/vdso.rs`).
+pub fn at_random(seed: u64) -> [u8; 16] {
+    // "AT_RANDO" as a key: another seed's stream never starts with these 16 bytes.
+    let mut e = Entropy::new(seed ^ 0x4154_5f52_414e_444f);
+    e.take(16).try_into().expect("16 bytes")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +86,13 @@ mod tests {
         }
         assert_eq!(pieces, whole);
         assert_ne!(Entropy::new(43).take(100), whole);
+    }
+
+    #[test]
+    fn at_random_is_its_own_stream_of_the_seed() {
+        assert_eq!(at_random(7), at_random(7));
+        assert_ne!(at_random(7), at_random(8));
+        assert_ne!(at_random(7)[..], Entropy::new(7).take(16)[..]);
     }
 
     #[test]

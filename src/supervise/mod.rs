@@ -12,6 +12,7 @@ pub mod clock;
 pub mod decode;
 pub mod disk;
 pub mod entropy;
+pub mod filetimes;
 pub mod memory;
 pub mod notify;
 pub mod opener;
@@ -473,6 +474,7 @@ pub fn supervise(
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
+    let mut monotonic = clock::Monotonic::default();
     if policy.time.clock == crate::policy::ClockMode::Virtual {
         o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
     }
@@ -711,7 +713,12 @@ pub fn supervise(
                     match startup.notification(is_initial_exec(&n, child.pid)) {
                         Route::AllowExec => {
                             // With the vDSO patched at the exec stop when the policy asks.
-                            if let Err(e) = vdso::exec(l.as_fd(), &n, child.pid, cfg.vdso) {
+                            if let Err(e) = vdso::exec(
+                                l.as_fd(),
+                                &n,
+                                child.pid,
+                                cfg.vdso.map(|p| p.seeded(cfg.seed)),
+                            ) {
                                 if let Some(w) = err_sink.as_mut() {
                                     let _ = writeln!(w, "wfjail: {e}");
                                 }
@@ -753,6 +760,7 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                         clock: o.clock,
+                        monotonic: Some(&mut monotonic),
                         learned: cfg.learn.then_some((&mut o.learned, &mut o.learned_bytes)),
                     };
                     let rules = notify::Rules {

@@ -103,6 +103,8 @@ pub struct State<'v> {
     pub entropy: Option<&'v mut Entropy>,
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
+    /// The virtual monotonic clock, under `clock = "virtual"` (`clock.rs`).
+    pub monotonic: Option<&'v mut super::clock::Monotonic>,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
     /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
     pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
@@ -190,7 +192,8 @@ pub fn handle(
     state: State<'_>,
     kill: impl FnOnce(),
 ) -> Handled {
-    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, state.clock) else {
+    let clock = state.clock.map(|now| (now, state.monotonic));
+    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, clock) else {
         return Handled::Quiet; // the call is gone: what was read may not be its own
     };
     let handled = match violation {
@@ -225,7 +228,7 @@ fn decide(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<i64>,
+    clock: Option<(i64, Option<&mut super::clock::Monotonic>)>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -249,10 +252,37 @@ fn decide(
         return Some((cpu_answer(&n.args, cpus), None));
     }
     // Workflow time: the wall clock reads the execution's time, not a violation.
-    if let (Some(d), Some(now)) = (decision, clock)
-        && d.check == Check::Clock
+    if let (Some(d), Some((now, monotonic))) = (decision, clock)
+        && matches!(d.check, Check::Clock | Check::Usage | Check::Stat)
     {
+        // A descriptor's times (filetimes.rs).
+        if d.check == Check::Stat {
+            let mem = ProcessMemory { pid: n.pid };
+            return Some((super::filetimes::answer(n, &mem, d.name, now), None));
+        }
+        // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
+        if d.check == Check::Usage {
+            let mut spare = super::clock::Monotonic::default();
+            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            return Some((usage_answer(d.name, &n.args, mono), None));
+        }
+        // A monotonic clock reads the virtual monotonic clock (clock.rs); the filter lets
+        // the CPU-time clocks run, so any other clock here is the kernel's to answer.
+        let clockid = n.args[0] & 0xffff_ffff;
+        if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
+            let mut spare = super::clock::Monotonic::default();
+            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            return Some((clock_answer(d.name, &n.args, mono), None));
+        }
+        if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+            return Some((Answer::Continue, None));
+        }
         return Some((clock_answer(d.name, &n.args, now), None));
+    }
+    // `getpid` reaches the supervisor only from a prefork plan, whose router answers a
+    // session's; anywhere else the guest's own pid is its namespace's.
+    if decision.is_some_and(|d| d.check == Check::Pid) {
+        return Some((Answer::Continue, None));
     }
     let mem = ProcessMemory { pid: n.pid };
     // A write-open inside the grants: the supervisor opens what it judged (opener.rs). One
@@ -467,6 +497,60 @@ pub fn clock_answer(name: &str, args: &[u64; 6], now: i64) -> Answer {
             },
         },
     }
+}
+
+/// The answer to `getrusage`, `times` or `sysinfo` (`name`, arguments `args`) while the
+/// virtual monotonic clock reads `mono`: what the kernel would write for a process that has
+/// used no CPU time, on a machine up for `mono` with no load and nothing else running (the
+/// memory totals are the host's, from `/proc/meminfo`, and all of it free).
+pub fn usage_answer(name: &str, args: &[u64; 6], mono: i64) -> Answer {
+    match name {
+        // getrusage(who, struct rusage *): RUSAGE_SELF, _CHILDREN, _THREAD.
+        "getrusage" if !(-1..=1).contains(&(args[0] as i32)) => Answer::Errno(libc::EINVAL),
+        "getrusage" if args[1] == 0 => Answer::Errno(libc::EFAULT),
+        "getrusage" => Answer::Value {
+            ret: 0,
+            writes: vec![(args[1], vec![0u8; std::mem::size_of::<libc::rusage>()])],
+        },
+        // times(struct tms *): no CPU time; returns clock ticks (100 Hz) since "boot".
+        "times" => Answer::Value {
+            ret: mono / 10_000_000,
+            writes: if args[0] != 0 {
+                vec![(args[0], vec![0u8; std::mem::size_of::<libc::tms>()])]
+            } else {
+                vec![]
+            },
+        },
+        "sysinfo" if args[0] == 0 => Answer::Errno(libc::EFAULT),
+        _ => {
+            let (ram, swap) = memory_totals();
+            let mut info = vec![0u8; std::mem::size_of::<libc::sysinfo>()];
+            let mut put = |at: usize, v: u64| info[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+            put(0, (mono / 1_000_000_000) as u64); // uptime; loads stay 0
+            put(32, ram); // totalram
+            put(40, ram); // freeram
+            put(64, swap); // totalswap
+            put(72, swap); // freeswap
+            info[80..82].copy_from_slice(&1u16.to_ne_bytes()); // procs
+            info[104..108].copy_from_slice(&1u32.to_ne_bytes()); // mem_unit
+            Answer::Value {
+                ret: 0,
+                writes: vec![(args[0], info)],
+            }
+        }
+    }
+}
+
+/// The host's memory and swap totals in bytes (`/proc/meminfo`; 0 when it cannot be read).
+fn memory_totals() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    (kib("MemTotal:"), kib("SwapTotal:"))
 }
 
 /// Lets the call of notification `n` run (the initial exec, the zygote's own forks).

@@ -13,8 +13,13 @@
 //!   still calls the vDSO, and the vDSO now makes the real syscall, which the filter routes
 //!   to the supervisor (`supervise/notify.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
-//!   gets the same. Monotonic and CPU clocks become real syscalls too, allowed by the filter.
+//!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
+//!   supervisor answers the monotonic ones from a virtual monotonic clock (`clock.rs`); the
+//!   filter lets the others run.
 //! * `getrandom`: `mov rax, -ENOSYS; ret`, so the C library falls back to the syscall.
+//!
+//! Under a seeded or denied `getrandom` the 16 bytes the auxiliary vector's `AT_RANDOM`
+//! points at are overwritten too (`entropy::at_random`).
 //!
 //! Then the tracer lets go (`PTRACE_DETACH`). A zygote's sessions inherit the patched pages
 //! through `fork`. What stays: the time data page (`[vvar]`) is still mapped, and a program
@@ -32,13 +37,17 @@ use crate::sys::{self, Notif, Traced};
 
 use super::notify;
 
-/// What to patch in a guest's vDSO.
+/// What to patch in a guest's vDSO (and its auxiliary vector's random bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Patch {
     /// The wall clock (`clock = "virtual"` or `"deny"`).
     pub clock: bool,
-    /// `getrandom` (`getrandom = "seeded"` or `"deny"`).
+    /// `getrandom` (`getrandom = "seeded"` or `"deny"`); the 16 bytes `AT_RANDOM` points at
+    /// are then overwritten with bytes of [`entropy::at_random`] keyed by `seed`.
     pub random: bool,
+    /// The execution's seed (`--seed`, OPEN's `seed`; 0 when there is none, and under
+    /// `getrandom = "deny"`).
+    pub seed: u64,
 }
 
 impl Patch {
@@ -47,8 +56,17 @@ impl Patch {
         let p = Patch {
             clock: policy.time.clock != crate::policy::ClockMode::Real,
             random: policy.random.getrandom != crate::policy::RandomMode::Allow,
+            seed: 0,
         };
         (p.clock || p.random).then_some(p)
+    }
+
+    /// This patch for an execution with `seed` (`None`: 0).
+    pub fn seeded(self, seed: Option<u64>) -> Patch {
+        Patch {
+            seed: seed.unwrap_or(0),
+            ..self
+        }
     }
 }
 
@@ -87,6 +105,7 @@ impl VdsoError {
 const STOP_WITHIN: Duration = Duration::from_secs(5);
 
 const AT_SYSINFO_EHDR: u64 = 33;
+const AT_RANDOM: u64 = 25;
 
 /// Lets the child's initial exec (notification `n`) run and, when `patch` asks, patches the
 /// new image's vDSO at the exec stop before it runs. `Ok` also when the child died on the way
@@ -127,8 +146,22 @@ pub fn exec(
     sys::ptrace_detach(pid).map_err(VdsoError::Trace)
 }
 
-/// Patches the vDSO of the tracee `pid`, stopped at its exec.
+/// Patches the vDSO of the tracee `pid`, stopped at its exec, and overwrites its `AT_RANDOM`
+/// bytes when the patch is for randomness.
 fn patch_stopped(pid: libc::pid_t, patch: Patch) -> Result<(), VdsoError> {
+    if patch.random {
+        // The 16 bytes the kernel put on the new stack: the C library's stack protector and
+        // pointer guard, and anything that reads getauxval(AT_RANDOM). Nothing has read them
+        // yet (no instruction of the image has run).
+        let addr = sys::auxv_entry(pid, AT_RANDOM)
+            .map_err(|e| VdsoError::Read("its auxv", e))?
+            .ok_or(VdsoError::Elf("no AT_RANDOM in the auxiliary vector"))?;
+        let bytes = super::entropy::at_random(patch.seed);
+        for (i, word) in bytes.chunks_exact(8).enumerate() {
+            let word: [u8; 8] = word.try_into().expect("8 bytes");
+            sys::ptrace_poke(pid, addr + 8 * i as u64, word).map_err(VdsoError::Write)?;
+        }
+    }
     let Some(base) =
         sys::auxv_entry(pid, AT_SYSINFO_EHDR).map_err(|e| VdsoError::Read("its auxv", e))?
     else {
@@ -301,6 +334,7 @@ mod tests {
         let p = Patch {
             clock: true,
             random: false,
+            seed: 0,
         };
         assert_eq!(
             trampoline("__vdso_clock_gettime", p),

@@ -1,0 +1,57 @@
+"""Time and entropy a workflow reads without the SDK's API, run under the jailed runner
+(`temporal-python`: virtual clock, seeded randomness) on a real Temporal dev server and
+replayed: every value must be the same in the replay (issue 16). Run like
+test_jailed_runner.py:
+
+    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+        target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k time_entropy
+"""
+
+import asyncio
+import os
+import unittest
+import uuid
+
+from temporalio.worker import Replayer, Worker
+
+from test_jailed_runner import DevServer, W, _wfjail
+from wfjail.temporal import JailedWorkflowRunner
+
+import time_entropy_workflows as P
+
+
+class TimeAndEntropyTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        os.environ["PATH"] = os.path.dirname(_wfjail()) + os.pathsep + os.environ["PATH"]
+        cls.server = DevServer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_time_and_entropy_read_directly_replay_the_same(self):
+        async def go():
+            client = await self.server.client()
+            queue = "probes-" + uuid.uuid4().hex
+            wid = str(uuid.uuid4())
+            async with Worker(client, task_queue=queue, workflows=[P.Probes],
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                seen = await client.execute_workflow(P.Probes.run, id=wid, task_queue=queue)
+            history = await client.get_workflow_handle(wid).fetch_history()
+            replay = await Replayer(workflows=[P.Probes], workflow_runner=JailedWorkflowRunner()
+                                    ).replay_workflow(history, raise_on_replay_failure=False)
+            return seen, replay
+
+        seen, replay = asyncio.run(go())
+        self.assertIsNone(replay.replay_failure,
+                          "a value differed in the replay: %s (first run: %s)"
+                          % (replay.replay_failure, seen))
+        # What the first run saw: the zygote's preload instant, pinned usage.
+        self.assertEqual(seen["time at import"], 946_684_800 * 10**9, seen)
+        self.assertEqual(seen["os.getpid()"], seen["posix.getpid()"])
+        self.assertEqual(seen["resource.getrusage()"], [0.0, 0.0, 0, 0, 0], seen)
+
+
+if __name__ == "__main__":
+    unittest.main()
