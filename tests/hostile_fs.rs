@@ -1083,3 +1083,30 @@ fn limits_disk_refuses_descriptors_sent_in_messages_without_a_listener() {
         "every send refused with EPERM",
     );
 }
+
+// ---- limits.disk, a hostile-guest pass (issue 16, "Done when") --------------------------------
+
+#[test]
+fn limits_disk_counts_unlinked_files_whose_path_the_kernel_cannot_show() {
+    // 14 files of 12 MiB, each unlinked while a read-only descriptor holds it, then its
+    // directory moved below PATH_MAX: the kernel cannot show the descriptor's path
+    // (readlink fails with ENAMETOOLONG), which the account took as "not the guest's";
+    // 168 MiB stayed allocated while the run was ok.
+    let scratch = Scratch::new("disk-unlinked-deep");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'd' * 250\na = root + '/a'\nos.mkdir(a)\n\
+         for i in range(15):\n    a += '/' + n\n    os.mkdir(a)\n\
+         held = []\n\
+         for i in range(14):\n    b = root + '/b%d' % i\n    os.makedirs(b + '/' + n + '/' + n)\n    \
+         d = os.open(b + '/' + n + '/' + n, os.O_RDONLY | os.O_DIRECTORY)\n    \
+         fd = os.open('f', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=d)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    os.close(fd)\n    \
+         held.append(os.open('f', os.O_RDONLY, dir_fd=d))\n    \
+         os.unlink('f', dir_fd=d)\n    os.close(d)\n    os.rename(b, a + '/b%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB unlinked below PATH_MAX");
+}

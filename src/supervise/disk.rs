@@ -231,10 +231,14 @@ impl Walk {
                 if !m.is_file() {
                     continue;
                 }
+                // A path the kernel cannot show (longer than a page: a directory buried below
+                // PATH_MAX after the file was unlinked in it) cannot be told apart: it counts.
                 let unlinked = m.nlink() == 0
                     && self.devs.contains(&m.dev())
-                    && std::fs::read_link(fd.path())
-                        .is_ok_and(|shown| self.was_granted(&shown.as_os_str().to_string_lossy()));
+                    && std::fs::read_link(fd.path()).map_or_else(
+                        |e| e.raw_os_error() != Some(libc::ENOENT),
+                        |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
+                    );
                 if unlinked || writable(pid, &fd.file_name()) {
                     self.add_meta(&m);
                 }
