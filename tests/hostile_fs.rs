@@ -1110,3 +1110,90 @@ fn limits_disk_counts_unlinked_files_whose_path_the_kernel_cannot_show() {
     let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
     assert_disk_limit(&o, "168 MiB unlinked below PATH_MAX");
 }
+
+/// A thread started without CLONE_FILES (a descriptor table of its own) writes 14 files of
+/// 12 MiB under `argv[1]`, unlinks each and keeps them open; the program says `held`, waits
+/// 2 s, says `done`.
+const OWN_TABLE_THREAD_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static const char *root;
+static volatile int ready;
+static char buf[1 << 20];
+static int thread(void *arg) {
+    char p[4096];
+    (void)arg;
+    memset(buf, 'x', sizeof buf);
+    for (int i = 0; i < 14; i++) {
+        snprintf(p, sizeof p, "%s/f%d", root, i);
+        int fd = open(p, O_RDWR | O_CREAT, 0600);
+        if (fd < 0) { perror("open"); break; }
+        for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) perror("write");
+        unlink(p);
+    }
+    ready = 1;
+    for (;;) pause();
+}
+int main(int argc, char **argv) {
+    root = argv[1];
+    char *stack = malloc(1 << 20);
+    if (clone(thread, stack + (1 << 20),
+              CLONE_VM | CLONE_FS | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, NULL) < 0) {
+        perror("clone");
+        return 1;
+    }
+    while (!ready) usleep(1000);
+    printf("held\n"); fflush(stdout);
+    sleep(2);
+    printf("done\n"); fflush(stdout);
+    exit(0);
+}
+"#;
+
+#[test]
+fn limits_disk_counts_files_held_by_a_thread_with_its_own_descriptor_table() {
+    // A thread made without CLONE_FILES holds 168 MiB of unlinked files in a descriptor table
+    // that /proc/PID/fd (the leader's) does not show: the run was ok.
+    let scratch = Scratch::new("disk-own-table");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin_dir = scratch.path("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let src = scratch.write("own_table.c", OWN_TABLE_THREAD_C);
+    let bin = bin_dir.join("own_table");
+    let cc = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let policy = scratch.write(
+        "disk-threads.toml",
+        "extends = \"default\"\n[process]\nthreads = \"allow\"\n\
+         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n",
+    );
+    let o = common::wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--rw",
+        &s(&out),
+        "--ro",
+        &s(&bin_dir),
+        "--raw",
+        "--",
+        bin.to_str().unwrap(),
+        &s(&out),
+    ]);
+    assert_disk_limit(&o, "168 MiB held by a thread's own descriptor table");
+}

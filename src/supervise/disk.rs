@@ -9,8 +9,8 @@
 //!   crossing into other file systems;
 //! * the files the guest (and the processes it started) holds that the walk does not find:
 //!   open for writing, or unlinked (no name left) on a grant's file system and held by a
-//!   descriptor or only by a mapping (`/proc/PID/maps`, measured through
-//!   `/proc/PID/map_files`).
+//!   descriptor (in any thread's table: `/proc/PID/task/TID/fd`) or only by a mapping
+//!   (`/proc/PID/maps`, measured through `/proc/PID/map_files`).
 //!
 //! Sampled while the guest runs (at least every [`SAMPLE_EVERY`], less often when walks are
 //! slow); over the limit, the guest is killed and the status is `limit`, limit `disk`. A
@@ -223,7 +223,12 @@ impl Walk {
     /// Adds what `pid` holds that the walk did not find: files open for writing, and unlinked
     /// files on a grant's file system held by a descriptor or a mapping.
     fn held_by(&mut self, pid: i32) -> Result<(), DiskError> {
-        if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        // Every thread's descriptor table: a thread started without CLONE_FILES has one of
+        // its own, which `/proc/PID/fd` (the leader's) does not show.
+        for task in tasks(pid) {
+            let Ok(fds) = std::fs::read_dir(format!("{task}/fd")) else {
+                continue; // the thread is gone
+            };
             for fd in fds.flatten() {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
                     continue; // closed meanwhile
@@ -239,7 +244,7 @@ impl Walk {
                         |e| e.raw_os_error() != Some(libc::ENOENT),
                         |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
                     );
-                if unlinked || writable(pid, &fd.file_name()) {
+                if unlinked || writable(&task, &fd.file_name()) {
                     self.add_meta(&m);
                 }
             }
@@ -291,9 +296,25 @@ impl Walk {
     }
 }
 
-/// Whether descriptor `fd` of `pid` is open for writing.
-fn writable(pid: i32, fd: &std::ffi::OsStr) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy()))
+/// The `/proc` directories of `pid`'s threads (the process's own when it has none left to
+/// list).
+fn tasks(pid: i32) -> Vec<String> {
+    let mut tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|t| format!("/proc/{pid}/task/{}", t.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if tasks.is_empty() {
+        tasks.push(format!("/proc/{pid}"));
+    }
+    tasks
+}
+
+/// Whether descriptor `fd` in the `/proc` directory `task` is open for writing.
+fn writable(task: &str, fd: &std::ffi::OsStr) -> bool {
+    std::fs::read_to_string(format!("{task}/fdinfo/{}", fd.to_string_lossy()))
         .ok()
         .and_then(|info| {
             info.lines()
