@@ -1197,3 +1197,107 @@ fn limits_disk_counts_files_held_by_a_thread_with_its_own_descriptor_table() {
     ]);
     assert_disk_limit(&o, "168 MiB held by a thread's own descriptor table");
 }
+
+/// Without a PID namespace: a child of the guest outlives it, holding the guest's stdout so
+/// that wfjail drains, and an empty file `big` in the grant. Once the guest is gone it bumps
+/// the mtime of `Z` (2,000 empty files, walked after the grant's own entries), closes its
+/// streams, waits until wfjail's last walk has read `Z` (its atime passes its mtime), then
+/// allocates 48 MiB to `big`, which that walk has already passed.
+const OUTLIVING_CHILD_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    const char *root = argv[1];
+    char z[4096], p[4096];
+    snprintf(z, sizeof z, "%s/Z", root);
+    if (mkdir(z, 0700) < 0) { perror("mkdir"); return 1; }
+    for (int i = 0; i < 2000; i++) {
+        snprintf(p, sizeof p, "%s/f%d", z, i);
+        int f = open(p, O_WRONLY | O_CREAT, 0600);
+        if (f < 0) { perror("create"); return 1; }
+        close(f);
+    }
+    snprintf(p, sizeof p, "%s/big", root);
+    int big = open(p, O_WRONLY | O_CREAT, 0600);
+    int zfd = open(z, O_RDONLY | O_DIRECTORY);
+    int pp[2];
+    if (big < 0 || zfd < 0 || pipe(pp) < 0) { perror("open"); return 1; }
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); return 1; }
+    if (pid == 0) {
+        char c;
+        close(pp[1]);
+        while (read(pp[0], &c, 1) > 0) {}
+        snprintf(p, sizeof p, "%s/t", z);
+        close(open(p, O_WRONLY | O_CREAT, 0600));
+        unlink(p);
+        close(0); close(1); close(2);
+        struct stat st;
+        for (;;) {
+            if (fstat(zfd, &st) < 0) _exit(1);
+            if (st.st_atim.tv_sec > st.st_mtim.tv_sec ||
+                (st.st_atim.tv_sec == st.st_mtim.tv_sec &&
+                 st.st_atim.tv_nsec >= st.st_mtim.tv_nsec)) break;
+        }
+        fallocate(big, 0, 0, 48 << 20);
+        _exit(0);
+    }
+    close(pp[0]);
+    printf("done\n");
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[test]
+fn limits_disk_judges_after_what_the_guest_started_is_gone() {
+    // Without a PID namespace, what the guest started lives on until its pids cgroup is
+    // emptied, after the check at the guest's exit: a child allocated 48 MiB right after
+    // that check had walked past its file, and the run was ok with 48 MiB left under 16 MiB.
+    let scratch = Scratch::new("disk-outliving");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin_dir = scratch.path("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let src = scratch.write("outliving.c", OUTLIVING_CHILD_C);
+    let bin = bin_dir.join("outliving");
+    let cc = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let policy = scratch.write(
+        "disk-fork-nopid.toml",
+        "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
+         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n[namespaces]\npid = false\nmount = false\n",
+    );
+    let o = common::wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--rw",
+        &s(&out),
+        "--ro",
+        &s(&bin_dir),
+        "--raw",
+        "--timeout",
+        "60s",
+        "--",
+        bin.to_str().unwrap(),
+        &s(&out),
+    ]);
+    o.check(
+        o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
+        "48 MiB allocated after the guest's exit: status limit, limit disk, exit 5",
+    );
+}
