@@ -1160,41 +1160,7 @@ fn limits_disk_counts_files_held_by_a_thread_with_its_own_descriptor_table() {
     // A thread made without CLONE_FILES holds 168 MiB of unlinked files in a descriptor table
     // that /proc/PID/fd (the leader's) does not show: the run was ok.
     let scratch = Scratch::new("disk-own-table");
-    let out = scratch.path("out");
-    std::fs::create_dir(&out).unwrap();
-    let bin_dir = scratch.path("bin");
-    std::fs::create_dir(&bin_dir).unwrap();
-    let src = scratch.write("own_table.c", OWN_TABLE_THREAD_C);
-    let bin = bin_dir.join("own_table");
-    let cc = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let policy = scratch.write(
-        "disk-threads.toml",
-        "extends = \"default\"\n[process]\nthreads = \"allow\"\n\
-         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n",
-    );
-    let o = common::wfjail(&[
-        "run",
-        "-p",
-        policy.to_str().unwrap(),
-        "--rw",
-        &s(&out),
-        "--ro",
-        &s(&bin_dir),
-        "--raw",
-        "--",
-        bin.to_str().unwrap(),
-        &s(&out),
-    ]);
+    let o = c_under_disk_limit_with_threads(&scratch, OWN_TABLE_THREAD_C);
     assert_disk_limit(&o, "168 MiB held by a thread's own descriptor table");
 }
 
@@ -1300,4 +1266,95 @@ fn limits_disk_judges_after_what_the_guest_started_is_gone() {
         o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
         "48 MiB allocated after the guest's exit: status limit, limit disk, exit 5",
     );
+}
+
+/// A thread maps 14 files of 12 MiB under `argv[1]` by one shared page each, closes and
+/// unlinks them, while the thread-group leader has left (`SYS_exit`): the process lives on
+/// in the thread, says `done` after 2 s.
+const LEADER_GONE_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static const char *root;
+static char buf[1 << 20];
+static void *holder(void *arg) {
+    char p[4096];
+    (void)arg;
+    memset(buf, 'x', sizeof buf);
+    usleep(100000);
+    for (int i = 0; i < 14; i++) {
+        snprintf(p, sizeof p, "%s/m%d", root, i);
+        int fd = open(p, O_RDWR | O_CREAT, 0600);
+        if (fd < 0) { perror("open"); exit(1); }
+        for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) perror("write");
+        if (mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) { perror("mmap"); exit(1); }
+        close(fd);
+        unlink(p);
+    }
+    sleep(2);
+    printf("done\n"); fflush(stdout);
+    exit(0);
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    root = argv[1];
+    if (pthread_create(&t, NULL, holder, NULL)) { perror("pthread_create"); return 1; }
+    syscall(SYS_exit, 0);
+    return 0;
+}
+"#;
+
+/// `program` (C) compiled by `cc` into `scratch`, run under `disk = "16MiB"` with threads
+/// allowed, `--rw` of a fresh directory (its one argument).
+fn c_under_disk_limit_with_threads(scratch: &Scratch, program: &str) -> Outcome {
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin_dir = scratch.path("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let src = scratch.write("guest.c", program);
+    let bin = bin_dir.join("guest");
+    let cc = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let policy = scratch.write(
+        "disk-threads.toml",
+        "extends = \"default\"\n[process]\nthreads = \"allow\"\n\
+         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n",
+    );
+    common::wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--rw",
+        &s(&out),
+        "--ro",
+        &s(&bin_dir),
+        "--raw",
+        "--",
+        bin.to_str().unwrap(),
+        &s(&out),
+    ])
+}
+
+#[test]
+fn limits_disk_counts_mappings_of_a_process_whose_leader_has_left() {
+    // The thread-group leader exits alone: /proc/PID/maps (and map_files) then show nothing,
+    // while its thread keeps 168 MiB of unlinked files mapped; the run was ok.
+    let scratch = Scratch::new("disk-leader-gone");
+    let o = c_under_disk_limit_with_threads(&scratch, LEADER_GONE_C);
+    assert_disk_limit(&o, "168 MiB mapped by a thread whose leader has left");
 }

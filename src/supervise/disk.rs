@@ -9,8 +9,9 @@
 //!   crossing into other file systems;
 //! * the files the guest (and the processes it started) holds that the walk does not find:
 //!   open for writing, or unlinked (no name left) on a grant's file system and held by a
-//!   descriptor (in any thread's table: `/proc/PID/task/TID/fd`) or only by a mapping
-//!   (`/proc/PID/maps`, measured through `/proc/PID/map_files`).
+//!   descriptor (in any thread's table: `/proc/TID/fd`) or only by a mapping
+//!   (`/proc/TID/maps` of a thread that still has the address space, measured through
+//!   `/proc/TID/map_files`).
 //!
 //! Sampled while the guest runs (at least every [`SAMPLE_EVERY`], less often when walks are
 //! slow); over the limit, the guest is killed and the status is `limit`, limit `disk`. A
@@ -225,7 +226,8 @@ impl Walk {
     fn held_by(&mut self, pid: i32) -> Result<(), DiskError> {
         // Every thread's descriptor table: a thread started without CLONE_FILES has one of
         // its own, which `/proc/PID/fd` (the leader's) does not show.
-        for task in tasks(pid) {
+        let tasks = tasks(pid);
+        for task in &tasks {
             let Ok(fds) = std::fs::read_dir(format!("{task}/fd")) else {
                 continue; // the thread is gone
             };
@@ -244,12 +246,19 @@ impl Walk {
                         |e| e.raw_os_error() != Some(libc::ENOENT),
                         |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
                     );
-                if unlinked || writable(&task, &fd.file_name()) {
+                if unlinked || writable(task, &fd.file_name()) {
                     self.add_meta(&m);
                 }
             }
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // The address space, the threads' in common, through one that still has it: a leader
+        // that has exited (its threads live on) shows no mappings.
+        let Some((task, maps)) = tasks.iter().find_map(|t| {
+            std::fs::read_to_string(format!("{t}/maps"))
+                .ok()
+                .filter(|m| !m.is_empty())
+                .map(|m| (t, m))
+        }) else {
             return Ok(()); // the process is gone
         };
         for line in maps.lines() {
@@ -263,7 +272,7 @@ impl Walk {
             {
                 continue;
             }
-            match std::fs::metadata(format!("/proc/{pid}/map_files/{}", m.range)) {
+            match std::fs::metadata(format!("{task}/map_files/{}", m.range)) {
                 Ok(meta) if meta.is_file() && meta.nlink() == 0 => self.add_meta(&meta),
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // unmapped meanwhile
@@ -296,13 +305,14 @@ impl Walk {
     }
 }
 
-/// The `/proc` directories of `pid`'s threads (the process's own when it has none left to
-/// list).
+/// The `/proc` directories of `pid`'s threads, `/proc/TID` (each thread's own view, with
+/// `map_files`, which `/proc/PID/task/TID` lacks), the process's own when it has none left
+/// to list.
 fn tasks(pid: i32) -> Vec<String> {
     let mut tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
             d.flatten()
-                .map(|t| format!("/proc/{pid}/task/{}", t.file_name().to_string_lossy()))
+                .map(|t| format!("/proc/{}", t.file_name().to_string_lossy()))
                 .collect()
         })
         .unwrap_or_default();
