@@ -110,6 +110,9 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     };
     // limits.processes for a guest that runs as host root: a pids cgroup (see pids_cgroup).
     let pids_cgroup = process::pids_cgroup::for_policy(policy);
+    if let (Some(acct), Some(Ok(cg))) = (&disk, &pids_cgroup) {
+        acct.borrow_mut().watch_cgroup(cg.procs());
+    }
     let spawned = match process::spawn(
         &plan,
         &targets,

@@ -1313,6 +1313,13 @@ int main(int argc, char **argv) {
 /// `program` (C) compiled by `cc` into `scratch`, run under `disk = "16MiB"` with threads
 /// allowed, `--rw` of a fresh directory (its one argument).
 fn c_under_disk_limit_with_threads(scratch: &Scratch, program: &str) -> Outcome {
+    c_under_disk_limit(scratch, program, "[process]\nthreads = \"allow\"\n")
+}
+
+/// `program` (C) compiled by `cc` into `scratch`, run under `disk = "16MiB"`,
+/// `processes = 16` and `more` (TOML tables), `--rw` of a fresh directory (its one
+/// argument).
+fn c_under_disk_limit(scratch: &Scratch, program: &str, more: &str) -> Outcome {
     let out = scratch.path("out");
     std::fs::create_dir(&out).unwrap();
     let bin_dir = scratch.path("bin");
@@ -1331,9 +1338,8 @@ fn c_under_disk_limit_with_threads(scratch: &Scratch, program: &str) -> Outcome 
         String::from_utf8_lossy(&cc.stderr)
     );
     let policy = scratch.write(
-        "disk-threads.toml",
-        "extends = \"default\"\n[process]\nthreads = \"allow\"\n\
-         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n",
+        "disk.toml",
+        &format!("extends = \"default\"\n{more}[limits]\nprocesses = 16\ndisk = \"16MiB\"\n"),
     );
     common::wfjail(&[
         "run",
@@ -1357,4 +1363,54 @@ fn limits_disk_counts_mappings_of_a_process_whose_leader_has_left() {
     let scratch = Scratch::new("disk-leader-gone");
     let o = c_under_disk_limit_with_threads(&scratch, LEADER_GONE_C);
     assert_disk_limit(&o, "168 MiB mapped by a thread whose leader has left");
+}
+
+/// Without a PID namespace: the guest's child starts a grandchild and exits; the grandchild,
+/// no longer the guest's descendant, writes 14 files of 12 MiB, unlinks them and keeps them
+/// open; the guest says `done` after 2 s.
+const ORPHAN_HOLDS_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static char buf[1 << 20];
+int main(int argc, char **argv) {
+    char p[4096];
+    if (fork() == 0) {
+        if (fork() == 0) {
+            close(0); close(1); close(2);
+            usleep(200000);
+            memset(buf, 'x', sizeof buf);
+            for (int i = 0; i < 14; i++) {
+                snprintf(p, sizeof p, "%s/o%d", argv[1], i);
+                int fd = open(p, O_RDWR | O_CREAT, 0600);
+                if (fd < 0) _exit(1);
+                for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) _exit(1);
+                unlink(p);
+            }
+            sleep(5);
+            _exit(0);
+        }
+        _exit(0);
+    }
+    sleep(2);
+    printf("done\n");
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[test]
+fn limits_disk_counts_files_held_by_an_orphan_of_the_guest() {
+    // Without a PID namespace, a process whose parent exited is adopted outside the guest's
+    // tree (/proc/PID/task/*/children no longer leads to it); it held 168 MiB of unlinked
+    // files while the run was ok. Its pids cgroup still lists it.
+    let scratch = Scratch::new("disk-orphan");
+    let o = c_under_disk_limit(
+        &scratch,
+        ORPHAN_HOLDS_C,
+        "[process]\nsubprocess = \"allow\"\n[namespaces]\npid = false\nmount = false\n",
+    );
+    assert_disk_limit(&o, "168 MiB held by an orphan");
 }

@@ -7,8 +7,8 @@
 //!   with directory descriptors (`openat`/`fstatat` relative to the directory, never a path
 //!   from the root, so depth is no hiding place), without following symbolic links or
 //!   crossing into other file systems;
-//! * the files the guest (and the processes it started) holds that the walk does not find:
-//!   open for writing, or unlinked (no name left) on a grant's file system and held by a
+//! * the files the guest (and the processes it started, and those of its pids cgroup) holds
+//!   that the walk does not find: open for writing, or unlinked (no name left) on a grant's file system and held by a
 //!   descriptor (in any thread's table: `/proc/TID/fd`) or only by a mapping
 //!   (`/proc/TID/maps` of a thread that still has the address space, measured through
 //!   `/proc/TID/map_files`).
@@ -396,14 +396,24 @@ fn family(pid: i32) -> Vec<i32> {
 }
 
 /// Bytes under `grants`, plus what `pid` and its descendants hold that is not under them
-/// (unlinked, or renamed away); `None` for `pid`: the grants only.
-fn measure(grants: &[PathBuf], pid: Option<i32>) -> Result<u64, DiskError> {
+/// (unlinked, or renamed away); `None` for `pid`: the grants only. `procs`: the
+/// `cgroup.procs` of the guest's own cgroup, whose processes are the guest's too (without a
+/// PID namespace, one whose parent exited is no longer its descendant).
+fn measure(grants: &[PathBuf], pid: Option<i32>, procs: Option<&Path>) -> Result<u64, DiskError> {
     let mut walk = Walk::default();
     for g in grants {
         walk.visit(g)?;
     }
     if let Some(pid) = pid {
-        for p in family(pid) {
+        let mut all = family(pid);
+        if let Some(text) = procs.and_then(|p| std::fs::read_to_string(p).ok()) {
+            for p in text.lines().filter_map(|l| l.trim().parse().ok()) {
+                if !all.contains(&p) && all.len() < MAX_PROCESSES {
+                    all.push(p);
+                }
+            }
+        }
+        for p in all {
             walk.held_by(p)?;
         }
     }
@@ -422,12 +432,14 @@ pub struct DiskAccount {
     pub peak: u64,
     /// Why a sample could not judge (the guest was then taken as over the limit).
     pub cannot_judge: Option<DiskError>,
+    /// The `cgroup.procs` of the guest's pids cgroup, when it has one.
+    procs: Option<PathBuf>,
 }
 
 impl DiskAccount {
     /// Takes the baseline before the guest starts.
     pub fn new(grants: Vec<PathBuf>, limit: u64) -> Result<Self, DiskError> {
-        let baseline = measure(&grants, None)?;
+        let baseline = measure(&grants, None, None)?;
         Ok(DiskAccount {
             grants,
             limit,
@@ -436,13 +448,20 @@ impl DiskAccount {
             interval: SAMPLE_EVERY,
             peak: 0,
             cannot_judge: None,
+            procs: None,
         })
+    }
+
+    /// Samples also read the processes listed in `procs`, the `cgroup.procs` of the guest's
+    /// pids cgroup: all of the guest's, wherever their parents went.
+    pub fn watch_cgroup(&mut self, procs: PathBuf) {
+        self.procs = Some(procs);
     }
 
     /// After the guest is gone: whether what it left under the grants is over the limit (a
     /// guest that wrote and exited between two samples).
     pub fn over_at_end(&mut self) -> bool {
-        let m = measure(&self.grants, None);
+        let m = measure(&self.grants, None, None);
         self.judge(m)
     }
 
@@ -472,7 +491,7 @@ impl DiskAccount {
             return false;
         }
         let started = Instant::now();
-        let m = measure(&self.grants, Some(pid));
+        let m = measure(&self.grants, Some(pid), self.procs.as_deref());
         let over = self.judge(m);
         self.interval = SAMPLE_EVERY.max(started.elapsed() * WALK_SHARE);
         self.next = Instant::now() + self.interval;
