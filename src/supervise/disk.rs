@@ -407,8 +407,9 @@ fn measure(grants: &[PathBuf], pid: Option<i32>, procs: Option<&Path>) -> Result
     if let Some(pid) = pid {
         let mut all = family(pid);
         if let Some(text) = procs.and_then(|p| std::fs::read_to_string(p).ok()) {
+            let me = std::process::id() as i32; // never wfjail's own files
             for p in text.lines().filter_map(|l| l.trim().parse().ok()) {
-                if !all.contains(&p) && all.len() < MAX_PROCESSES {
+                if p != me && !all.contains(&p) && all.len() < MAX_PROCESSES {
                     all.push(p);
                 }
             }
