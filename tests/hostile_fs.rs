@@ -1414,3 +1414,23 @@ fn limits_disk_counts_files_held_by_an_orphan_of_the_guest() {
     );
     assert_disk_limit(&o, "168 MiB held by an orphan");
 }
+
+#[test]
+fn an_unprivileged_wfjail_refuses_a_guest_that_hides_its_descriptors() {
+    // A guest that makes itself not dumpable (prctl PR_SET_DUMPABLE 0) makes its /proc
+    // files root's: wfjail as nobody can read neither its descriptors nor its mappings, and
+    // took that as "nothing held" while 168 MiB of unlinked files were held open.
+    let o = disk_limited_as_nobody(
+        "disk-undumpable-nobody",
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         assert libc.prctl(4, 0, 0, 0, 0) == 0, ctypes.get_errno()\nheld = []\n\
+         for i in range(14):\n    p = '{0}/u%d' % i\n    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    os.unlink(p)\n    held.append(fd)\n\
+         time.sleep(1)\nprint('done')\n",
+    );
+    assert_disk_limit(&o, "168 MiB held by a guest that is not dumpable");
+    o.check(
+        o.error_says("not dumpable"),
+        "the report says why wfjail could not judge",
+    );
+}

@@ -70,6 +70,21 @@ pub enum DiskError {
         "the guest maps an unlinked file on a write grant's file system that wfjail may not measure ({0}): limits.disk cannot account it; run wfjail with CAP_CHECKPOINT_RESTORE, or do not keep unlinked files mapped"
     )]
     Unmeasurable(Errno),
+    #[error(
+        "the descriptors or mappings of a process of the guest cannot be read ({0}; a guest that made itself not dumpable makes them root's): limits.disk cannot account what it holds; run wfjail as root"
+    )]
+    Hidden(Errno),
+}
+
+/// An error reading a process's `/proc` files: `None` when the process or thread is gone,
+/// else that they are hidden from wfjail ("cannot judge").
+fn hidden(e: &std::io::Error) -> Option<DiskError> {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ESRCH) => None,
+        errno => Some(DiskError::Hidden(Errno::from_raw(
+            errno.unwrap_or(libc::EIO),
+        ))),
+    }
 }
 
 /// Blocks and entries seen by one walk.
@@ -228,8 +243,12 @@ impl Walk {
         // its own, which `/proc/PID/fd` (the leader's) does not show.
         let tasks = tasks(pid);
         for task in &tasks {
-            let Ok(fds) = std::fs::read_dir(format!("{task}/fd")) else {
-                continue; // the thread is gone
+            let fds = match std::fs::read_dir(format!("{task}/fd")) {
+                Ok(fds) => fds,
+                Err(e) => match hidden(&e) {
+                    None => continue, // the thread is gone
+                    Some(err) => return Err(err),
+                },
             };
             for fd in fds.flatten() {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
@@ -253,12 +272,22 @@ impl Walk {
         }
         // The address space, the threads' in common, through one that still has it: a leader
         // that has exited (its threads live on) shows no mappings.
-        let Some((task, maps)) = tasks.iter().find_map(|t| {
-            std::fs::read_to_string(format!("{t}/maps"))
-                .ok()
-                .filter(|m| !m.is_empty())
-                .map(|m| (t, m))
-        }) else {
+        let mut found = None;
+        for t in &tasks {
+            match std::fs::read_to_string(format!("{t}/maps")) {
+                Ok(m) if m.is_empty() => {}
+                Ok(m) => {
+                    found = Some((t, m));
+                    break;
+                }
+                Err(e) => {
+                    if let Some(err) = hidden(&e) {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        let Some((task, maps)) = found else {
             return Ok(()); // the process is gone
         };
         for line in maps.lines() {
