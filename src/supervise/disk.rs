@@ -254,7 +254,9 @@ impl Walk {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
                     continue; // closed meanwhile
                 };
-                if !m.is_file() {
+                // Directories too: one emptied and removed while a descriptor holds it keeps
+                // its blocks (a directory does not shrink with its entries) until closed.
+                if !m.is_file() && !m.is_dir() {
                     continue;
                 }
                 // A path the kernel cannot show (longer than a page: a directory buried below
