@@ -1463,3 +1463,31 @@ fn limits_disk_counts_removed_directories_held_open() {
     );
     assert_disk_limit(&o, "removed directories held open");
 }
+
+#[test]
+fn limits_disk_counts_a_removed_working_directory() {
+    // The same as a directory held by a descriptor, held by the working directory alone
+    // (chdir, then rmdir): 0.9 MiB out of sight, beside 0.9 MiB in sight, under 1 MiB: ok.
+    let scratch = Scratch::new("disk-held-cwd");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"1MiB\"\n",
+    );
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'n' * 240\n\
+         for k in range(2):\n    d = root + '/d%d' % k\n    os.mkdir(d)\n    \
+         for i in range(2500):\n        os.close(os.open('%s/%s%05d' % (d, n, i), os.O_WRONLY | os.O_CREAT, 0o600))\n    \
+         if k == 0:\n        for i in range(2500):\n            os.unlink('%s/%s%05d' % (d, n, i))\n        \
+         os.chdir(d)\n        os.rmdir(d)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out), "--timeout", "120s"],
+        &code,
+    );
+    assert_disk_limit(&o, "a removed working directory");
+}

@@ -254,22 +254,17 @@ impl Walk {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
                     continue; // closed meanwhile
                 };
-                // Directories too: one emptied and removed while a descriptor holds it keeps
-                // its blocks (a directory does not shrink with its entries) until closed.
-                if !m.is_file() && !m.is_dir() {
-                    continue;
-                }
-                // A path the kernel cannot show (longer than a page: a directory buried below
-                // PATH_MAX after the file was unlinked in it) cannot be told apart: it counts.
-                let unlinked = m.nlink() == 0
-                    && self.devs.contains(&m.dev())
-                    && std::fs::read_link(fd.path()).map_or_else(
-                        |e| e.raw_os_error() != Some(libc::ENOENT),
-                        |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
-                    );
-                if unlinked || writable(task, &fd.file_name()) {
+                if self.unlinked(&m, &fd.path()) || (m.is_file() && writable(task, &fd.file_name()))
+                {
                     self.add_meta(&m);
                 }
+            }
+            // Its working directory holds a directory as a descriptor does.
+            let cwd = PathBuf::from(format!("{task}/cwd"));
+            if let Ok(m) = std::fs::metadata(&cwd)
+                && self.unlinked(&m, &cwd)
+            {
+                self.add_meta(&m);
             }
         }
         // The address space, the threads' in common, through one that still has it: a leader
@@ -314,6 +309,21 @@ impl Walk {
             }
         }
         Ok(())
+    }
+
+    /// Whether `m`, reached through the `/proc` link `link`, is a file or a directory with
+    /// no name left that was under a grant. Directories too: one emptied and removed while
+    /// held keeps its blocks (a directory does not shrink with its entries). A path the
+    /// kernel cannot show (longer than a page: a directory buried below PATH_MAX after the
+    /// file was unlinked in it) cannot be told apart: it counts.
+    fn unlinked(&self, m: &std::fs::Metadata, link: &Path) -> bool {
+        (m.is_file() || m.is_dir())
+            && m.nlink() == 0
+            && self.devs.contains(&m.dev())
+            && std::fs::read_link(link).map_or_else(
+                |e| e.raw_os_error() != Some(libc::ENOENT),
+                |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
+            )
     }
 
     /// Whether an unlinked file, shown by the kernel as `shown` (its last path and
