@@ -110,6 +110,9 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     };
     // limits.processes for a guest that runs as host root: a pids cgroup (see pids_cgroup).
     let pids_cgroup = process::pids_cgroup::for_policy(policy);
+    if let (Some(acct), Some(Ok(cg))) = (&disk, &pids_cgroup) {
+        acct.borrow_mut().watch_cgroup(cg.procs());
+    }
     let spawned = match process::spawn(
         &plan,
         &targets,
@@ -170,12 +173,16 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
     };
     let outcome = supervise::supervise(spawned, pipes, policy, &cfg, sinks);
     drop(pids_cgroup); // the guest is reaped: its cgroup goes
+    let mut outcome = outcome;
+    if outcome.exec_confirmed {
+        // Once more, now that its cgroup is empty (see supervise::disk_at_end).
+        supervise::disk_at_end(&cfg, &mut outcome);
+    }
     crate::timing::mark("supervise (child set-up, exec, guest run, exit)");
     if let Some(result) = &outcome.result {
         let _ = stdout.write_all(result);
         let _ = stdout.flush();
     }
-    let mut outcome = outcome;
     if verdict::guest_failed(
         outcome.reaped.map(|r| r.status),
         outcome.guest_error.is_some(),

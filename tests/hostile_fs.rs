@@ -1083,3 +1083,411 @@ fn limits_disk_refuses_descriptors_sent_in_messages_without_a_listener() {
         "every send refused with EPERM",
     );
 }
+
+// ---- limits.disk, a hostile-guest pass (issue 16, "Done when") --------------------------------
+
+#[test]
+fn limits_disk_counts_unlinked_files_whose_path_the_kernel_cannot_show() {
+    // 14 files of 12 MiB, each unlinked while a read-only descriptor holds it, then its
+    // directory moved below PATH_MAX: the kernel cannot show the descriptor's path
+    // (readlink fails with ENAMETOOLONG), which the account took as "not the guest's";
+    // 168 MiB stayed allocated while the run was ok.
+    let scratch = Scratch::new("disk-unlinked-deep");
+    let (policy, out) = disk_limited(&scratch);
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'd' * 250\na = root + '/a'\nos.mkdir(a)\n\
+         for i in range(15):\n    a += '/' + n\n    os.mkdir(a)\n\
+         held = []\n\
+         for i in range(14):\n    b = root + '/b%d' % i\n    os.makedirs(b + '/' + n + '/' + n)\n    \
+         d = os.open(b + '/' + n + '/' + n, os.O_RDONLY | os.O_DIRECTORY)\n    \
+         fd = os.open('f', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=d)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    os.close(fd)\n    \
+         held.append(os.open('f', os.O_RDONLY, dir_fd=d))\n    \
+         os.unlink('f', dir_fd=d)\n    os.close(d)\n    os.rename(b, a + '/b%d' % i)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(policy.to_str().unwrap(), &["--rw", &s(&out)], &code);
+    assert_disk_limit(&o, "168 MiB unlinked below PATH_MAX");
+}
+
+/// A thread started without CLONE_FILES (a descriptor table of its own) writes 14 files of
+/// 12 MiB under `argv[1]`, unlinks each and keeps them open; the program says `held`, waits
+/// 2 s, says `done`.
+const OWN_TABLE_THREAD_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static const char *root;
+static volatile int ready;
+static char buf[1 << 20];
+static int thread(void *arg) {
+    char p[4096];
+    (void)arg;
+    memset(buf, 'x', sizeof buf);
+    for (int i = 0; i < 14; i++) {
+        snprintf(p, sizeof p, "%s/f%d", root, i);
+        int fd = open(p, O_RDWR | O_CREAT, 0600);
+        if (fd < 0) { perror("open"); break; }
+        for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) perror("write");
+        unlink(p);
+    }
+    ready = 1;
+    for (;;) pause();
+}
+int main(int argc, char **argv) {
+    root = argv[1];
+    char *stack = malloc(1 << 20);
+    if (clone(thread, stack + (1 << 20),
+              CLONE_VM | CLONE_FS | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, NULL) < 0) {
+        perror("clone");
+        return 1;
+    }
+    while (!ready) usleep(1000);
+    printf("held\n"); fflush(stdout);
+    sleep(2);
+    printf("done\n"); fflush(stdout);
+    exit(0);
+}
+"#;
+
+#[test]
+fn limits_disk_counts_files_held_by_a_thread_with_its_own_descriptor_table() {
+    // A thread made without CLONE_FILES holds 168 MiB of unlinked files in a descriptor table
+    // that /proc/PID/fd (the leader's) does not show: the run was ok.
+    let scratch = Scratch::new("disk-own-table");
+    let o = c_under_disk_limit_with_threads(&scratch, OWN_TABLE_THREAD_C);
+    assert_disk_limit(&o, "168 MiB held by a thread's own descriptor table");
+}
+
+/// Without a PID namespace: a child of the guest outlives it, holding the guest's stdout so
+/// that wfjail drains, and an empty file `big` in the grant. Once the guest is gone it bumps
+/// the mtime of `Z` (2,000 empty files, walked after the grant's own entries), closes its
+/// streams, waits until wfjail's last walk has read `Z` (its atime passes its mtime), then
+/// allocates 48 MiB to `big`, which that walk has already passed.
+const OUTLIVING_CHILD_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    const char *root = argv[1];
+    char z[4096], p[4096];
+    snprintf(z, sizeof z, "%s/Z", root);
+    if (mkdir(z, 0700) < 0) { perror("mkdir"); return 1; }
+    for (int i = 0; i < 2000; i++) {
+        snprintf(p, sizeof p, "%s/f%d", z, i);
+        int f = open(p, O_WRONLY | O_CREAT, 0600);
+        if (f < 0) { perror("create"); return 1; }
+        close(f);
+    }
+    snprintf(p, sizeof p, "%s/big", root);
+    int big = open(p, O_WRONLY | O_CREAT, 0600);
+    int zfd = open(z, O_RDONLY | O_DIRECTORY);
+    int pp[2];
+    if (big < 0 || zfd < 0 || pipe(pp) < 0) { perror("open"); return 1; }
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); return 1; }
+    if (pid == 0) {
+        char c;
+        close(pp[1]);
+        while (read(pp[0], &c, 1) > 0) {}
+        snprintf(p, sizeof p, "%s/t", z);
+        close(open(p, O_WRONLY | O_CREAT, 0600));
+        unlink(p);
+        close(0); close(1); close(2);
+        struct stat st;
+        for (;;) {
+            if (fstat(zfd, &st) < 0) _exit(1);
+            if (st.st_atim.tv_sec > st.st_mtim.tv_sec ||
+                (st.st_atim.tv_sec == st.st_mtim.tv_sec &&
+                 st.st_atim.tv_nsec >= st.st_mtim.tv_nsec)) break;
+        }
+        fallocate(big, 0, 0, 48 << 20);
+        _exit(0);
+    }
+    close(pp[0]);
+    printf("done\n");
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[test]
+fn limits_disk_judges_after_what_the_guest_started_is_gone() {
+    // Without a PID namespace, what the guest started lives on until its pids cgroup is
+    // emptied, after the check at the guest's exit: a child allocated 48 MiB right after
+    // that check had walked past its file, and the run was ok with 48 MiB left under 16 MiB.
+    let scratch = Scratch::new("disk-outliving");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin_dir = scratch.path("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let src = scratch.write("outliving.c", OUTLIVING_CHILD_C);
+    let bin = bin_dir.join("outliving");
+    let cc = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let policy = scratch.write(
+        "disk-fork-nopid.toml",
+        "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
+         [limits]\nprocesses = 16\ndisk = \"16MiB\"\n[namespaces]\npid = false\nmount = false\n",
+    );
+    let o = common::wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--rw",
+        &s(&out),
+        "--ro",
+        &s(&bin_dir),
+        "--raw",
+        "--timeout",
+        "60s",
+        "--",
+        bin.to_str().unwrap(),
+        &s(&out),
+    ]);
+    o.check(
+        o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
+        "48 MiB allocated after the guest's exit: status limit, limit disk, exit 5",
+    );
+}
+
+/// A thread maps 14 files of 12 MiB under `argv[1]` by one shared page each, closes and
+/// unlinks them, while the thread-group leader has left (`SYS_exit`): the process lives on
+/// in the thread, says `done` after 2 s.
+const LEADER_GONE_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static const char *root;
+static char buf[1 << 20];
+static void *holder(void *arg) {
+    char p[4096];
+    (void)arg;
+    memset(buf, 'x', sizeof buf);
+    usleep(100000);
+    for (int i = 0; i < 14; i++) {
+        snprintf(p, sizeof p, "%s/m%d", root, i);
+        int fd = open(p, O_RDWR | O_CREAT, 0600);
+        if (fd < 0) { perror("open"); exit(1); }
+        for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) perror("write");
+        if (mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) { perror("mmap"); exit(1); }
+        close(fd);
+        unlink(p);
+    }
+    sleep(2);
+    printf("done\n"); fflush(stdout);
+    exit(0);
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    root = argv[1];
+    if (pthread_create(&t, NULL, holder, NULL)) { perror("pthread_create"); return 1; }
+    syscall(SYS_exit, 0);
+    return 0;
+}
+"#;
+
+/// `program` (C) compiled by `cc` into `scratch`, run under `disk = "16MiB"` with threads
+/// allowed, `--rw` of a fresh directory (its one argument).
+fn c_under_disk_limit_with_threads(scratch: &Scratch, program: &str) -> Outcome {
+    c_under_disk_limit(scratch, program, "[process]\nthreads = \"allow\"\n")
+}
+
+/// `program` (C) compiled by `cc` into `scratch`, run under `disk = "16MiB"`,
+/// `processes = 16` and `more` (TOML tables), `--rw` of a fresh directory (its one
+/// argument).
+fn c_under_disk_limit(scratch: &Scratch, program: &str, more: &str) -> Outcome {
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin_dir = scratch.path("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let src = scratch.write("guest.c", program);
+    let bin = bin_dir.join("guest");
+    let cc = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let policy = scratch.write(
+        "disk.toml",
+        &format!("extends = \"default\"\n{more}[limits]\nprocesses = 16\ndisk = \"16MiB\"\n"),
+    );
+    common::wfjail(&[
+        "run",
+        "-p",
+        policy.to_str().unwrap(),
+        "--rw",
+        &s(&out),
+        "--ro",
+        &s(&bin_dir),
+        "--raw",
+        "--",
+        bin.to_str().unwrap(),
+        &s(&out),
+    ])
+}
+
+#[test]
+fn limits_disk_counts_mappings_of_a_process_whose_leader_has_left() {
+    // The thread-group leader exits alone: /proc/PID/maps (and map_files) then show nothing,
+    // while its thread keeps 168 MiB of unlinked files mapped; the run was ok.
+    let scratch = Scratch::new("disk-leader-gone");
+    let o = c_under_disk_limit_with_threads(&scratch, LEADER_GONE_C);
+    assert_disk_limit(&o, "168 MiB mapped by a thread whose leader has left");
+}
+
+/// Without a PID namespace: the guest's child starts a grandchild and exits; the grandchild,
+/// no longer the guest's descendant, writes 14 files of 12 MiB, unlinks them and keeps them
+/// open; the guest says `done` after 2 s.
+const ORPHAN_HOLDS_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static char buf[1 << 20];
+int main(int argc, char **argv) {
+    char p[4096];
+    if (fork() == 0) {
+        if (fork() == 0) {
+            close(0); close(1); close(2);
+            usleep(200000);
+            memset(buf, 'x', sizeof buf);
+            for (int i = 0; i < 14; i++) {
+                snprintf(p, sizeof p, "%s/o%d", argv[1], i);
+                int fd = open(p, O_RDWR | O_CREAT, 0600);
+                if (fd < 0) _exit(1);
+                for (int j = 0; j < 12; j++) if (write(fd, buf, sizeof buf) < 0) _exit(1);
+                unlink(p);
+            }
+            sleep(5);
+            _exit(0);
+        }
+        _exit(0);
+    }
+    sleep(2);
+    printf("done\n");
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[test]
+fn limits_disk_counts_files_held_by_an_orphan_of_the_guest() {
+    // Without a PID namespace, a process whose parent exited is adopted outside the guest's
+    // tree (/proc/PID/task/*/children no longer leads to it); it held 168 MiB of unlinked
+    // files while the run was ok. Its pids cgroup still lists it.
+    let scratch = Scratch::new("disk-orphan");
+    let o = c_under_disk_limit(
+        &scratch,
+        ORPHAN_HOLDS_C,
+        "[process]\nsubprocess = \"allow\"\n[namespaces]\npid = false\nmount = false\n",
+    );
+    assert_disk_limit(&o, "168 MiB held by an orphan");
+}
+
+#[test]
+fn an_unprivileged_wfjail_refuses_a_guest_that_hides_its_descriptors() {
+    // A guest that makes itself not dumpable (prctl PR_SET_DUMPABLE 0) makes its /proc
+    // files root's: wfjail as nobody can read neither its descriptors nor its mappings, and
+    // took that as "nothing held" while 168 MiB of unlinked files were held open.
+    let o = disk_limited_as_nobody(
+        "disk-undumpable-nobody",
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         assert libc.prctl(4, 0, 0, 0, 0) == 0, ctypes.get_errno()\nheld = []\n\
+         for i in range(14):\n    p = '{0}/u%d' % i\n    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)\n    \
+         os.write(fd, b'x' * (12 << 20))\n    os.unlink(p)\n    held.append(fd)\n\
+         time.sleep(1)\nprint('done')\n",
+    );
+    assert_disk_limit(&o, "168 MiB held by a guest that is not dumpable");
+    o.check(
+        o.error_says("not dumpable"),
+        "the report says why wfjail could not judge",
+    );
+}
+
+#[test]
+fn limits_disk_counts_removed_directories_held_open() {
+    // A directory keeps the blocks its entries took when they go (2,500 names of 245 bytes:
+    // ~0.9 MiB); emptied, opened and removed, it kept them, held by the descriptor alone,
+    // which the account skipped (not a regular file): three held 2.7 MiB under 1 MiB, ok.
+    let scratch = Scratch::new("disk-held-dirs");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"1MiB\"\n",
+    );
+    let code = format!(
+        "import os, time\nroot = '{}'\nheld = []\nn = 'n' * 240\n\
+         for k in range(3):\n    d = root + '/d%d' % k\n    os.mkdir(d)\n    \
+         for i in range(2500):\n        os.close(os.open('%s/%s%05d' % (d, n, i), os.O_WRONLY | os.O_CREAT, 0o600))\n    \
+         for i in range(2500):\n        os.unlink('%s/%s%05d' % (d, n, i))\n    \
+         held.append(os.open(d, os.O_RDONLY | os.O_DIRECTORY))\n    os.rmdir(d)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out), "--timeout", "120s"],
+        &code,
+    );
+    assert_disk_limit(&o, "removed directories held open");
+}
+
+#[test]
+fn limits_disk_counts_a_removed_working_directory() {
+    // The same as a directory held by a descriptor, held by the working directory alone
+    // (chdir, then rmdir): 0.9 MiB out of sight, beside 0.9 MiB in sight, under 1 MiB: ok.
+    let scratch = Scratch::new("disk-held-cwd");
+    let out = scratch.path("out");
+    std::fs::create_dir(&out).unwrap();
+    let policy = scratch.write(
+        "disk.toml",
+        "extends = \"default\"\n[limits]\ndisk = \"1MiB\"\n",
+    );
+    let code = format!(
+        "import os, time\nroot = '{}'\nn = 'n' * 240\n\
+         for k in range(2):\n    d = root + '/d%d' % k\n    os.mkdir(d)\n    \
+         for i in range(2500):\n        os.close(os.open('%s/%s%05d' % (d, n, i), os.O_WRONLY | os.O_CREAT, 0o600))\n    \
+         if k == 0:\n        for i in range(2500):\n            os.unlink('%s/%s%05d' % (d, n, i))\n        \
+         os.chdir(d)\n        os.rmdir(d)\n\
+         time.sleep(1)\nprint('done')\n",
+        s(&out)
+    );
+    let o = py(
+        policy.to_str().unwrap(),
+        &["--rw", &s(&out), "--timeout", "120s"],
+        &code,
+    );
+    assert_disk_limit(&o, "a removed working directory");
+}

@@ -170,6 +170,11 @@ impl PidsCgroup {
         Ok(out)
     }
 
+    /// Its `cgroup.procs`: the guest and everything it started, wherever their parents went.
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
     /// Bounds the tasks of the cgroup (the guest and everything it starts) to `max`.
     pub fn limit(&self, max: u64) -> Result<(), CgroupError> {
         write(&self.dir.join("pids.max"), &max.to_string())

@@ -7,10 +7,11 @@
 //!   with directory descriptors (`openat`/`fstatat` relative to the directory, never a path
 //!   from the root, so depth is no hiding place), without following symbolic links or
 //!   crossing into other file systems;
-//! * the files the guest (and the processes it started) holds that the walk does not find:
-//!   open for writing, or unlinked (no name left) on a grant's file system and held by a
-//!   descriptor or only by a mapping (`/proc/PID/maps`, measured through
-//!   `/proc/PID/map_files`).
+//! * the files the guest (and the processes it started, and those of its pids cgroup) holds
+//!   that the walk does not find: open for writing, or unlinked (no name left) on a grant's file system and held by a
+//!   descriptor (in any thread's table: `/proc/TID/fd`) or only by a mapping
+//!   (`/proc/TID/maps` of a thread that still has the address space, measured through
+//!   `/proc/TID/map_files`).
 //!
 //! Sampled while the guest runs (at least every [`SAMPLE_EVERY`], less often when walks are
 //! slow); over the limit, the guest is killed and the status is `limit`, limit `disk`. A
@@ -69,6 +70,21 @@ pub enum DiskError {
         "the guest maps an unlinked file on a write grant's file system that wfjail may not measure ({0}): limits.disk cannot account it; run wfjail with CAP_CHECKPOINT_RESTORE, or do not keep unlinked files mapped"
     )]
     Unmeasurable(Errno),
+    #[error(
+        "the descriptors or mappings of a process of the guest cannot be read ({0}; a guest that made itself not dumpable makes them root's): limits.disk cannot account what it holds; run wfjail as root"
+    )]
+    Hidden(Errno),
+}
+
+/// An error reading a process's `/proc` files: `None` when the process or thread is gone,
+/// else that they are hidden from wfjail ("cannot judge").
+fn hidden(e: &std::io::Error) -> Option<DiskError> {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ESRCH) => None,
+        errno => Some(DiskError::Hidden(Errno::from_raw(
+            errno.unwrap_or(libc::EIO),
+        ))),
+    }
 }
 
 /// Blocks and entries seen by one walk.
@@ -223,24 +239,52 @@ impl Walk {
     /// Adds what `pid` holds that the walk did not find: files open for writing, and unlinked
     /// files on a grant's file system held by a descriptor or a mapping.
     fn held_by(&mut self, pid: i32) -> Result<(), DiskError> {
-        if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        // Every thread's descriptor table: a thread started without CLONE_FILES has one of
+        // its own, which `/proc/PID/fd` (the leader's) does not show.
+        let tasks = tasks(pid);
+        for task in &tasks {
+            let fds = match std::fs::read_dir(format!("{task}/fd")) {
+                Ok(fds) => fds,
+                Err(e) => match hidden(&e) {
+                    None => continue, // the thread is gone
+                    Some(err) => return Err(err),
+                },
+            };
             for fd in fds.flatten() {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
                     continue; // closed meanwhile
                 };
-                if !m.is_file() {
-                    continue;
-                }
-                let unlinked = m.nlink() == 0
-                    && self.devs.contains(&m.dev())
-                    && std::fs::read_link(fd.path())
-                        .is_ok_and(|shown| self.was_granted(&shown.as_os_str().to_string_lossy()));
-                if unlinked || writable(pid, &fd.file_name()) {
+                if self.unlinked(&m, &fd.path()) || (m.is_file() && writable(task, &fd.file_name()))
+                {
                     self.add_meta(&m);
                 }
             }
+            // Its working directory holds a directory as a descriptor does.
+            let cwd = PathBuf::from(format!("{task}/cwd"));
+            if let Ok(m) = std::fs::metadata(&cwd)
+                && self.unlinked(&m, &cwd)
+            {
+                self.add_meta(&m);
+            }
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // The address space, the threads' in common, through one that still has it: a leader
+        // that has exited (its threads live on) shows no mappings.
+        let mut found = None;
+        for t in &tasks {
+            match std::fs::read_to_string(format!("{t}/maps")) {
+                Ok(m) if m.is_empty() => {}
+                Ok(m) => {
+                    found = Some((t, m));
+                    break;
+                }
+                Err(e) => {
+                    if let Some(err) = hidden(&e) {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        let Some((task, maps)) = found else {
             return Ok(()); // the process is gone
         };
         for line in maps.lines() {
@@ -254,7 +298,7 @@ impl Walk {
             {
                 continue;
             }
-            match std::fs::metadata(format!("/proc/{pid}/map_files/{}", m.range)) {
+            match std::fs::metadata(format!("{task}/map_files/{}", m.range)) {
                 Ok(meta) if meta.is_file() && meta.nlink() == 0 => self.add_meta(&meta),
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // unmapped meanwhile
@@ -265,6 +309,21 @@ impl Walk {
             }
         }
         Ok(())
+    }
+
+    /// Whether `m`, reached through the `/proc` link `link`, is a file or a directory with
+    /// no name left that was under a grant. Directories too: one emptied and removed while
+    /// held keeps its blocks (a directory does not shrink with its entries). A path the
+    /// kernel cannot show (longer than a page: a directory buried below PATH_MAX after the
+    /// file was unlinked in it) cannot be told apart: it counts.
+    fn unlinked(&self, m: &std::fs::Metadata, link: &Path) -> bool {
+        (m.is_file() || m.is_dir())
+            && m.nlink() == 0
+            && self.devs.contains(&m.dev())
+            && std::fs::read_link(link).map_or_else(
+                |e| e.raw_os_error() != Some(libc::ENOENT),
+                |shown| self.was_granted(&shown.as_os_str().to_string_lossy()),
+            )
     }
 
     /// Whether an unlinked file, shown by the kernel as `shown` (its last path and
@@ -287,9 +346,26 @@ impl Walk {
     }
 }
 
-/// Whether descriptor `fd` of `pid` is open for writing.
-fn writable(pid: i32, fd: &std::ffi::OsStr) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy()))
+/// The `/proc` directories of `pid`'s threads, `/proc/TID` (each thread's own view, with
+/// `map_files`, which `/proc/PID/task/TID` lacks), the process's own when it has none left
+/// to list.
+fn tasks(pid: i32) -> Vec<String> {
+    let mut tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|t| format!("/proc/{}", t.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if tasks.is_empty() {
+        tasks.push(format!("/proc/{pid}"));
+    }
+    tasks
+}
+
+/// Whether descriptor `fd` in the `/proc` directory `task` is open for writing.
+fn writable(task: &str, fd: &std::ffi::OsStr) -> bool {
+    std::fs::read_to_string(format!("{task}/fdinfo/{}", fd.to_string_lossy()))
         .ok()
         .and_then(|info| {
             info.lines()
@@ -361,14 +437,25 @@ fn family(pid: i32) -> Vec<i32> {
 }
 
 /// Bytes under `grants`, plus what `pid` and its descendants hold that is not under them
-/// (unlinked, or renamed away); `None` for `pid`: the grants only.
-fn measure(grants: &[PathBuf], pid: Option<i32>) -> Result<u64, DiskError> {
+/// (unlinked, or renamed away); `None` for `pid`: the grants only. `procs`: the
+/// `cgroup.procs` of the guest's own cgroup, whose processes are the guest's too (without a
+/// PID namespace, one whose parent exited is no longer its descendant).
+fn measure(grants: &[PathBuf], pid: Option<i32>, procs: Option<&Path>) -> Result<u64, DiskError> {
     let mut walk = Walk::default();
     for g in grants {
         walk.visit(g)?;
     }
     if let Some(pid) = pid {
-        for p in family(pid) {
+        let mut all = family(pid);
+        if let Some(text) = procs.and_then(|p| std::fs::read_to_string(p).ok()) {
+            let me = std::process::id() as i32; // never wfjail's own files
+            for p in text.lines().filter_map(|l| l.trim().parse().ok()) {
+                if p != me && !all.contains(&p) && all.len() < MAX_PROCESSES {
+                    all.push(p);
+                }
+            }
+        }
+        for p in all {
             walk.held_by(p)?;
         }
     }
@@ -387,12 +474,14 @@ pub struct DiskAccount {
     pub peak: u64,
     /// Why a sample could not judge (the guest was then taken as over the limit).
     pub cannot_judge: Option<DiskError>,
+    /// The `cgroup.procs` of the guest's pids cgroup, when it has one.
+    procs: Option<PathBuf>,
 }
 
 impl DiskAccount {
     /// Takes the baseline before the guest starts.
     pub fn new(grants: Vec<PathBuf>, limit: u64) -> Result<Self, DiskError> {
-        let baseline = measure(&grants, None)?;
+        let baseline = measure(&grants, None, None)?;
         Ok(DiskAccount {
             grants,
             limit,
@@ -401,13 +490,20 @@ impl DiskAccount {
             interval: SAMPLE_EVERY,
             peak: 0,
             cannot_judge: None,
+            procs: None,
         })
+    }
+
+    /// Samples also read the processes listed in `procs`, the `cgroup.procs` of the guest's
+    /// pids cgroup: all of the guest's, wherever their parents went.
+    pub fn watch_cgroup(&mut self, procs: PathBuf) {
+        self.procs = Some(procs);
     }
 
     /// After the guest is gone: whether what it left under the grants is over the limit (a
     /// guest that wrote and exited between two samples).
     pub fn over_at_end(&mut self) -> bool {
-        let m = measure(&self.grants, None);
+        let m = measure(&self.grants, None, None);
         self.judge(m)
     }
 
@@ -437,7 +533,7 @@ impl DiskAccount {
             return false;
         }
         let started = Instant::now();
-        let m = measure(&self.grants, Some(pid));
+        let m = measure(&self.grants, Some(pid), self.procs.as_deref());
         let over = self.judge(m);
         self.interval = SAMPLE_EVERY.max(started.elapsed() * WALK_SHARE);
         self.next = Instant::now() + self.interval;

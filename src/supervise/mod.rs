@@ -448,6 +448,23 @@ enum Src {
 }
 
 /// Supervises `child` until it exits (and its output is drained).
+/// `limits.disk` after the guest is gone: what it left under its write grants. Run again by
+/// `wfjail run` once the guest's pids cgroup is emptied: without a PID namespace, a process
+/// the guest started outlives it until then, and can write after the check at its exit.
+pub fn disk_at_end(cfg: &Config, o: &mut Outcome) {
+    if let Some(acct) = &cfg.disk
+        && !o.disk_exceeded
+        && acct.borrow_mut().over_at_end()
+    {
+        o.disk_exceeded = true;
+        o.disk_error = acct
+            .borrow()
+            .cannot_judge
+            .as_ref()
+            .map(|e| format!("limits.disk: {e}"));
+    }
+}
+
 pub fn supervise(
     child: Spawned,
     pipes: GuestPipes,
@@ -921,17 +938,8 @@ pub fn supervise(
     o.reaped = sys::wait4(child.pid).ok();
     o.duration = child.started.elapsed();
     // A guest that wrote past limits.disk and exited between two samples.
-    if let Some(acct) = &cfg.disk
-        && !o.disk_exceeded
-        && startup.exec_confirmed()
-        && acct.borrow_mut().over_at_end()
-    {
-        o.disk_exceeded = true;
-        o.disk_error = acct
-            .borrow()
-            .cannot_judge
-            .as_ref()
-            .map(|e| format!("limits.disk: {e}"));
+    if startup.exec_confirmed() {
+        disk_at_end(cfg, &mut o);
     }
     if tail.len() > STDERR_TAIL {
         tail.drain(..tail.len() - STDERR_TAIL);
