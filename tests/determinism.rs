@@ -851,3 +851,62 @@ fn a_descriptors_times_are_the_workflow_time_for_pipes_devices_and_proc() {
         "a regular file keeps its own times",
     );
 }
+
+// Issue 16 red team (time): a session reading another process's CPU-time clock
+// (`clock_gettime` of a pid-encoded clockid, `clock_getcpuclockid(pid)`): the zygote's
+// (pid 1 of the namespace the sessions share) grows with every session it forked, and a
+// sibling's tells what the sibling does. Under `clock = "virtual"` only the caller's own
+// CPU clocks run; any other process's is EINVAL, as for a pid that does not exist.
+const FOREIGN_CPU_CLOCK: &str = r#"
+import json, os, time
+def own_ns_pid():
+    return int(os.readlink("/proc/self"))  # its pid in the namespace it shares
+def clock_of(pid):
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+def read(clockid):
+    try:
+        return time.clock_gettime_ns(clockid) > 0
+    except OSError as e:
+        return e.errno
+def foreign(req):
+    return json.dumps([read(clock_of(1)), read(clock_of(own_ns_pid())),
+                       read(time.CLOCK_PROCESS_CPUTIME_ID), read(time.CLOCK_THREAD_CPUTIME_ID),
+                       read(clock_of(0))]).encode()
+"#;
+
+const FOREIGN_WORKER: &str = r#"
+c = Client()
+with c.session(handler=MOD + ":foreign", seed=1, time_ns=1_000_000_000_000) as s:
+    print(s.call(b"a").decode())
+"#;
+
+#[test]
+fn a_session_reads_no_other_processes_cpu_clock() {
+    let (s, module) = serve_scratch(
+        "det-cpuclock",
+        "foreign",
+        FOREIGN_CPU_CLOCK,
+        "",
+        &[],
+        FOREIGN_WORKER,
+    );
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    out.check(
+        r[0] == libc::EINVAL,
+        &format!("the zygote's CPU clock (pid 1) is EINVAL ({r})"),
+    );
+    out.check(
+        r[1] == true && r[2] == true && r[3] == true && r[4] == true,
+        &format!("its own CPU clocks still run ({r})"),
+    );
+}

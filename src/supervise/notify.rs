@@ -275,6 +275,10 @@ fn decide(
             return Some((clock_answer(d.name, &n.args, mono), None));
         }
         if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+            // Another process's CPU clock: as if that pid did not exist (clock.rs).
+            if super::clock::foreign_cpu_clock(clockid, n.pid) {
+                return Some((Answer::Errno(libc::EINVAL), None));
+            }
             return Some((Answer::Continue, None));
         }
         return Some((clock_answer(d.name, &n.args, now), None));
