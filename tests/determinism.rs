@@ -910,3 +910,90 @@ fn a_session_reads_no_other_processes_cpu_clock() {
         &format!("its own CPU clocks still run ({r})"),
     );
 }
+
+const PID_PROBE: &str = r#"
+import ctypes, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *a):
+    a = [ctypes.c_long(x) for x in a]
+    r = libc.syscall(ctypes.c_long(nr), *a)
+    return r if r >= 0 else -ctypes.get_errno()
+buf = ctypes.create_string_buffer(256)
+addr = ctypes.addressof(buf)
+def probe(req):
+    me = int(os.readlink("/proc/self"))
+    P = 4194303
+    out = {}
+    for name, nr, args in [
+        ("kill_pinned", 62, (P, 0)), ("kill_neg_pinned", 62, (-P, 0)), ("kill_0", 62, (0, 0)),
+        ("kill_m1", 62, (-1, 0)), ("kill_1", 62, (1, 0)), ("kill_me", 62, (me, 0)),
+        ("kill_other", 62, (me + 1, 0)), ("tgkill_pinned", 234, (P, P, 0)), ("tkill_pinned", 200, (P, 0)),
+        ("tgkill_1", 234, (1, 1, 0)), ("tkill_1", 200, (1, 0)),
+        ("rt_sigqueueinfo_1", 129, (1, 0, addr)), ("rt_tgsigqueueinfo_1", 297, (1, 1, 0, addr)),
+        ("rt_sigqueueinfo_pinned", 129, (P, 0, addr)),
+        ("pidfd_open_1", 434, (1, 0)), ("pidfd_open_pinned", 434, (P, 0)),
+        ("process_vm_readv_1", 310, (1, addr, 1, addr, 1, 0)),
+        ("kcmp_1", 312, (1, me, 0, 0, 0)), ("setpriority_1", 141, (0, 1, 0)),
+        ("setpriority_pinned", 141, (0, P, 0)), ("getpriority_1", 140, (0, 1)),
+        ("sched_setaffinity_1", 203, (1, 8, addr)), ("sched_getaffinity_1", 204, (1, 8, addr)),
+        ("sched_getparam_1", 143, (1, addr)), ("sched_rr_get_interval_1", 148, (1, addr)),
+        ("prlimit64_1", 302, (1, 7, 0, addr)), ("prlimit64_pinned", 302, (P, 7, 0, addr)),
+        ("waitid_1", 247, (1, 1, addr, 4, 0)), ("ptrace_1", 101, (16, 1, 0, 0)),
+        ("getpgid_1", 121, (1,)), ("getsid_1", 124, (1,)), ("ioprio_get_1", 252, (1, 1)),
+        ("clock_getres_cpu_1", 229, (((~1) << 3) | 2, addr)),
+        ("clock_nanosleep_cpu_1", 230, (((~1) << 3) | 2, 1, addr, 0)),
+        ("timer_create_cpu_1", 222, (((~1) << 3) | 2, 0, addr)),
+    ]:
+        out[name] = sc(nr, *args)
+    return json.dumps(out).encode()
+"#;
+
+// Issue 16 red team (pids): a zygote session reaches only itself, by the pinned pid or its
+// real one; every other way to a pid (the zygote's 1, a sibling's, a process group, -1) is
+// refused by the filter or the router.
+#[test]
+fn a_session_reaches_only_itself_by_any_pid() {
+    let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
+    let (s, module) = serve_scratch("det-pids", "probe", PID_PROBE, "", &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    for own in ["kill_pinned", "kill_me", "tgkill_pinned", "tkill_pinned"] {
+        out.check(r[own] == 0, &format!("{own}: itself ({r})"));
+    }
+    for other in [
+        "kill_neg_pinned",
+        "kill_0",
+        "kill_m1",
+        "kill_1",
+        "kill_other",
+        "tgkill_1",
+        "tkill_1",
+        "rt_sigqueueinfo_1",
+        "rt_tgsigqueueinfo_1",
+        "rt_sigqueueinfo_pinned",
+        "pidfd_open_1",
+        "pidfd_open_pinned",
+        "process_vm_readv_1",
+        "kcmp_1",
+        "setpriority_1",
+        "setpriority_pinned",
+        "sched_setaffinity_1",
+        "prlimit64_1",
+        "prlimit64_pinned",
+        "ptrace_1",
+        "clock_nanosleep_cpu_1",
+        "timer_create_cpu_1",
+    ] {
+        out.check(r[other] == -libc::EPERM, &format!("{other}: refused ({r})"));
+    }
+}
