@@ -656,6 +656,10 @@ impl Zygote {
                 // give up on it for the life of the process.
                 let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
                 if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
+                    if check == Some(Check::Seeded) && !notify::getrandom_flags_valid(n.args[2]) {
+                        notify::refuse(listener.as_fd(), &n, libc::EINVAL);
+                        continue;
+                    }
                     if check == Some(Check::Seeded) {
                         let bytes =
                             crate::supervise::entropy::Entropy::new(0).take(n.args[1] as usize);
