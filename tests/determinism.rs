@@ -997,3 +997,35 @@ fn a_session_reaches_only_itself_by_any_pid() {
         out.check(r[other] == -libc::EPERM, &format!("{other}: refused ({r})"));
     }
 }
+
+// Issue 16 red team (router): a signal a session sends to its own real pid is let through by
+// the router without a look at the session's notification budget; a loop of them must be
+// stopped like any other flood (`limit`, `notifications`), not take the router's time from
+// its siblings.
+const KILL_FLOOD: &str = r#"
+import os
+def flood(req):
+    me = int(os.readlink("/proc/self"))
+    for _ in range(400_000):
+        os.kill(me, 0)
+    return b"returned"
+"#;
+
+#[test]
+fn a_session_signalling_itself_in_a_loop_is_stopped_by_its_budget() {
+    let worker = "c = Client()\ntry:\n    with c.session(handler=MOD + \":flood\", seed=1, time_ns=1_000_000_000_000, timeout=\"200s\") as s:\n        print(s.call(b\"a\").decode())\nexcept SessionFailed as e:\n    print(e.report[\"status\"], e.report.get(\"limit\"))\n";
+    let (s, module) = serve_scratch("det-killflood", "flood", KILL_FLOOD, "", &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(
+        out.stdout.trim() == "limit notifications",
+        "the flood ends limit, notifications",
+    );
+}

@@ -602,6 +602,18 @@ impl Zygote {
                 && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
                 && ns_pid_of(n.pid) == Some(n.args[0] as i32)
             {
+                // A session's signal to itself costs the router like any answer: a loop of
+                // them is a flood its budget stops (the zygote and spares have none).
+                if let Some(session) = self.session_for(n.pid)
+                    && !session.budget.lock().unwrap().take()
+                {
+                    notify::over_budget(listener.as_fd(), &n, || {
+                        // The task waits on this notification: its pid cannot have been reused.
+                        let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+                    });
+                    session.mark_killed();
+                    continue;
+                }
                 notify::allow(listener.as_fd(), &n);
                 continue;
             }
