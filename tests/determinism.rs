@@ -1029,3 +1029,65 @@ fn a_session_signalling_itself_in_a_loop_is_stopped_by_its_budget() {
         "the flood ends limit, notifications",
     );
 }
+
+const THREAD_PROBE: &str = r#"
+import json, os, threading, time
+def probe(req):
+    got = {}
+    def t():
+        got["time"] = time.time()
+        got["mono"] = time.monotonic()
+        got["pid"] = os.getpid()
+        got["rand"] = os.urandom(4).hex()
+    th = threading.Thread(target=t); th.start(); th.join()
+    got["main_time"] = time.time()
+    return json.dumps(got).encode()
+"#;
+
+// Issue 16 red team (router): a zygote session's thread is the session's. The router found a
+// session by the caller's pid in the namespace, which for a thread is its own id: a thread of
+// a session (a policy allowing threads) was taken for a spare and read the host's real clock,
+// its real monotonic clock and pid, and seed 0's randomness.
+#[test]
+fn a_sessions_thread_reads_the_sessions_time_pid_and_seed() {
+    let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
+    let threads = "[process]\nthreads = \"allow\"\n[limits]\nprocesses = 16\n";
+    let (s, module) = serve_scratch("det-thread", "probe", THREAD_PROBE, threads, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    out.check(lines.len() == 2, "two sessions answered");
+    let r = &lines[0];
+    out.check(
+        r["time"] == 1000.0,
+        &format!("the thread's time.time() is the workflow time ({r})"),
+    );
+    out.check(
+        r["mono"].as_f64().unwrap() < 1001.0,
+        &format!("its monotonic clock is the session's virtual one ({r})"),
+    );
+    out.check(
+        r["pid"] == 4_194_303,
+        &format!("its pid is the pinned one ({r})"),
+    );
+    // (How many monotonic reads come before the thread's depends on how the threads were
+    // scheduled: its value may differ by a few ticks.)
+    for key in ["time", "pid", "rand", "main_time"] {
+        out.check(
+            lines[0][key] == lines[1][key],
+            &format!("{key}: the same in two sessions of the same seed"),
+        );
+    }
+}

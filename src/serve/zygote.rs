@@ -567,7 +567,8 @@ impl Zygote {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
         }
-        let ns = ns_pid_of(pid)?;
+        // A session's thread is its process's: the process id (`NStgid`), not the thread's.
+        let ns = ns_tgid_of(pid)?;
         let s = self.by_ns_pid.lock().unwrap().get(&ns).cloned()?;
         self.by_pid.lock().unwrap().insert(pid, s.clone());
         Some(s)
@@ -600,7 +601,8 @@ impl Zygote {
             // Signals: each process may signal itself only (its pid in the namespace).
             if matches!(name, "kill" | "tkill" | "tgkill")
                 && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                && ns_pid_of(n.pid) == Some(n.args[0] as i32)
+                && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
+                    || ns_tgid_of(n.pid) == Some(n.args[0] as i32))
             {
                 // A session's signal to itself costs the router like any answer: a loop of
                 // them is a flood its budget stops (the zygote and spares have none).
@@ -830,6 +832,13 @@ pub const SESSION_PID: i32 = 4_194_303;
 fn ns_pid_of(pid: u32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// The process id (thread group) of global task `tid` in its own PID namespace.
+fn ns_tgid_of(tid: u32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NStgid:"))?;
     line.split_whitespace().last()?.parse().ok()
 }
 
