@@ -1091,3 +1091,57 @@ fn a_sessions_thread_reads_the_sessions_time_pid_and_seed() {
         );
     }
 }
+
+const FORK_PROBE: &str = r#"
+import json, os, time
+def probe(req):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps([time.time(), time.monotonic(), os.getpid(), os.urandom(4).hex()]).encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1000)
+    os.waitpid(pid, 0)
+    return got
+"#;
+
+// Issue 16 red team (router): a process a zygote session forked (a policy allowing
+// subprocesses) is the session's. The router knew only the session's own process: the child
+// was taken for a spare and read the host's real clock, real monotonic clock and pid, and
+// seed 0's randomness.
+#[test]
+fn a_sessions_child_reads_the_sessions_time_and_seed() {
+    let worker = "c = Client()\nfor _ in range(2):\n    with c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n        print(s.call(b\"a\").decode())\n";
+    let extra = "[process]\nsubprocess = \"allow\"\n[limits]\nprocesses = 16\n";
+    let (s, module) = serve_scratch("det-child", "probe", FORK_PROBE, extra, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    out.check(lines.len() == 2, "two sessions answered");
+    let r = &lines[0];
+    out.check(
+        r[0] == 1000.0,
+        &format!("the child's time.time() is the workflow time ({r})"),
+    );
+    out.check(
+        r[1].as_f64().unwrap() < 1001.0,
+        &format!("its monotonic clock is the session's virtual one ({r})"),
+    );
+    out.check(
+        r[3] == lines[1][3],
+        &format!("its randomness is the session's seed's ({r} {})", lines[1]),
+    );
+}

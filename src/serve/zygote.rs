@@ -567,11 +567,22 @@ impl Zygote {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
         }
-        // A session's thread is its process's: the process id (`NStgid`), not the thread's.
-        let ns = ns_tgid_of(pid)?;
-        let s = self.by_ns_pid.lock().unwrap().get(&ns).cloned()?;
-        self.by_pid.lock().unwrap().insert(pid, s.clone());
-        Some(s)
+        // A session's thread is its process's: the process id (`NStgid`), not the thread's;
+        // and a process a session forked (a policy allowing subprocesses) is the session's:
+        // up its parents until a session's process, or the zygote.
+        let mut task = pid;
+        for _ in 0..MAX_SESSION_DEPTH {
+            let (ns, parent) = ns_tgid_and_parent(task)?;
+            if let Some(s) = self.by_ns_pid.lock().unwrap().get(&ns).cloned() {
+                self.by_pid.lock().unwrap().insert(pid, s.clone());
+                return Some(s);
+            }
+            if parent == self.pid as u32 || parent <= 1 {
+                return None;
+            }
+            task = parent;
+        }
+        None
     }
 
     fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
@@ -835,11 +846,29 @@ fn ns_pid_of(pid: u32) -> Option<i32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
+/// How many parents up from a caller a session's process is looked for (a session's
+/// processes are bounded by `limits.processes`; a deeper chain is no session's).
+const MAX_SESSION_DEPTH: usize = 64;
+
 /// The process id (thread group) of global task `tid` in its own PID namespace.
 fn ns_tgid_of(tid: u32) -> Option<i32> {
+    ns_tgid_and_parent(tid).map(|(ns, _)| ns)
+}
+
+/// The process id of global task `tid` in its own PID namespace (`NStgid`), and the global
+/// pid of its parent process (`PPid`).
+fn ns_tgid_and_parent(tid: u32) -> Option<(i32, u32)> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NStgid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+    let field = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))?
+            .split_whitespace()
+            .last()?
+            .parse::<i64>()
+            .ok()
+    };
+    Some((field("NStgid:")? as i32, field("PPid:")? as u32))
 }
 
 /// "exit 1", "killed by SIGKILL".
