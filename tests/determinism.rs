@@ -851,3 +851,297 @@ fn a_descriptors_times_are_the_workflow_time_for_pipes_devices_and_proc() {
         "a regular file keeps its own times",
     );
 }
+
+// Issue 16 red team (time): a session reading another process's CPU-time clock
+// (`clock_gettime` of a pid-encoded clockid, `clock_getcpuclockid(pid)`): the zygote's
+// (pid 1 of the namespace the sessions share) grows with every session it forked, and a
+// sibling's tells what the sibling does. Under `clock = "virtual"` only the caller's own
+// CPU clocks run; any other process's is EINVAL, as for a pid that does not exist.
+const FOREIGN_CPU_CLOCK: &str = r#"
+import json, os, time
+def own_ns_pid():
+    return int(os.readlink("/proc/self"))  # its pid in the namespace it shares
+def clock_of(pid):
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+def read(clockid):
+    try:
+        return time.clock_gettime_ns(clockid) > 0
+    except OSError as e:
+        return e.errno
+def foreign(req):
+    return json.dumps([read(clock_of(1)), read(clock_of(own_ns_pid())),
+                       read(time.CLOCK_PROCESS_CPUTIME_ID), read(time.CLOCK_THREAD_CPUTIME_ID),
+                       read(clock_of(0))]).encode()
+"#;
+
+const FOREIGN_WORKER: &str = r#"
+c = Client()
+with c.session(handler=MOD + ":foreign", seed=1, time_ns=1_000_000_000_000) as s:
+    print(s.call(b"a").decode())
+"#;
+
+#[test]
+fn a_session_reads_no_other_processes_cpu_clock() {
+    let (s, module) = serve_scratch(
+        "det-cpuclock",
+        "foreign",
+        FOREIGN_CPU_CLOCK,
+        "",
+        &[],
+        FOREIGN_WORKER,
+    );
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    out.check(
+        r[0] == libc::EINVAL,
+        &format!("the zygote's CPU clock (pid 1) is EINVAL ({r})"),
+    );
+    out.check(
+        r[1] == true && r[2] == true && r[3] == true && r[4] == true,
+        &format!("its own CPU clocks still run ({r})"),
+    );
+}
+
+const PID_PROBE: &str = r#"
+import ctypes, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *a):
+    a = [ctypes.c_long(x) for x in a]
+    r = libc.syscall(ctypes.c_long(nr), *a)
+    return r if r >= 0 else -ctypes.get_errno()
+buf = ctypes.create_string_buffer(256)
+addr = ctypes.addressof(buf)
+def probe(req):
+    me = int(os.readlink("/proc/self"))
+    P = 4194303
+    out = {}
+    for name, nr, args in [
+        ("kill_pinned", 62, (P, 0)), ("kill_neg_pinned", 62, (-P, 0)), ("kill_0", 62, (0, 0)),
+        ("kill_m1", 62, (-1, 0)), ("kill_1", 62, (1, 0)), ("kill_me", 62, (me, 0)),
+        ("kill_other", 62, (me + 1, 0)), ("tgkill_pinned", 234, (P, P, 0)), ("tkill_pinned", 200, (P, 0)),
+        ("tgkill_1", 234, (1, 1, 0)), ("tkill_1", 200, (1, 0)),
+        ("rt_sigqueueinfo_1", 129, (1, 0, addr)), ("rt_tgsigqueueinfo_1", 297, (1, 1, 0, addr)),
+        ("rt_sigqueueinfo_pinned", 129, (P, 0, addr)),
+        ("pidfd_open_1", 434, (1, 0)), ("pidfd_open_pinned", 434, (P, 0)),
+        ("process_vm_readv_1", 310, (1, addr, 1, addr, 1, 0)),
+        ("kcmp_1", 312, (1, me, 0, 0, 0)), ("setpriority_1", 141, (0, 1, 0)),
+        ("setpriority_pinned", 141, (0, P, 0)), ("getpriority_1", 140, (0, 1)),
+        ("sched_setaffinity_1", 203, (1, 8, addr)), ("sched_getaffinity_1", 204, (1, 8, addr)),
+        ("sched_getparam_1", 143, (1, addr)), ("sched_rr_get_interval_1", 148, (1, addr)),
+        ("prlimit64_1", 302, (1, 7, 0, addr)), ("prlimit64_pinned", 302, (P, 7, 0, addr)),
+        ("waitid_1", 247, (1, 1, addr, 4, 0)), ("ptrace_1", 101, (16, 1, 0, 0)),
+        ("getpgid_1", 121, (1,)), ("getsid_1", 124, (1,)), ("ioprio_get_1", 252, (1, 1)),
+        ("clock_getres_cpu_1", 229, (((~1) << 3) | 2, addr)),
+        ("clock_nanosleep_cpu_1", 230, (((~1) << 3) | 2, 1, addr, 0)),
+        ("timer_create_cpu_1", 222, (((~1) << 3) | 2, 0, addr)),
+    ]:
+        out[name] = sc(nr, *args)
+    return json.dumps(out).encode()
+"#;
+
+// Issue 16 red team (pids): a zygote session reaches only itself, by the pinned pid or its
+// real one; every other way to a pid (the zygote's 1, a sibling's, a process group, -1) is
+// refused by the filter or the router.
+#[test]
+fn a_session_reaches_only_itself_by_any_pid() {
+    let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
+    let (s, module) = serve_scratch("det-pids", "probe", PID_PROBE, "", &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    for own in ["kill_pinned", "kill_me", "tgkill_pinned", "tkill_pinned"] {
+        out.check(r[own] == 0, &format!("{own}: itself ({r})"));
+    }
+    for other in [
+        "kill_neg_pinned",
+        "kill_0",
+        "kill_m1",
+        "kill_1",
+        "kill_other",
+        "tgkill_1",
+        "tkill_1",
+        "rt_sigqueueinfo_1",
+        "rt_tgsigqueueinfo_1",
+        "rt_sigqueueinfo_pinned",
+        "pidfd_open_1",
+        "pidfd_open_pinned",
+        "process_vm_readv_1",
+        "kcmp_1",
+        "setpriority_1",
+        "setpriority_pinned",
+        "sched_setaffinity_1",
+        "prlimit64_1",
+        "prlimit64_pinned",
+        "ptrace_1",
+        "clock_nanosleep_cpu_1",
+        "timer_create_cpu_1",
+    ] {
+        out.check(r[other] == -libc::EPERM, &format!("{other}: refused ({r})"));
+    }
+}
+
+// Issue 16 red team (router): a signal a session sends to its own real pid is let through by
+// the router without a look at the session's notification budget; a loop of them must be
+// stopped like any other flood (`limit`, `notifications`), not take the router's time from
+// its siblings.
+const KILL_FLOOD: &str = r#"
+import os
+def flood(req):
+    me = int(os.readlink("/proc/self"))
+    for _ in range(400_000):
+        os.kill(me, 0)
+    return b"returned"
+"#;
+
+#[test]
+fn a_session_signalling_itself_in_a_loop_is_stopped_by_its_budget() {
+    let worker = "c = Client()\ntry:\n    with c.session(handler=MOD + \":flood\", seed=1, time_ns=1_000_000_000_000, timeout=\"200s\") as s:\n        print(s.call(b\"a\").decode())\nexcept SessionFailed as e:\n    print(e.report[\"status\"], e.report.get(\"limit\"))\n";
+    let (s, module) = serve_scratch("det-killflood", "flood", KILL_FLOOD, "", &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(
+        out.stdout.trim() == "limit notifications",
+        "the flood ends limit, notifications",
+    );
+}
+
+const THREAD_PROBE: &str = r#"
+import json, os, threading, time
+def probe(req):
+    got = {}
+    def t():
+        got["time"] = time.time()
+        got["mono"] = time.monotonic()
+        got["pid"] = os.getpid()
+        got["rand"] = os.urandom(4).hex()
+    th = threading.Thread(target=t); th.start(); th.join()
+    got["main_time"] = time.time()
+    return json.dumps(got).encode()
+"#;
+
+// Issue 16 red team (router): a zygote session's thread is the session's. The router found a
+// session by the caller's pid in the namespace, which for a thread is its own id: a thread of
+// a session (a policy allowing threads) was taken for a spare and read the host's real clock,
+// its real monotonic clock and pid, and seed 0's randomness.
+#[test]
+fn a_sessions_thread_reads_the_sessions_time_pid_and_seed() {
+    let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
+    let threads = "[process]\nthreads = \"allow\"\n[limits]\nprocesses = 16\n";
+    let (s, module) = serve_scratch("det-thread", "probe", THREAD_PROBE, threads, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    out.check(lines.len() == 2, "two sessions answered");
+    let r = &lines[0];
+    out.check(
+        r["time"] == 1000.0,
+        &format!("the thread's time.time() is the workflow time ({r})"),
+    );
+    out.check(
+        r["mono"].as_f64().unwrap() < 1001.0,
+        &format!("its monotonic clock is the session's virtual one ({r})"),
+    );
+    out.check(
+        r["pid"] == 4_194_303,
+        &format!("its pid is the pinned one ({r})"),
+    );
+    // (How many monotonic reads come before the thread's depends on how the threads were
+    // scheduled: its value may differ by a few ticks.)
+    for key in ["time", "pid", "rand", "main_time"] {
+        out.check(
+            lines[0][key] == lines[1][key],
+            &format!("{key}: the same in two sessions of the same seed"),
+        );
+    }
+}
+
+const FORK_PROBE: &str = r#"
+import json, os, time
+def probe(req):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps([time.time(), time.monotonic(), os.getpid(), os.urandom(4).hex()]).encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1000)
+    os.waitpid(pid, 0)
+    return got
+"#;
+
+// Issue 16 red team (router): a process a zygote session forked (a policy allowing
+// subprocesses) is the session's. The router knew only the session's own process: the child
+// was taken for a spare and read the host's real clock, real monotonic clock and pid, and
+// seed 0's randomness.
+#[test]
+fn a_sessions_child_reads_the_sessions_time_and_seed() {
+    let worker = "c = Client()\nfor _ in range(2):\n    with c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n        print(s.call(b\"a\").decode())\n";
+    let extra = "[process]\nsubprocess = \"allow\"\n[limits]\nprocesses = 16\n";
+    let (s, module) = serve_scratch("det-child", "probe", FORK_PROBE, extra, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    out.check(lines.len() == 2, "two sessions answered");
+    let r = &lines[0];
+    out.check(
+        r[0] == 1000.0,
+        &format!("the child's time.time() is the workflow time ({r})"),
+    );
+    out.check(
+        r[1].as_f64().unwrap() < 1001.0,
+        &format!("its monotonic clock is the session's virtual one ({r})"),
+    );
+    out.check(
+        r[3] == lines[1][3],
+        &format!("its randomness is the session's seed's ({r} {})", lines[1]),
+    );
+}

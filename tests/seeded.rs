@@ -108,3 +108,36 @@ fn at_random_comes_from_the_seed_and_is_fixed_when_randomness_is_denied() {
         "strict twice: the same AT_RANDOM",
     );
 }
+
+// Issue 16 red team (entropy): flags the kernel refuses (an unknown bit, GRND_RANDOM with
+// GRND_INSECURE) get the kernel's EINVAL from the seeded answer too, and take nothing from
+// the stream; GRND_RANDOM and GRND_INSECURE alone are answered from the seed.
+#[test]
+fn getrandom_flags_the_kernel_refuses_are_einval_under_seeded() {
+    let s = Scratch::new("seeded-flags");
+    let code = "import os\n\
+                def g(flags):\n    try:\n        return os.getrandom(8, flags).hex()\n    except OSError as e:\n        return e.errno\n\
+                print(g(0x40), g(os.GRND_RANDOM | 0x4), g(os.GRND_RANDOM), g(0x4), g(0))\n";
+    let a = seeded(&s, Some("3"), code);
+    let b = seeded(
+        &s,
+        Some("3"),
+        "import os\nprint(os.getrandom(8, os.GRND_RANDOM).hex())\n",
+    );
+    for o in [&a, &b] {
+        o.check(o.status() == "ok", "status ok");
+    }
+    let got: Vec<&str> = a.stdout.split_whitespace().collect();
+    a.check(
+        got[0] == libc::EINVAL.to_string() && got[1] == libc::EINVAL.to_string(),
+        &format!("an unknown flag, GRND_RANDOM|GRND_INSECURE: EINVAL ({got:?})"),
+    );
+    a.check(
+        got[2] == b.stdout.trim(),
+        "the refused calls took nothing from the stream",
+    );
+    a.check(
+        got[3].len() == 16 && got[4].len() == 16,
+        "GRND_INSECURE, 0: answered",
+    );
+}

@@ -223,6 +223,32 @@ pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 /// (`supervise/clock.rs`). The CPU-time clocks stay the kernel's.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
+/// The CPU-time clocks that are the caller's own, whichever its pid: `CLOCK_PROCESS_CPUTIME_ID`,
+/// `CLOCK_THREAD_CPUTIME_ID`, the pid-encoded clocks of pid 0 (itself), and the tid-encoded
+/// thread clocks (the kernel refuses a thread outside the caller's process). A process clock
+/// naming a pid is left out: the kernel lets any process of the namespace be read.
+pub const OWN_CPU_CLOCKS: [u64; 5] = [2, 3, 0xffff_fff8, 0xffff_fff9, 0xffff_fffa];
+
+fn own_cpu_clock_rules() -> Result<Vec<SeccompRule>, BpfError> {
+    let mut rules = OWN_CPU_CLOCKS
+        .iter()
+        .map(|&c| rule(vec![cond(0, Len::Dword, Op::Eq, c)], "clock_gettime"))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A thread clock: negative, bit 2 set (CPUCLOCK_PERTHREAD), type PROF, VIRT or SCHED.
+    for kind in [4, 5, 6] {
+        rules.push(rule(
+            vec![cond(
+                0,
+                Len::Dword,
+                Op::MaskedEq(0x8000_0007),
+                0x8000_0000 | kind,
+            )],
+            "clock_gettime",
+        )?);
+    }
+    Ok(rules)
+}
+
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
 fn one_of(
     name: &'static str,
@@ -326,20 +352,15 @@ pub fn decisions(
         if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
             // The wall clock reads the workflow time, the monotonic clocks the virtual
             // monotonic clock (supervise/clock.rs), and resource usage, `times` and
-            // `sysinfo` (CPU times, uptime) pinned values; the CPU-time clocks run (a loop
-            // that spends a CPU budget measures it with them).
-            let cpu_clocks = rule(
-                REALTIME_CLOCKS
-                    .iter()
-                    .chain(&MONOTONIC_CLOCKS)
-                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
-                    .collect(),
-                "clock_gettime",
-            )?;
+            // `sysinfo` (CPU times, uptime) pinned values; the caller's own CPU-time clocks
+            // run (a loop that spends a CPU budget measures it with them). Any other clock
+            // reaches the supervisor: a pid-encoded CPU clock of another process (the
+            // zygote's, a sibling session's) is EINVAL there (supervise/clock.rs).
+            let own_cpu_clocks = own_cpu_clock_rules()?;
             map.insert(
                 nr("clock_gettime"),
                 Leaf::AllowElseSupervise {
-                    allow: vec![cpu_clocks],
+                    allow: own_cpu_clocks,
                     supervise: None,
                 },
             );
@@ -767,6 +788,28 @@ mod tests {
 
     fn run(prog: &[libc::sock_filter], name: &str, args: [u64; 6]) -> u32 {
         evaluate(prog, AUDIT_ARCH_X86_64, nr(name), args)
+    }
+
+    #[test]
+    fn under_the_virtual_clock_only_the_callers_own_cpu_clocks_stay_in_the_kernel() {
+        let mut p = policy::load("strict").unwrap();
+        p.time.clock = ClockMode::Virtual;
+        let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
+        let clock = |id: i64| {
+            run(
+                &prog,
+                "clock_gettime",
+                [id as u32 as u64, 0x1000, 0, 0, 0, 0],
+            )
+        };
+        // CLOCK_PROCESS_CPUTIME_ID, _THREAD_; pid 0's process clocks; thread clocks.
+        for own in [2, 3, -8, -7, -6, -12, -11, -10, (!1234 << 3) | 6] {
+            assert_eq!(clock(own), RET_ALLOW, "clockid {own}");
+        }
+        // Wall and monotonic clocks; pid 1's and pid 1234's process clocks; a descriptor's.
+        for other in [0, 1, 7, 11, (!1 << 3) | 2, (!1234 << 3), (!3 << 3) | 3] {
+            assert_eq!(clock(other), RET_USER_NOTIF, "clockid {other}");
+        }
     }
 
     #[test]

@@ -567,10 +567,22 @@ impl Zygote {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
         }
-        let ns = ns_pid_of(pid)?;
-        let s = self.by_ns_pid.lock().unwrap().get(&ns).cloned()?;
-        self.by_pid.lock().unwrap().insert(pid, s.clone());
-        Some(s)
+        // A session's thread is its process's: the process id (`NStgid`), not the thread's;
+        // and a process a session forked (a policy allowing subprocesses) is the session's:
+        // up its parents until a session's process, or the zygote.
+        let mut task = pid;
+        for _ in 0..MAX_SESSION_DEPTH {
+            let (ns, parent) = ns_tgid_and_parent(task)?;
+            if let Some(s) = self.by_ns_pid.lock().unwrap().get(&ns).cloned() {
+                self.by_pid.lock().unwrap().insert(pid, s.clone());
+                return Some(s);
+            }
+            if parent == self.pid as u32 || parent <= 1 {
+                return None;
+            }
+            task = parent;
+        }
+        None
     }
 
     fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
@@ -600,8 +612,21 @@ impl Zygote {
             // Signals: each process may signal itself only (its pid in the namespace).
             if matches!(name, "kill" | "tkill" | "tgkill")
                 && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                && ns_pid_of(n.pid) == Some(n.args[0] as i32)
+                && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
+                    || ns_tgid_of(n.pid) == Some(n.args[0] as i32))
             {
+                // A session's signal to itself costs the router like any answer: a loop of
+                // them is a flood its budget stops (the zygote and spares have none).
+                if let Some(session) = self.session_for(n.pid)
+                    && !session.budget.lock().unwrap().take()
+                {
+                    notify::over_budget(listener.as_fd(), &n, || {
+                        // The task waits on this notification: its pid cannot have been reused.
+                        let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+                    });
+                    session.mark_killed();
+                    continue;
+                }
                 notify::allow(listener.as_fd(), &n);
                 continue;
             }
@@ -656,6 +681,10 @@ impl Zygote {
                 // give up on it for the life of the process.
                 let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
                 if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
+                    if check == Some(Check::Seeded) && !notify::getrandom_flags_valid(n.args[2]) {
+                        notify::refuse(listener.as_fd(), &n, libc::EINVAL);
+                        continue;
+                    }
                     if check == Some(Check::Seeded) {
                         let bytes =
                             crate::supervise::entropy::Entropy::new(0).take(n.args[1] as usize);
@@ -815,6 +844,31 @@ fn ns_pid_of(pid: u32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
     line.split_whitespace().last()?.parse().ok()
+}
+
+/// How many parents up from a caller a session's process is looked for (a session's
+/// processes are bounded by `limits.processes`; a deeper chain is no session's).
+const MAX_SESSION_DEPTH: usize = 64;
+
+/// The process id (thread group) of global task `tid` in its own PID namespace.
+fn ns_tgid_of(tid: u32) -> Option<i32> {
+    ns_tgid_and_parent(tid).map(|(ns, _)| ns)
+}
+
+/// The process id of global task `tid` in its own PID namespace (`NStgid`), and the global
+/// pid of its parent process (`PPid`).
+fn ns_tgid_and_parent(tid: u32) -> Option<(i32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let field = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))?
+            .split_whitespace()
+            .last()?
+            .parse::<i64>()
+            .ok()
+    };
+    Some((field("NStgid:")? as i32, field("PPid:")? as u32))
 }
 
 /// "exit 1", "killed by SIGKILL".

@@ -198,9 +198,53 @@ pub fn format(nanos: i64) -> String {
     )
 }
 
+/// Whether `clockid` (as `clock_gettime` takes it) is the CPU-time clock of a process other
+/// than the caller's, global pid `caller` (a task that waits on its notification, so its pid
+/// is its own): `MAKE_PROCESS_CPUCLOCK(pid, _)` for a pid that is neither 0 nor its own in
+/// its namespace. The kernel lets a process read any CPU clock of its PID namespace: a
+/// zygote's (which grows with every session it forked) or a sibling session's.
+pub fn foreign_cpu_clock(clockid: u64, caller: u32) -> bool {
+    let id = clockid as u32 as i32;
+    // Negative, not a thread clock (bit 2), not a descriptor's clock (type 3).
+    if id >= 0 || id & 4 != 0 || id & 3 == 3 {
+        return false;
+    }
+    let pid = !(id >> 3);
+    pid != 0 && Some(pid) != ns_tgid(caller)
+}
+
+/// The process id of task `tid` in its own (innermost) PID namespace (`NStgid`).
+fn ns_tgid(tid: u32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NStgid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_named_other_process_clock_is_foreign() {
+        let me = std::process::id();
+        let ns = ns_tgid(me).unwrap();
+        let process = |pid: i32| ((!pid << 3) | 2) as u32 as u64;
+        assert!(foreign_cpu_clock(process(ns + 1), me));
+        if ns != 1 {
+            assert!(foreign_cpu_clock(process(1), me), "pid 1 (a zygote)");
+        }
+        assert!(!foreign_cpu_clock(process(ns), me), "its own pid");
+        assert!(!foreign_cpu_clock(process(0), me), "pid 0: itself");
+        assert!(!foreign_cpu_clock(2, me), "CLOCK_PROCESS_CPUTIME_ID");
+        assert!(
+            !foreign_cpu_clock(((!5 << 3) | 6) as u32 as u64, me),
+            "a thread clock"
+        );
+        assert!(
+            !foreign_cpu_clock(((!5 << 3) | 3) as u32 as u64, me),
+            "a descriptor's"
+        );
+    }
 
     #[test]
     fn parses_rfc3339_and_epoch_seconds() {

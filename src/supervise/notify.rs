@@ -236,6 +236,9 @@ fn decide(
     if let (Some(d), Some(e)) = (decision, entropy)
         && d.check == Check::Seeded
     {
+        if !getrandom_flags_valid(n.args[2]) {
+            return Some((Answer::Errno(libc::EINVAL), None)); // as the kernel, before any byte
+        }
         let bytes = e.take(n.args[1] as usize);
         let ret = bytes.len() as i64;
         let writes = if ret > 0 {
@@ -275,6 +278,10 @@ fn decide(
             return Some((clock_answer(d.name, &n.args, mono), None));
         }
         if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
+            // Another process's CPU clock: as if that pid did not exist (clock.rs).
+            if super::clock::foreign_cpu_clock(clockid, n.pid) {
+                return Some((Answer::Errno(libc::EINVAL), None));
+            }
             return Some((Answer::Continue, None));
         }
         return Some((clock_answer(d.name, &n.args, now), None));
@@ -441,6 +448,16 @@ pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
         }
     };
     let _ = sys::notif_send(listener, n.id, reply);
+}
+
+/// Whether the kernel accepts `flags` of `getrandom`: only `GRND_NONBLOCK`, `GRND_RANDOM`
+/// and `GRND_INSECURE`, and not the last two together (otherwise EINVAL, which a seeded
+/// answer gives too).
+pub fn getrandom_flags_valid(flags: u64) -> bool {
+    let (random, insecure) = (libc::GRND_RANDOM as u64, libc::GRND_INSECURE as u64);
+    let flags = flags & 0xffff_ffff; // an unsigned int to the kernel
+    flags & !(libc::GRND_NONBLOCK as u64 | random | insecure) == 0
+        && flags & (random | insecure) != random | insecure
 }
 
 /// The answer to `sched_getaffinity(pid, len, mask)` with `cpus` CPUs pinned: CPUs 0..cpus
