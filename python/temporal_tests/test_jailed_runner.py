@@ -138,7 +138,9 @@ class DevServer:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-class JailedRunnerTests(unittest.TestCase):
+class DevServerTestCase(unittest.TestCase):
+    """Tests that share one dev server per class (wfjail's directory first on PATH)."""
+
     @classmethod
     def setUpClass(cls):
         os.environ["PATH"] = os.path.dirname(_wfjail()) + os.pathsep + os.environ["PATH"]
@@ -148,6 +150,8 @@ class JailedRunnerTests(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
+
+class JailedRunnerTests(DevServerTestCase):
     def run_async(self, coro):
         return asyncio.run(coro)
 

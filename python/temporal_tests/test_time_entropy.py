@@ -8,28 +8,18 @@ test_jailed_runner.py:
 """
 
 import asyncio
-import os
 import unittest
 import uuid
 
 from temporalio.worker import Replayer, Worker
 
-from test_jailed_runner import DevServer, W, _wfjail
+from test_jailed_runner import DevServerTestCase, W
 from wfjail.temporal import JailedWorkflowRunner
 
 import time_entropy_workflows as P
 
 
-class TimeAndEntropyTests(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        os.environ["PATH"] = os.path.dirname(_wfjail()) + os.pathsep + os.environ["PATH"]
-        cls.server = DevServer()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
+class TimeAndEntropyTests(DevServerTestCase):
     def test_time_and_entropy_read_directly_replay_the_same(self):
         async def go():
             client = await self.server.client()

@@ -8,13 +8,12 @@ its log and the operator's view its own, and goes on serving.
 
 import asyncio
 import logging
-import os
 import unittest
 import uuid
 
 from temporalio.worker import Worker
 
-from test_jailed_runner import DevServer, _Capture, _wfjail  # (puts the examples on the path)
+from test_jailed_runner import DevServerTestCase, _Capture  # (puts the examples on the path)
 
 import hostile_workflows as H  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
@@ -24,16 +23,7 @@ from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 ALL = [H.DeniedPath, H.HandlerRaises, H.LogFlood, H.HugeReply]
 
 
-class HostileWorkflowTests(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        os.environ["PATH"] = os.path.dirname(_wfjail()) + os.pathsep + os.environ["PATH"]
-        cls.server = DevServer()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
+class HostileWorkflowTests(DevServerTestCase):
     def test_hostile_children_cannot_forge_the_failure_flood_the_log_or_swell_the_worker(self):
         async def go():
             client = await self.server.client()
