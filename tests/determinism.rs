@@ -882,23 +882,13 @@ with c.session(handler=MOD + ":foreign", seed=1, time_ns=1_000_000_000_000) as s
 
 #[test]
 fn a_session_reads_no_other_processes_cpu_clock() {
-    let (s, module) = serve_scratch(
+    let out = serve_one_zygote(
         "det-cpuclock",
         "foreign",
         FOREIGN_CPU_CLOCK,
         "",
-        &[],
         FOREIGN_WORKER,
     );
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
     out.check(out.code == 0, "wfjail serve exits 0");
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     out.check(
@@ -955,16 +945,7 @@ def probe(req):
 #[test]
 fn a_session_reaches_only_itself_by_any_pid() {
     let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
-    let (s, module) = serve_scratch("det-pids", "probe", PID_PROBE, "", &[], worker);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-pids", "probe", PID_PROBE, "", worker);
     out.check(out.code == 0, "wfjail serve exits 0");
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     for own in ["kill_pinned", "kill_me", "tgkill_pinned", "tkill_pinned"] {
@@ -1014,16 +995,7 @@ def flood(req):
 #[test]
 fn a_session_signalling_itself_in_a_loop_is_stopped_by_its_budget() {
     let worker = "c = Client()\ntry:\n    with c.session(handler=MOD + \":flood\", seed=1, time_ns=1_000_000_000_000, timeout=\"200s\") as s:\n        print(s.call(b\"a\").decode())\nexcept SessionFailed as e:\n    print(e.report[\"status\"], e.report.get(\"limit\"))\n";
-    let (s, module) = serve_scratch("det-killflood", "flood", KILL_FLOOD, "", &[], worker);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-killflood", "flood", KILL_FLOOD, "", worker);
     out.check(
         out.stdout.trim() == "limit notifications",
         "the flood ends limit, notifications",
@@ -1052,16 +1024,7 @@ def probe(req):
 fn a_sessions_thread_reads_the_sessions_time_pid_and_seed() {
     let worker = "c = Client()\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\nwith c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n    print(s.call(b\"a\").decode())\n";
     let threads = "[process]\nthreads = \"allow\"\n[limits]\nprocesses = 16\n";
-    let (s, module) = serve_scratch("det-thread", "probe", THREAD_PROBE, threads, &[], worker);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-thread", "probe", THREAD_PROBE, threads, worker);
     out.check(out.code == 0, "wfjail serve exits 0");
     let lines: Vec<serde_json::Value> = out
         .stdout
@@ -1114,16 +1077,7 @@ def probe(req):
 fn a_sessions_child_reads_the_sessions_time_and_seed() {
     let worker = "c = Client()\nfor _ in range(2):\n    with c.session(handler=MOD + \":probe\", seed=1, time_ns=1_000_000_000_000) as s:\n        print(s.call(b\"a\").decode())\n";
     let extra = "[process]\nsubprocess = \"allow\"\n[limits]\nprocesses = 16\n";
-    let (s, module) = serve_scratch("det-child", "probe", FORK_PROBE, extra, &[], worker);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-child", "probe", FORK_PROBE, extra, worker);
     out.check(out.code == 0, "wfjail serve exits 0");
     let lines: Vec<serde_json::Value> = out
         .stdout
@@ -1144,4 +1098,26 @@ fn a_sessions_child_reads_the_sessions_time_and_seed() {
         r[3] == lines[1][3],
         &format!("its randomness is the session's seed's ({r} {})", lines[1]),
     );
+}
+
+/// `wfjail serve` with one zygote that preloads `source` (as module `name`), under the
+/// scratch's policy (`policy_extra` added) and with `worker` as the worker, run in the
+/// scratch: the zygote-session tests of issue 16's red team share it.
+fn serve_one_zygote(
+    tag: &str,
+    name: &str,
+    source: &str,
+    policy_extra: &str,
+    worker: &str,
+) -> Outcome {
+    let (s, module) = serve_scratch(tag, name, source, policy_extra, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    })
 }
