@@ -53,6 +53,39 @@ fn learn(s: &Scratch, policy: &str, extra: &[&str], script: &str) -> (i32, Strin
 /// The first finding: a write refused in the learning run became a read-write grant, and the
 /// run that verified the draft made it. Now the verifying run writes into a throw-away copy
 /// of each write grant: the file does not exist on the host after learn.
+/// The draft `wfjail learn -p default --no-verify` writes for a program (granted by `--ro`,
+/// beside a list of paths) that reads each of `files` from outside its grant, so that the
+/// draft grants them (learn exits 0).
+fn draft_of_reading(s: &Scratch, files: &[std::path::PathBuf]) -> String {
+    std::fs::create_dir_all(s.path("prog")).unwrap();
+    let list: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let list = s.write("prog/list.json", &serde_json::to_string(&list).unwrap());
+    let app = s.write(
+        "prog/app.py",
+        &format!(
+            "import json\nfor p in json.load(open({l:?})):\n    open(p).read()\n",
+            l = list.display().to_string()
+        ),
+    );
+    let draft = s.path("draft.toml");
+    let (rc, _, err) = wfjail(&[
+        "learn",
+        "-p",
+        "default",
+        "--no-verify",
+        "--raw",
+        "--output",
+        draft.to_str().unwrap(),
+        "--ro",
+        s.path("prog").to_str().unwrap(),
+        "--",
+        PY,
+        app.to_str().unwrap(),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    std::fs::read_to_string(&draft).unwrap()
+}
+
 #[test]
 fn a_write_refused_while_learning_is_not_made_by_the_verifying_run() {
     let s = Scratch::new("lh-verify");
@@ -496,31 +529,7 @@ fn a_path_that_a_policy_would_read_otherwise_is_not_granted() {
     std::fs::create_dir_all(s.path("app/data/usr")).unwrap();
     std::os::unix::fs::symlink(s.path("private"), s.path("app/data/usr/bin")).unwrap();
     // The program's files are read from outside its --ro grant, so that the draft grants them.
-    let list: Vec<String> = reads.iter().map(|p| p.display().to_string()).collect();
-    std::fs::create_dir_all(s.path("prog")).unwrap();
-    let list = s.write("prog/list.txt", &list.join("\n"));
-    let script = format!(
-        "for p in open({list:?}).read().split('\\n'):\n    open(p).read()\nprint('READ')\n",
-        list = list.display().to_string()
-    );
-    let app = s.write("prog/app.py", &script);
-    let draft = s.path("draft.toml");
-    let (rc, _, err) = wfjail(&[
-        "learn",
-        "-p",
-        "default",
-        "--no-verify",
-        "--raw",
-        "--output",
-        draft.to_str().unwrap(),
-        "--ro",
-        s.path("prog").to_str().unwrap(),
-        "--",
-        PY,
-        app.to_str().unwrap(),
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let text = std::fs::read_to_string(&draft).unwrap();
+    let text = draft_of_reading(&s, &reads);
     let p = wfjail::policy::from_source("draft.toml", &text)
         .unwrap_or_else(|e| panic!("the draft does not load: {e}\n{text}"));
     for g in &p.filesystem.read {
@@ -803,37 +812,11 @@ fn a_draft_shows_no_bidirectional_controls() {
     let s = Scratch::new("lh-bidi");
     let dir = "data/\u{202e}txt.exe";
     std::fs::create_dir_all(s.path(&format!("app/{dir}"))).unwrap();
-    let a = s.write(&format!("app/{dir}/a"), "x");
-    let b = s.write(&format!("app/{dir}/b"), "x");
-    std::fs::create_dir_all(s.path("prog")).unwrap();
-    let list = s.write(
-        "prog/list.txt",
-        &format!("{}\n{}", a.display(), b.display()),
-    );
-    let app = s.write(
-        "prog/app.py",
-        &format!(
-            "for p in open({l:?}, encoding='utf-8').read().split('\\n'):\n    open(p).read()\n",
-            l = list.display().to_string()
-        ),
-    );
-    let draft = s.path("draft.toml");
-    let (rc, _, err) = wfjail(&[
-        "learn",
-        "-p",
-        "default",
-        "--no-verify",
-        "--raw",
-        "--output",
-        draft.to_str().unwrap(),
-        "--ro",
-        s.path("prog").to_str().unwrap(),
-        "--",
-        PY,
-        app.to_str().unwrap(),
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let text = std::fs::read_to_string(&draft).unwrap();
+    let files = [
+        s.write(&format!("app/{dir}/a"), "x"),
+        s.write(&format!("app/{dir}/b"), "x"),
+    ];
+    let text = draft_of_reading(&s, &files);
     assert!(!text.contains('\u{202e}'), "{text}");
     assert!(text.contains("\\u202etxt.exe\","), "{text}");
     let p = wfjail::policy::from_source("draft.toml", &text).unwrap();
@@ -965,41 +948,7 @@ fn a_path_cannot_inject_toml_into_the_draft() {
         s.write(&format!("app/{dir}/a"), "x"),
         s.write(&format!("app/{dir}/b"), "x"),
     ];
-    std::fs::create_dir_all(s.path("prog")).unwrap();
-    let list = s.write(
-        "prog/list.json",
-        &serde_json::to_string(
-            &files
-                .iter()
-                .map(|f| f.display().to_string())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap(),
-    );
-    let app = s.write(
-        "prog/app.py",
-        &format!(
-            "import json\nfor p in json.load(open({l:?})):\n    open(p).read()\n",
-            l = list.display().to_string()
-        ),
-    );
-    let draft = s.path("draft.toml");
-    let (rc, _, err) = wfjail(&[
-        "learn",
-        "-p",
-        "default",
-        "--no-verify",
-        "--raw",
-        "--output",
-        draft.to_str().unwrap(),
-        "--ro",
-        s.path("prog").to_str().unwrap(),
-        "--",
-        PY,
-        app.to_str().unwrap(),
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let text = std::fs::read_to_string(&draft).unwrap();
+    let text = draft_of_reading(&s, &files);
     let p = wfjail::policy::from_source("draft.toml", &text).unwrap();
     assert_eq!(p.network.mode, wfjail::policy::NetworkMode::None, "{text}");
     assert!(
