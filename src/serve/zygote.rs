@@ -573,6 +573,11 @@ impl Zygote {
         let mut task = pid;
         for _ in 0..MAX_SESSION_DEPTH {
             let (ns, parent) = ns_tgid_and_parent(task)?;
+            if ns == 1 {
+                // The zygote itself (or a thread of it): no session's, and its parent is
+                // outside the namespace, where pids are not the sessions'.
+                return None;
+            }
             if let Some(s) = self.by_ns_pid.lock().unwrap().get(&ns).cloned() {
                 self.by_pid.lock().unwrap().insert(pid, s.clone());
                 return Some(s);
@@ -664,7 +669,7 @@ impl Zygote {
                         violations: &mut own,
                         entropy: None,
                         clock: Some(PRELOAD_INSTANT),
-                        monotonic: Some(&mut own_clock),
+                        monotonic: &mut own_clock,
                         learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
@@ -789,7 +794,7 @@ impl Zygote {
                 violations: &mut v,
                 entropy,
                 clock,
-                monotonic: Some(monotonic),
+                monotonic,
                 learned: None,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
