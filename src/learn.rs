@@ -761,11 +761,6 @@ impl Throwaway {
         let _ = std::fs::remove_dir(&scratch);
         result.map(|()| done)
     }
-
-    /// Whether anything was covered (a run with only devices to write needs no copy).
-    pub fn is_empty(&self) -> bool {
-        self.mounted.is_empty()
-    }
 }
 
 impl Drop for Throwaway {

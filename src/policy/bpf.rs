@@ -364,8 +364,10 @@ pub fn decisions(
                     supervise: None,
                 },
             );
-            let mut supervised = vec!["gettimeofday", "time"];
-            supervised.extend(["getrusage", "times", "sysinfo"]);
+            // The wall clock, resource usage and a descriptor's stat (a pipe's or a /proc
+            // file's times are the clock's: supervise/filetimes.rs).
+            let mut supervised = vec!["gettimeofday", "time", "getrusage", "times", "sysinfo"];
+            supervised.push("fstat");
             if zygote {
                 // A session's pid and thread id are pinned (its siblings share the zygote's
                 // namespace).
@@ -380,8 +382,8 @@ pub fn decisions(
                     },
                 );
             }
-            // A descriptor's stat: a pipe's or a /proc file's times are the clock's
-            // (supervise/filetimes.rs). By path (no AT_EMPTY_PATH) it stays in the kernel.
+            // newfstatat and statx reach the supervisor only for a descriptor
+            // (AT_EMPTY_PATH): by path they stay in the kernel.
             let empty_path = libc::AT_EMPTY_PATH as u64;
             for (n, flags) in [("newfstatat", 3u8), ("statx", 2)] {
                 map.insert(
@@ -395,13 +397,6 @@ pub fn decisions(
                     },
                 );
             }
-            map.insert(
-                nr("fstat"),
-                Leaf::AllowElseSupervise {
-                    allow: vec![],
-                    supervise: None,
-                },
-            );
         } else {
             // Deny (or virtual without a supervisor): a wall-clock read (`clock_gettime` of a
             // realtime clock, `gettimeofday`, `time`) is a violation; the monotonic and CPU

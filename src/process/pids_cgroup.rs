@@ -162,7 +162,7 @@ impl PidsCgroup {
     /// could not enter the cgroup and `f` did not run.
     pub fn born_inside<T>(&self, f: impl FnOnce() -> T) -> Result<T, CgroupError> {
         let me = std::process::id().to_string();
-        write(&self.dir.join("cgroup.procs"), &me)?;
+        write(&self.procs(), &me)?;
         let out = f();
         // Leaving the cgroup we could enter cannot fail in v1 or the v2 root; were it to,
         // wfjail would stay charged there until it exits, with the child already running.
@@ -190,7 +190,7 @@ impl Drop for PidsCgroup {
             }
             // Tasks left behind (a guest without a PID namespace can leave some): the
             // guest's own descendants, never wfjail.
-            if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            if let Ok(procs) = std::fs::read_to_string(self.procs()) {
                 for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
                     if pid as u32 != me {
                         let _ = nix::sys::signal::kill(

@@ -848,7 +848,7 @@ impl Session {
             violations: &mut v,
             entropy: det.entropy.as_mut(),
             clock,
-            monotonic: Some(&mut det.monotonic),
+            monotonic: &mut det.monotonic,
             learned: None,
         };
         let rules = notify::Rules::new(&e.plan, &e.grants);

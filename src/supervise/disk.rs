@@ -254,6 +254,9 @@ impl Walk {
                 let Ok(m) = std::fs::metadata(fd.path()) else {
                     continue; // closed meanwhile
                 };
+                if self.inodes.contains(&(m.dev(), m.ino())) {
+                    continue; // counted already (the walk's files): no /proc reads for it
+                }
                 if self.unlinked(&m, &fd.path()) || (m.is_file() && writable(task, &fd.file_name()))
                 {
                     self.add_meta(&m);

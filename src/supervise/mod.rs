@@ -447,7 +447,6 @@ enum Src {
     StopSignal,
 }
 
-/// Supervises `child` until it exits (and its output is drained).
 /// `limits.disk` after the guest is gone: what it left under its write grants. Run again by
 /// `wfjail run` once the guest's pids cgroup is emptied: without a PID namespace, a process
 /// the guest started outlives it until then, and can write after the check at its exit.
@@ -465,6 +464,7 @@ pub fn disk_at_end(cfg: &Config, o: &mut Outcome) {
     }
 }
 
+/// Supervises `child` until it exits (and its output is drained).
 pub fn supervise(
     child: Spawned,
     pipes: GuestPipes,
@@ -777,7 +777,7 @@ pub fn supervise(
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
                         clock: o.clock,
-                        monotonic: Some(&mut monotonic),
+                        monotonic: &mut monotonic,
                         learned: cfg.learn.then_some((&mut o.learned, &mut o.learned_bytes)),
                     };
                     let rules = notify::Rules {

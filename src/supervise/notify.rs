@@ -104,7 +104,7 @@ pub struct State<'v> {
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
     /// The virtual monotonic clock, under `clock = "virtual"` (`clock.rs`).
-    pub monotonic: Option<&'v mut super::clock::Monotonic>,
+    pub monotonic: &'v mut super::clock::Monotonic,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
     /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
     pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
@@ -228,7 +228,7 @@ fn decide(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<(i64, Option<&mut super::clock::Monotonic>)>,
+    clock: Option<(i64, &mut super::clock::Monotonic)>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -265,16 +265,14 @@ fn decide(
         }
         // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
         if d.check == Check::Usage {
-            let mut spare = super::clock::Monotonic::default();
-            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            let mono = monotonic.read(now);
             return Some((usage_answer(d.name, &n.args, mono), None));
         }
         // A monotonic clock reads the virtual monotonic clock (clock.rs); the filter lets
         // the CPU-time clocks run, so any other clock here is the kernel's to answer.
         let clockid = n.args[0] & 0xffff_ffff;
         if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
-            let mut spare = super::clock::Monotonic::default();
-            let mono = monotonic.unwrap_or(&mut spare).read(now);
+            let mono = monotonic.read(now);
             return Some((clock_answer(d.name, &n.args, mono), None));
         }
         if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
