@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import struct
 import subprocess
@@ -449,7 +450,6 @@ class _JailedInstance(WorkflowInstance):
                     "workflow %s (run %s) dropped %d log records of one activation (the "
                     "worker relays %d)", self._det.info.workflow_type, self._det.info.run_id,
                     self._run_log.dropped, MAX_LOG_RECORDS)
-                self._run_log.dropped = 0
             with self._state:
                 self._calling = False
                 close = evicting or self._aborted
@@ -531,18 +531,13 @@ MAX_LOG_RECORDS = 1000
 # lines of the worker's files into its failure.
 CHILD_FILE_SUFFIX = " [confined child]"
 
-_FRAME_LINE = None
+_FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d{1,9}), in (.*)$')
 
 
 def _parse_stack(text):
     """[(file, line, function, source line)] from a Python traceback's text, outermost
     first (the child's failure stack trace): at most MAX_STACK_FRAMES, the innermost, each
     field bounded. Only the last MAX_STACK_TEXT characters are read."""
-    import re
-
-    global _FRAME_LINE
-    if _FRAME_LINE is None:
-        _FRAME_LINE = re.compile(r'^\s*File "(.*)", line (\d{1,9}), in (.*)$')
     frames = []
     # Split on newlines only: other line breaks a child puts in a field stay in it (escaped).
     lines = text[-MAX_STACK_TEXT:].split("\n")
@@ -683,10 +678,11 @@ def _split_reply(reply, max_bytes=MAX_REPLY_BYTES):
     if len(reply) < 4:
         raise ProtocolError("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
-    if min(n, len(reply) - 4) > max_bytes:
+    size = min(n, len(reply) - 4)
+    if size > max_bytes:
         raise ProtocolError("oversized", "the child's completion is %d bytes, over the %d the "
                             "worker takes (JailedWorkflowRunner(max_reply_bytes=...))"
-                            % (min(n, len(reply) - 4), max_bytes))
+                            % (size, max_bytes))
     from google.protobuf.message import DecodeError
 
     try:
@@ -812,7 +808,7 @@ _METRICS = {
 # "_", ".", "-" or "/", at most 255 in all; none of the worker's own (RESERVED_METRIC_PREFIXES:
 # the SDK's and Core's metrics are "temporal_..."), so that a child cannot register one of
 # them first with another kind or unit.
-_METRIC_NAME = None
+_METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,254}\Z")
 RESERVED_METRIC_PREFIXES = ("temporal_",)
 # The attributes the worker sets on a run's metrics from the run's own info (as the SDK's
 # workflow.metric_meter() does in process): a child's values for them are dropped.
@@ -863,6 +859,12 @@ def _metric_attributes(attributes):
     return out if len(out) <= MAX_METRIC_ATTRIBUTES else None
 
 
+def _metric_text(t):
+    """A metric's description or unit from a child: a string of at most MAX_METRIC_TEXT
+    characters, or none."""
+    return t if isinstance(t, str) and len(t) <= MAX_METRIC_TEXT else None
+
+
 def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
     """Replays the child's metric records on the worker's own meter (what
     ``workflow.metric_meter()`` gives in process: the run's namespace, task queue and
@@ -871,17 +873,11 @@ def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
     one of the worker's metrics (``reserved``: name prefixes), carries a value its kind does not take or would add a
     series past MAX_METRIC_SERIES for the run (``series``: the run's set of them) is
     dropped."""
-    global _METRIC_NAME
     if not records:
         return
-    meter = det.extern_functions.get("__temporal_get_metric_meter")
-    if meter is None:
+    get_meter = det.extern_functions.get("__temporal_get_metric_meter")
+    if get_meter is None:
         return
-    reserved = tuple(reserved)
-    if _METRIC_NAME is None:
-        import re
-
-        _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,254}\Z")
     meter = None
     for r in records[:_MAX_METRIC_RECORDS]:
         try:
@@ -901,12 +897,10 @@ def _record_metrics(det, records, series, reserved=RESERVED_METRIC_PREFIXES):
                 series.add(key)
             if meter is None:
                 info = det.info
-                meter = det.extern_functions["__temporal_get_metric_meter"]()
-                meter = meter.with_additional_attributes({
+                meter = get_meter().with_additional_attributes({
                     "namespace": info.namespace, "task_queue": info.task_queue,
                     "workflow_type": info.workflow_type})
-            text = lambda t: t if isinstance(t, str) and len(t) <= MAX_METRIC_TEXT else None  # noqa: E731
-            metric = getattr(meter, make)(name, text(description), text(unit))
+            metric = getattr(meter, make)(name, _metric_text(description), _metric_text(unit))
             getattr(metric, op)(conv(value), attributes)
         except (KeyError, TypeError, ValueError, OverflowError):
             continue

@@ -245,16 +245,15 @@ def decode_args(fn, args):
     return out
 
 
-def _check_count(data, limit=None):
-    """ValueError when ``data`` (parsed JSON) holds more than ``limit`` (MAX_VALUES) values;
-    the walk stops there."""
-    limit = MAX_VALUES if limit is None else limit
+def _check_count(data):
+    """ValueError when ``data`` (parsed JSON) holds more than MAX_VALUES values; the walk
+    stops there."""
     stack, seen = [data], 0
     while stack:
         value = stack.pop()
         seen += 1
-        if seen > limit:
-            raise ValueError("the arguments hold more than %d values" % limit)
+        if seen > MAX_VALUES:
+            raise ValueError("the arguments hold more than %d values" % MAX_VALUES)
         if isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, list):
