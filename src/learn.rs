@@ -502,12 +502,10 @@ pub fn learning_policy(base: &crate::policy::Policy) -> crate::policy::Policy {
     // limit would stop them before they are seen (the draft raises it when it allows them).
     // MAX_TASKS bounds them instead, so that a fork bomb cannot fill the host.
     learning.limits.processes = Some(base.limits.processes.unwrap_or(0).max(MAX_TASKS));
-    learning.syscalls.allow.retain(|a| {
-        !matches!(
-            syscalls::category(&a.value.0),
-            Category::Network | Category::Filesystem
-        )
-    });
+    learning
+        .syscalls
+        .allow
+        .retain(|a| !syscalls::category(&a.value.0).reaches_outside());
     contain(&mut learning);
     learning
 }
@@ -782,11 +780,7 @@ fn cstring(p: &Path) -> std::ffi::CString {
 /// A network call or a file metadata change (`chmod`, `utimensat`...) that the learning run
 /// refused although a policy may allow it (`Decisions::refuse_outside_effects`).
 fn refused_while_learning(v: &Violation) -> bool {
-    v.action == crate::report::Action::Denied
-        && matches!(
-            syscalls::category(&v.syscall),
-            Category::Network | Category::Filesystem
-        )
+    v.action == crate::report::Action::Denied && syscalls::category(&v.syscall).reaches_outside()
 }
 
 /// Unicode's bidirectional controls: a text holding them shows in another order than it

@@ -452,7 +452,7 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
 /// nothing, and writes where Landlock would have refused). Returns what was withheld, for
 /// the message when the run fails without it.
 fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> Vec<String> {
-    use wfjail::policy::syscalls::{self, Category};
+    use wfjail::policy::syscalls;
     let mut withheld = Vec::new();
     if drafted.network.mode != policy::NetworkMode::None {
         withheld.push("the network".to_string());
@@ -476,11 +476,7 @@ fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> V
     }
     drafted.syscalls.allow.retain(|a| {
         let name = a.value.0.as_str();
-        let outside = matches!(
-            syscalls::category(name),
-            Category::Network | Category::Filesystem
-        );
-        if outside && !base.syscalls.allows(name) {
+        if syscalls::category(name).reaches_outside() && !base.syscalls.allows(name) {
             withheld.push(name.to_string());
             return false;
         }

@@ -150,9 +150,7 @@ impl Decisions {
     /// ones: a learning run observes them without letting them happen.
     pub fn refuse_outside_effects(&mut self) {
         for d in self.by_nr.values_mut() {
-            if d.check == Check::Violation
-                && matches!(d.category, Category::Network | Category::Filesystem)
-            {
+            if d.check == Check::Violation && d.category.reaches_outside() {
                 d.always_deny = true;
             }
         }

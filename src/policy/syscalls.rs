@@ -25,6 +25,12 @@ pub enum Category {
 }
 
 impl Category {
+    /// Whether a call of this category reaches beyond the process (the network, or files
+    /// and their metadata): what `wfjail learn` refuses whatever the base allows.
+    pub fn reaches_outside(self) -> bool {
+        matches!(self, Category::Network | Category::Filesystem)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Category::Network => "network",
