@@ -24,20 +24,20 @@ import asyncio
 import json
 import os
 import socket
-import struct
 
-from . import protocol as P
+from . import wire
 from .errors import ProtocolError, Violation
+from .wire import WorkerKind
 
-OPEN, CALL, CLOSE, STATUS, REPLY, INTERRUPT, TIME = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17
-OPENED, RESULT, ERROR, FAILED, CLOSED = 0x21, 0x22, 0x23, 0x24, 0x25
-BUSY, SERVER, VIOLATIONS, LOG, UPCALL = 0x26, 0x27, 0x28, 0x29, 0x2A
-_NAMES = {OPENED: "OPENED", RESULT: "RESULT", ERROR: "ERROR", FAILED: "FAILED",
-          CLOSED: "CLOSED", BUSY: "BUSY", SERVER: "SERVER", VIOLATIONS: "VIOLATIONS",
-          LOG: "LOG", UPCALL: "UPCALL"}
-_SERVER_KINDS = frozenset(_NAMES)
-CAP = P.MAX_CAP
-_LENGTH = struct.Struct("<I")
+OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
+REPLY, INTERRUPT, TIME = WorkerKind.REPLY, WorkerKind.INTERRUPT, WorkerKind.TIME
+OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
+FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
+SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
+LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
+_NAMES = {kind: kind.name for kind in wire.SERVER_SENDS}  # tests/serve.rs names frames by it
+_SERVER_KINDS = wire.SERVER_SENDS
+CAP = wire.MAX_CAP
 
 
 class GuestError(Exception):
@@ -84,16 +84,15 @@ class SessionFailed(Exception):
 def _frame(kind, payload=b""):
     if isinstance(payload, str):
         payload = payload.encode("utf-8")
-    return P._pack(kind, payload, CAP)
+    return wire.pack(kind, payload, CAP)
 
 
 def _check_length(length):
-    P._check_length(length, CAP)
+    wire.check_length(length, CAP)
 
 
 def _check_kind(kind):
-    if kind not in _SERVER_KINDS:
-        raise ProtocolError("unknown-kind", "unexpected frame kind 0x%02x from wfjail" % kind)
+    wire.check_kind(kind, _SERVER_KINDS, "unexpected frame kind 0x%02x from wfjail")
 
 
 def _check_header(length, kind):
@@ -118,12 +117,14 @@ def _upcall_reply(on_upcall, payload):
     """The REPLY payload for an UPCALL: status 0 and the handler's bytes, or status 1 and
     why there is none."""
     if on_upcall is None:
-        return b"\x01this session has no upcall handler (Client.session(on_upcall=...))"
+        return wire.pack_reply(wire.ReplyStatus.REFUSED, b"this session has no upcall handler "
+                               b"(Client.session(on_upcall=...))")
     try:
         answer = on_upcall(payload)
-        return b"\x00" + bytes(answer)
+        return wire.pack_reply(wire.ReplyStatus.ANSWER, bytes(answer))
     except Exception as e:  # noqa: BLE001  (the guest hears why; the worker goes on)
-        return b"\x01" + ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")
+        return wire.pack_reply(wire.ReplyStatus.REFUSED,
+                               ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace"))
 
 
 def _deliver_log(on_log, payload):
@@ -162,7 +163,7 @@ def _time_frame(time_ns):
     """A TIME frame for the next CALL (nothing when ``time_ns`` is None)."""
     if time_ns is None:
         return b""
-    return _frame(TIME, struct.pack("<q", int(time_ns)))
+    return _frame(TIME, wire.pack_time(time_ns))
 
 
 def _open_doc(handler, argv, timeout, init=_NO_INIT, logs=False, seed=None, time_ns=None):
@@ -345,7 +346,7 @@ class Session:
 
     def _read_frame(self):
         # The length is checked before the kind byte is awaited (docs/protocol.md).
-        (length,) = _LENGTH.unpack(self._read_exact(4))
+        (length,) = wire.LENGTH.unpack(self._read_exact(4))
         _check_length(length)
         kind = self._read_exact(1)[0]
         _check_kind(kind)
@@ -457,7 +458,7 @@ class AsyncSession:
 
     async def _read_frame(self):
         try:
-            (length,) = _LENGTH.unpack(await self._reader.readexactly(4))
+            (length,) = wire.LENGTH.unpack(await self._reader.readexactly(4))
             _check_length(length)
             kind = (await self._reader.readexactly(1))[0]
             _check_kind(kind)

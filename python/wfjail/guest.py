@@ -20,6 +20,7 @@ import sys
 import traceback
 
 from . import protocol as P
+from . import wire
 from .errors import ProtocolError, Violation
 
 # Error texts are cut to these sizes (the message keeps its head, the traceback its
@@ -58,7 +59,8 @@ def init_value(default=None):
     return _init_value
 
 
-def _set_init_value(value):
+def set_init_value(value):
+    """Set what ``init_value()`` returns (wfjail.zygote: a session child's ``init``)."""
     global _init_value
     _init_value = value
 
@@ -94,8 +96,9 @@ def log(text, level=20):
         sys.stderr.write("wfjail log %d: %s\n" % (level, text))
         return
     data = text.encode("utf-8")
-    if len(data) > P.CAP - 1:  # cut, but keep it valid UTF-8
-        data = data[:P.CAP - 1].decode("utf-8", "ignore").encode("utf-8")
+    cap = P.frame_cap()
+    if len(data) > cap - 1:  # cut, but keep it valid UTF-8
+        data = data[:cap - 1].decode("utf-8", "ignore").encode("utf-8")
     P.write_frame(session.wfd, P.LOG, bytes((level,)) + data)
 
 
@@ -134,9 +137,10 @@ def upcall(payload):
     kind, answer = frame
     if kind != P.REPLY or not answer:
         raise ProtocolError("unexpected", "expected REPLY, got %s" % P.NAMES[kind])
-    if answer[0] != 0:
-        raise UpcallError(answer[1:].decode("utf-8", "replace"))
-    return answer[1:]
+    answered, body = wire.parse_reply(answer)
+    if not answered:
+        raise UpcallError(body.decode("utf-8", "replace"))
+    return body
 
 
 def query_violations():
@@ -231,7 +235,7 @@ def _converse(handler, rfd, wfd):
         _read_hello(rfd)
         P.write_frame(wfd, P.HELLO, P.hello_payload(P.VERSION))
     except (ProtocolError, OSError) as exc:
-        return _send_last(wfd, P.ERROR, _error_payload(exc))
+        return _send_last(wfd, P.ERROR, error_payload(exc))
     _session = _Session(rfd, wfd)
     global _calling
     try:
@@ -249,7 +253,7 @@ def _converse(handler, rfd, wfd):
                 raise ProtocolError("unexpected", "expected REQUEST, got %s" % P.NAMES[frame[0]])
         except (ProtocolError, OSError) as exc:
             _session = None
-            return _send_last(wfd, P.ERROR, _error_payload(exc))
+            return _send_last(wfd, P.ERROR, error_payload(exc))
         try:
             _calling = True
             try:
@@ -258,11 +262,12 @@ def _converse(handler, rfd, wfd):
             finally:
                 _calling = False
             kind, payload = P.RESULT, _result_bytes(result)
-            if len(payload) > P.CAP:  # an ERROR the author can read, not a killed guest
+            cap = P.frame_cap()
+            if len(payload) > cap:  # an ERROR the author can read, not a killed guest
                 raise ProtocolError("oversized", "the result of %d bytes exceeds the %d-byte "
-                                    "frame cap" % (len(payload), P.CAP))
+                                    "frame cap" % (len(payload), cap))
         except BaseException as exc:  # SystemExit too: each call ends with RESULT or ERROR
-            kind, payload = P.ERROR, _error_payload(exc)
+            kind, payload = P.ERROR, error_payload(exc)
         if _send_last(wfd, kind, payload) != 0:
             break
     _session = None
@@ -300,7 +305,7 @@ def _result_bytes(result):
     raise TypeError("the handler returned %s; return bytes or str" % type(result).__name__)
 
 
-def _error_payload(exc):
+def error_payload(exc):
     """The ERROR frame's JSON: type, message and the formatted (chained) traceback."""
     try:
         message = str(exc)

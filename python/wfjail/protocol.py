@@ -1,4 +1,4 @@
-"""The framed pipe protocol's codec (docs/protocol.md, version 1).
+"""The guest protocol's codec (docs/protocol.md, version 1), on the framing of ``wfjail.wire``.
 
 A frame is ``length:u32 LE | kind:u8 | payload`` where ``length`` counts the kind
 byte. This module only encodes and decodes; what a guest sends when is
@@ -7,169 +7,83 @@ are known, so a hostile length never turns into an allocation.
 """
 
 import os
-import struct
 
+from . import wire
 from .errors import ProtocolError
+from .wire import MAGIC, MAX_CAP, VERSION, GuestKind
 
-VERSION = 1
-MAGIC = b"wfjail"
-MAX_CAP = 16 * 1024 * 1024  # the protocol's largest payload, in bytes
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
+__all__ = ["CAP", "MAGIC", "MAX_CAP", "NAMES", "VERSION", "Decoder", "GuestKind", "decode",
+           "encode_frame", "frame_cap", "hello_payload", "parse_hello", "read_frame",
+           "write_frame", "HELLO", "REQUEST", "RESULT", "ERROR", "LOG", "QUERY", "VIOLATIONS",
+           "UPCALL", "REPLY"]
 
-def _cap_from_env():
-    """The supervisor may lower the cap (to the policy's limits.output): WFJAIL_FRAME_CAP."""
-    try:
-        value = int(os.environ.get("WFJAIL_FRAME_CAP", MAX_CAP))
-    except ValueError:
-        return MAX_CAP
-    return value if 0 < value <= MAX_CAP else MAX_CAP
+HELLO = GuestKind.HELLO
+REQUEST = GuestKind.REQUEST
+RESULT = GuestKind.RESULT
+ERROR = GuestKind.ERROR
+LOG = GuestKind.LOG
+QUERY = GuestKind.QUERY
+VIOLATIONS = GuestKind.VIOLATIONS
+UPCALL = GuestKind.UPCALL
+REPLY = GuestKind.REPLY
 
+NAMES = {kind: kind.name for kind in GuestKind}
 
-CAP = _cap_from_env()  # largest payload this guest sends or accepts
-
-HELLO = 1
-REQUEST = 2
-RESULT = 3
-ERROR = 4
-LOG = 5
-QUERY = 6
-VIOLATIONS = 7
-UPCALL = 8
-REPLY = 9
-
-NAMES = {HELLO: "HELLO", REQUEST: "REQUEST", RESULT: "RESULT", ERROR: "ERROR",
-         LOG: "LOG", QUERY: "QUERY", VIOLATIONS: "VIOLATIONS", UPCALL: "UPCALL",
-         REPLY: "REPLY"}
-
-_LEN = struct.Struct("<I")
 _READ_CHUNK = 64 * 1024  # bounds each os.read() buffer, whatever the announced length
+_cap = 0  # frame_cap()'s answer, once asked
 
 
-def _check_length(length, cap):
-    if length == 0:
-        raise ProtocolError("empty", "frame length 0: the length must count the kind byte")
-    if length - 1 > cap:
-        raise ProtocolError(
-            "oversized", "frame of %d bytes exceeds the %d-byte cap" % (length - 1, cap))
+def frame_cap() -> int:
+    """The largest payload this guest sends or accepts: ``WFJAIL_FRAME_CAP`` (the supervisor
+    may lower it to the policy's limits.output), read on first use, else the protocol's."""
+    global _cap
+    if not _cap:
+        try:
+            value = int(os.environ.get("WFJAIL_FRAME_CAP", MAX_CAP))
+        except ValueError:
+            value = MAX_CAP
+        _cap = value if 0 < value <= MAX_CAP else MAX_CAP
+    return _cap
 
 
-def _check_kind(kind):
-    if kind not in NAMES:
-        raise ProtocolError("unknown-kind", "unknown frame kind 0x%02x" % kind)
+def __getattr__(name: str) -> int:
+    # ``CAP``, the module attribute it always was, without reading the environment at import.
+    if name == "CAP":
+        return frame_cap()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
-def encode_frame(kind, payload=b"", cap=CAP):
+def encode_frame(kind: int, payload: bytes = b"", cap: "Optional[int]" = None) -> bytes:
     """Return the bytes of one frame; refuses what a reader would reject."""
     if kind not in NAMES:
         raise ValueError("unknown frame kind %r" % (kind,))
-    return _pack(kind, payload, cap)
+    return wire.pack(kind, payload, frame_cap() if cap is None else cap)
 
 
-def _pack(kind, payload, cap):
-    """One frame of any wire that shares this framing (the worker wire too)."""
-    payload = bytes(payload)
-    if len(payload) > cap:
-        raise ProtocolError(
-            "oversized", "frame of %d bytes exceeds the %d-byte cap" % (len(payload), cap))
-    return _LEN.pack(len(payload) + 1) + bytes((kind,)) + payload
+def hello_payload(version: int = VERSION) -> bytes:
+    return wire.pack_hello(version)
 
 
-def hello_payload(version=VERSION):
-    return MAGIC + struct.pack("<H", version)
+parse_hello = wire.parse_hello
 
 
-def parse_hello(payload):
-    """Return the version of a HELLO payload, or raise ProtocolError('handshake')."""
-    if len(payload) != len(MAGIC) + 2 or payload[:len(MAGIC)] != MAGIC:
-        raise ProtocolError("handshake", "bad HELLO payload %r (want b'wfjail' + u16 version)"
-                            % (bytes(payload[:32]),))
-    return struct.unpack("<H", payload[len(MAGIC):])[0]
+class Decoder(wire.Decoder):
+    """``wire.Decoder`` for the guest protocol's kinds."""
+
+    def __init__(self, cap: "Optional[int]" = None) -> None:
+        super().__init__(frame_cap() if cap is None else cap, NAMES)
 
 
-class Decoder:
-    """Incremental decoder: feed it bytes as they arrive, get whole frames back.
-
-    It holds at most the current frame's header and the payload bytes received so
-    far, never more than ``cap + 5`` bytes, and allocates nothing on the word of a
-    length field. After an error it stays failed: later calls raise the same error.
-    """
-
-    def __init__(self, cap=CAP):
-        self.cap = cap
-        self._head = bytearray()  # up to 5 bytes: length and kind
-        self._length = None       # set once the 4 length bytes are in and checked
-        self._payload = bytearray()
-        self._error = None
-
-    @property
-    def buffered(self):
-        """Bytes held for the frame in progress (for tests and diagnostics)."""
-        return len(self._head) + len(self._payload)
-
-    def feed(self, data):
-        """Generator of the ``(kind, payload)`` frames completed by ``data``.
-
-        A generator so that the frames before a bad one come out before the error is
-        raised. Iterate it to the end: unread input is not kept.
-        """
-        if self._error is not None:
-            raise self._error
-        view = memoryview(data).cast("B")
-        pos, end = 0, len(view)
-        try:
-            while pos < end:
-                if len(self._head) < 5:
-                    take = min(5 - len(self._head), end - pos)
-                    self._head += view[pos:pos + take]
-                    pos += take
-                    if self._length is None and len(self._head) >= 4:
-                        self._length = _LEN.unpack_from(self._head)[0]
-                        _check_length(self._length, self.cap)
-                    if len(self._head) == 5:
-                        _check_kind(self._head[4])
-                    if len(self._head) < 5:
-                        continue
-                take = min(self._length - 1 - len(self._payload), end - pos)
-                self._payload += view[pos:pos + take]
-                pos += take
-                if len(self._payload) == self._length - 1:
-                    frame = (self._head[4], bytes(self._payload))
-                    self._reset()
-                    yield frame
-        except ProtocolError as e:
-            self._error = e
-            self._reset()
-            raise
-        finally:
-            view.release()  # a paused generator must not pin the caller's bytearray
-
-    def finish(self):
-        """Signal end-of-file: raises ProtocolError('truncated') inside a frame."""
-        if self._error is not None:
-            raise self._error
-        if self._head:
-            self._error = ProtocolError(
-                "truncated", "end of file inside a frame (%d header bytes, %d of %d payload "
-                "bytes)" % (len(self._head), len(self._payload),
-                            (self._length or 1) - 1))
-            self._reset()
-            raise self._error
-
-    def _reset(self):
-        self._head = bytearray()
-        self._length = None
-        self._payload = bytearray()
-
-
-def decode(data, cap=CAP):
+def decode(data: bytes, cap: "Optional[int]" = None) -> "List[Tuple[int, bytes]]":
     """Decode a whole stream; return its frames or raise the first ProtocolError."""
-    dec = Decoder(cap)
-    frames = list(dec.feed(data))
-    dec.finish()
-    return frames
+    return wire.parse(data, frame_cap() if cap is None else cap, NAMES)
 
 
-def _read_exact(fd, n, started):
+def _read_exact(fd: int, n: int, started: bool) -> bytes:
     """Read exactly n bytes, or b'' on EOF before the first byte of a frame."""
     chunks, got = [], 0
     while got < n:
@@ -186,7 +100,7 @@ def _read_exact(fd, n, started):
     return b"".join(chunks)
 
 
-def read_frame(fd, cap=CAP):
+def read_frame(fd: int, cap: "Optional[int]" = None) -> "Optional[Tuple[int, bytes]]":
     """Read one frame from a raw fd: ``(kind, payload)``, or None at a clean EOF.
 
     Reads exactly one frame's bytes, never more, so frames that follow stay in the
@@ -195,14 +109,14 @@ def read_frame(fd, cap=CAP):
     head = _read_exact(fd, 4, started=False)
     if not head:
         return None
-    length = _LEN.unpack(head)[0]
-    _check_length(length, cap)
+    length = wire.LENGTH.unpack(head)[0]
+    wire.check_length(length, frame_cap() if cap is None else cap)
     kind = _read_exact(fd, 1, started=True)[0]
-    _check_kind(kind)
+    wire.check_kind(kind, NAMES)
     return kind, _read_exact(fd, length - 1, started=True)
 
 
-def write_frame(fd, kind, payload=b"", cap=CAP):
+def write_frame(fd: int, kind: int, payload: bytes = b"", cap: "Optional[int]" = None) -> None:
     """Write one frame to a raw fd, looping over short writes and EINTR."""
     view = memoryview(encode_frame(kind, payload, cap))
     while view:

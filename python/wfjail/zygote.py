@@ -44,31 +44,20 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 
-FORK, READY, FORKED, EXITED = 0x31, 0x32, 0x33, 0x34
+from . import wire
+from .wire import ControlKind
+
+FORK, READY = ControlKind.FORK, ControlKind.READY
+FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
 # The control channel's version, said in READY: wfjail refuses a zygote of another version
 # (a package installed from another wfjail). 2: FORK carries the session's output pipe.
-CONTROL_VERSION = 2
+CONTROL_VERSION = wire.CONTROL_VERSION
 # The next spare is forked once the zygote has had nothing to do for this long: not while a
 # session's child starts or exits, which a fork would compete with for the CPUs
 # (docs/benchmarks.md, "Prefork latency").
 SPARE_IDLE = 0.001
-
-
-def _frame(kind, doc):
-    payload = json.dumps(doc).encode("utf-8")
-    return struct.pack("<IB", len(payload) + 1, kind) + payload
-
-
-def _parse(packet):
-    if len(packet) < 5:
-        raise ValueError("short control packet")
-    length, kind = struct.unpack("<IB", packet[:5])
-    if length != len(packet) - 4:
-        raise ValueError("control packet length mismatch")
-    return kind, json.loads(packet[5:].decode("utf-8"))
 
 
 def _resolve(spec):
@@ -166,14 +155,14 @@ def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
                                "own, so it does not run the session: %s" % refused)
         handler = _resolve(handler_spec)
         if init is not None:
-            guest._set_init_value(init[0])
+            guest.set_init_value(init[0])
             handler = handler(init[0])
             if not callable(handler):
                 raise TypeError("handler %r called with the session's init returned %r, "
                                 "not a callable" % (handler_spec, type(handler).__name__))
     except BaseException as exc:  # the session cannot start: say why instead of HELLO
         try:
-            P.write_frame(4, P.ERROR, guest._error_payload(exc))
+            P.write_frame(4, P.ERROR, guest.error_payload(exc))
         finally:
             os._exit(0)
     guest.run(_reseeding(handler), fds=(3, 4))
@@ -347,6 +336,8 @@ def main(argv=None):
             break
     from . import guest, protocol  # noqa: F401  (the children need them; load them now)
 
+    protocol.frame_cap()  # read once here, for every child
+
     gc.collect()
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -357,7 +348,7 @@ def main(argv=None):
              "session_domain": session_domain, "control": CONTROL_VERSION}
     if error:
         ready["error"] = error
-    ctl.sendall(_frame(READY, ready))
+    ctl.sendall(wire.pack_control(READY, ready))
     if error:
         return 1
     sys.stdout.flush()
@@ -382,7 +373,7 @@ def main(argv=None):
             msg, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
             if not msg:
                 return 0  # the supervisor is gone
-            kind, doc = _parse(msg)
+            kind, doc = wire.parse_control(msg)
             if kind != FORK or len(fds) != 2:
                 for f in fds:
                     os.close(f)
@@ -397,14 +388,14 @@ def main(argv=None):
                 except OSError as exc:
                     for f in fds:
                         os.close(f)
-                    ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "error": str(exc)}))
+                    ctl.sendall(wire.pack_control(FORKED, {"session": doc.get("session"), "error": str(exc)}))
                     continue
                 if pid == 0:
                     _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake), init)
             spare = None
             for f in fds:
                 os.close(f)
-            ctl.sendall(_frame(FORKED, {"session": doc.get("session"), "pid": pid}))
+            ctl.sendall(wire.pack_control(FORKED, {"session": doc.get("session"), "pid": pid}))
         # Reap every child that ended, and tell the supervisor how.
         while True:
             try:
@@ -416,7 +407,7 @@ def main(argv=None):
             if spare is not None and pid == spare[0]:
                 spare[1].close()  # the spare died before its session: make another
                 spare = None
-            ctl.sendall(_frame(EXITED, {
+            ctl.sendall(wire.pack_control(EXITED, {
                 "pid": pid,
                 "status": status,
                 "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
