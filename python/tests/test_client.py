@@ -24,8 +24,9 @@ REPO = os.path.normpath(os.path.join(PYDIR, ".."))
 sys.path.insert(0, PYDIR)
 
 import wfjail  # noqa: E402
-from wfjail import ProtocolError, Violation  # noqa: E402
+from wfjail import ProtocolError, Violation, wire  # noqa: E402
 from wfjail import client as C  # noqa: E402
+from wfjail.conversation import open_doc  # noqa: E402
 from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa: E402
 
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")
@@ -48,7 +49,8 @@ def check_header(length, kind, worker_kinds=True):
     """The client's own header checks; the vectors hold both directions, so the worker's kinds
     are admitted too unless ``worker_kinds`` is false (what the client itself reads)."""
     try:
-        C._check_header(length, kind)
+        wire.check_length(length, C.CAP)
+        wire.check_kind(kind, wire.SERVER_SENDS)
     except ProtocolError as e:
         if not (worker_kinds and e.code == "unknown-kind" and kind in WORKER_KINDS):
             raise
@@ -63,7 +65,7 @@ def read_frames(data, worker_kinds=True):
             head = data[pos:pos + _HEADER.size]
             if len(head) < _HEADER.size:
                 if len(head) >= 4:  # the length alone is already checkable
-                    C._check_length(struct.unpack("<I", head[:4])[0])
+                    wire.check_length(struct.unpack("<I", head[:4])[0], C.CAP)
                 raise ProtocolError("truncated", "end of stream inside a header")
             length, kind = _HEADER.unpack(head)
             check_header(length, kind, worker_kinds)
@@ -128,7 +130,7 @@ class VectorTests(unittest.TestCase):
     def test_constants_match_the_file(self):
         self.assertEqual(self.doc["cap"], C.CAP)
         self.assertEqual(_HEADER.size, 5)
-        self.assertEqual(C._SERVER_KINDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
+        self.assertEqual(wire.SERVER_SENDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
                                            C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL})
         self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY, C.INTERRUPT),
                          (0x11, 0x12, 0x13, 0x14, 0x15, 0x16))
@@ -137,7 +139,7 @@ class VectorTests(unittest.TestCase):
         self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL),
                          (0x26, 0x27, 0x28, 0x29, 0x2A))
         kinds = {k for v in self.vectors for k, _ in expected(v)}
-        self.assertEqual(kinds, set(WORKER_KINDS) | C._SERVER_KINDS, "every kind has a vector")
+        self.assertEqual(kinds, set(WORKER_KINDS) | wire.SERVER_SENDS, "every kind has a vector")
 
     def test_every_worker_vector(self):
         self.assertGreaterEqual(len(self.vectors), 10)
@@ -168,8 +170,8 @@ class VectorTests(unittest.TestCase):
                 for kind, payload in frames:
                     if kind == C.OPEN:
                         doc = json.loads(payload.decode("utf-8"))
-                        mine = C._open_doc(doc.get("handler"), doc.get("argv"),
-                                           doc.get("timeout"))
+                        mine = open_doc(doc.get("handler"), doc.get("argv"),
+                                        doc.get("timeout"))
                         self.assertEqual(json.loads(mine), doc)
                         self.assertEqual(C._frame(C.OPEN, mine),
                                          C._frame(C.OPEN, mine.encode("utf-8")))
@@ -183,7 +185,7 @@ class VectorTests(unittest.TestCase):
                 want = client_view(data)
                 self.assertEqual(client_reads(data), want)
                 self.assertEqual(async_client_reads(data), want)
-                if v["error"] is None and all(k in C._SERVER_KINDS for k, _ in expected(v)):
+                if v["error"] is None and all(k in wire.SERVER_SENDS for k, _ in expected(v)):
                     self.assertEqual(want, (expected(v), "truncated"))
 
     def test_length_is_checked_before_the_kind_byte_is_awaited(self):
@@ -1022,6 +1024,8 @@ if __name__ == "__main__":
 class LogTests(unittest.TestCase):
     """LOG frames go to the session's on_log, in order, and never reach the caller."""
 
+    result = b"\x00\x01reply"  # the "result" vector's payload
+
     def frames(self):
         v = {x["name"]: bytes.fromhex(x["hex"]) for x in load_vectors()["worker_vectors"]}
         return v["log"] + v["log"] + v["result"]
@@ -1031,10 +1035,10 @@ class LogTests(unittest.TestCase):
         s = C.Session("/nonexistent", "", on_log=lambda level, text: got.append((level, text)))
         a, b = socket.socketpair()
         s._sock = a
+        s._conversation.call(b"x")
         b.sendall(self.frames())
         b.close()
-        kind, _ = s._read()
-        self.assertEqual(kind, C.RESULT)
+        self.assertEqual(s._answer(), self.result)
         self.assertEqual(len(got), 2)
         self.assertEqual(got[0][0], 20)
         self.assertTrue(got[0][1].startswith("greeting wfjail"))
@@ -1048,8 +1052,8 @@ class LogTests(unittest.TestCase):
             s._reader = asyncio.StreamReader()
             s._reader.feed_data(C._frame(C.LOG, b"not json") + self.frames())
             s._reader.feed_eof()
-            return await s._read()
+            s._conversation.call(b"x")
+            return await s._answer()
 
-        kind, _ = asyncio.run(go())
-        self.assertEqual(kind, C.RESULT)
+        self.assertEqual(asyncio.run(go()), self.result)
         self.assertEqual([level for level, _ in got], [20, 20])

@@ -21,13 +21,22 @@ wire").
 """
 
 import asyncio
-import json
 import os
 import socket
 
-from . import wire
-from .errors import ProtocolError, Violation
-from .wire import WorkerKind
+from .conversation import (CAP, NO_INIT, Busy, Conversation, GuestError, Send, SessionFailed,
+                           frame, open_doc)
+from .errors import ProtocolError
+from .wire import SERVER_SENDS, WorkerKind
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, Optional, Union
+
+    from .conversation import OnLog, OnUpcall
+
+__all__ = ["AsyncClient", "AsyncSession", "Busy", "Client", "GuestError", "Session",
+           "SessionFailed"]
 
 OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
 REPLY, INTERRUPT, TIME = WorkerKind.REPLY, WorkerKind.INTERRUPT, WorkerKind.TIME
@@ -35,170 +44,29 @@ OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
 FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
 SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
 LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
-_NAMES = {kind: kind.name for kind in wire.SERVER_SENDS}  # tests/serve.rs names frames by it
-_SERVER_KINDS = wire.SERVER_SENDS
-CAP = wire.MAX_CAP
-
-
-class GuestError(Exception):
-    """A call raised in the guest: its type, message, traceback and the violations wfjail
-    recorded during that call."""
-
-    __module__ = "wfjail"
-
-    def __init__(self, doc):
-        super().__init__("%s: %s" % (doc.get("type", "?"), doc.get("message", "")))
-        self.type = doc.get("type", "")
-        self.message = doc.get("message", "")
-        self.traceback = doc.get("traceback", "")
-        self.violations = doc.get("violations", [])
-
-
-class Busy(Exception):
-    """The server runs as many sessions as it may (``--max-executions``); nothing was
-    started. ``capacity`` and ``open`` say how many."""
-
-    __module__ = "wfjail"
-
-    def __init__(self, doc):
-        self.capacity = doc.get("capacity")
-        self.open = doc.get("open")
-        super().__init__("wfjail serve is full: %s of %s sessions open (raise --max-executions)"
-                         % (self.open, self.capacity))
-
-
-class SessionFailed(Exception):
-    """The session ended without CLOSE: ``report`` is its report (status, violations...)."""
-
-    __module__ = "wfjail"
-
-    def __init__(self, report):
-        status = report.get("status", "?")
-        why = report.get("error") or ", ".join(
-            "%s %s" % (v.get("category"), v.get("syscall")) for v in report.get("violations", []))
-        super().__init__("session %s%s" % (status, ": " + why if why else ""))
-        self.report = report
-        self.status = status
-
-
-def _frame(kind, payload=b""):
-    if isinstance(payload, str):
-        payload = payload.encode("utf-8")
-    return wire.pack(kind, payload, CAP)
-
-
-def _check_length(length):
-    wire.check_length(length, CAP)
-
-
-def _check_kind(kind):
-    wire.check_kind(kind, _SERVER_KINDS, "unexpected frame kind 0x%02x from wfjail")
-
-
-def _check_header(length, kind):
-    _check_length(length)
-    _check_kind(kind)
-
-
-def _expect(kind, payload, want):
-    """The payload of a reply of kind ``want``; a call's ERROR raises the guest's error, BUSY
-    answering OPEN raises ``Busy``, any other kind is a protocol error. (FAILED is the
-    session's to handle: it ends it.)"""
-    if kind == want:
-        return payload
-    if kind == ERROR and want == RESULT:
-        _raise_call_error(json.loads(payload))
-    if kind == BUSY and want == OPENED:
-        raise Busy(json.loads(payload))
-    raise ProtocolError("unexpected", "expected %s, got kind 0x%02x" % (_NAMES[want], kind))
-
-
-def _upcall_reply(on_upcall, payload):
-    """The REPLY payload for an UPCALL: status 0 and the handler's bytes, or status 1 and
-    why there is none."""
-    if on_upcall is None:
-        return wire.pack_reply(wire.ReplyStatus.REFUSED, b"this session has no upcall handler "
-                               b"(Client.session(on_upcall=...))")
-    try:
-        answer = on_upcall(payload)
-        return wire.pack_reply(wire.ReplyStatus.ANSWER, bytes(answer))
-    except Exception as e:  # noqa: BLE001  (the guest hears why; the worker goes on)
-        return wire.pack_reply(wire.ReplyStatus.REFUSED,
-                               ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace"))
-
-
-def _deliver_log(on_log, payload):
-    """Hand a LOG frame to the session's ``on_log(level, text)`` (a bad one is dropped: the
-    guest's words never break the worker)."""
-    if on_log is None:
-        return
-    try:
-        doc = json.loads(payload)
-        level, text = int(doc["level"]), str(doc["text"])
-    except (ValueError, KeyError, TypeError):
-        return
-    on_log(level, text)
-
-
-def _raise_call_error(doc):
-    """Raise the guest's error: ``wfjail.Violation`` only when the guest's message names a
-    violation wfjail recorded during this call (the ERROR's ``violations`` are that call's);
-    anything else, including a guest that raised a Violation of its own making, is a
-    ``GuestError``."""
-    found = doc.get("violations") or []
-    if doc.get("type") == "wfjail.Violation" and isinstance(found, list):
-        message = doc.get("message", "")
-        candidates = [Violation.from_dict(v) for v in found if isinstance(v, dict)]
-        v = next((c for c in candidates if message.startswith(c._head())), None)
-        if v is not None:
-            v.traceback = doc.get("traceback", "")
-            raise v
-    raise GuestError(doc)
-
-
-_NO_INIT = object()
-
-
-def _time_frame(time_ns):
-    """A TIME frame for the next CALL (nothing when ``time_ns`` is None)."""
-    if time_ns is None:
-        return b""
-    return _frame(TIME, wire.pack_time(time_ns))
-
-
-def _open_doc(handler, argv, timeout, init=_NO_INIT, logs=False, seed=None, time_ns=None):
-    doc = {}
-    if seed is not None:
-        doc["seed"] = int(seed)
-    if time_ns is not None:
-        doc["time_ns"] = int(time_ns)
-    if logs:
-        doc["logs"] = True
-    if handler is not None:
-        doc["handler"] = handler
-    if argv is not None:
-        doc["argv"] = list(argv)
-    if timeout is not None:
-        doc["timeout"] = timeout
-    if init is not _NO_INIT:
-        doc["init"] = init
-    return json.dumps(doc)
+# The names tests/serve.rs's workers use to build and name raw frames.
+_frame = frame
+_NAMES = {kind: kind.name for kind in SERVER_SENDS}
 
 
 class Client:
     """Opens sessions on a ``wfjail serve`` socket (blocking sockets)."""
 
-    def __init__(self, path=None):
-        self.path = path or os.environ.get("WFJAIL_SOCKET")
-        if not self.path:
+    def __init__(self, path: "Optional[str]" = None) -> None:
+        found = path or os.environ.get("WFJAIL_SOCKET")
+        if not found:
             raise RuntimeError("no socket: run under `wfjail serve` (it sets WFJAIL_SOCKET) "
                                "or pass the path")
+        self.path: str = found
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
-                on_upcall=None, seed=None, time_ns=None, max_frame=None):
+    def session(self, handler: "Optional[str]" = None, argv: "Optional[Iterable[str]]" = None,
+                timeout: "Optional[str]" = None, init: "Any" = NO_INIT,
+                on_log: "Optional[OnLog]" = None, on_upcall: "Optional[OnUpcall]" = None,
+                seed: "Optional[int]" = None, time_ns: "Optional[int]" = None,
+                max_frame: "Optional[int]" = None) -> "Session":
         """A session (use it as a context manager). ``handler`` in zygote mode,
         ``argv`` in exec mode; ``timeout`` per call, e.g. ``"5s"``; ``init``, any JSON
-        value (at most 32 KiB encoded): the session's arguments — in zygote mode the handler
+        value (at most 32 KiB encoded): the session's arguments \u2014 in zygote mode the handler
         is then called once with it and returns the session's handler; an exec'd guest
         reads it with ``wfjail.guest.init_value()``. ``on_log(level, text)``: receives the
         guest's log records (``wfjail.guest.log``) instead of wfjail's stderr.
@@ -211,94 +79,100 @@ class Client:
         passes another. ``max_frame``: the largest RESULT, ERROR, LOG or UPCALL payload (the
         guest's words) this session reads (default: the protocol's 16 MiB); a larger one
         ends the session unread (``ProtocolError('oversized')``)."""
-        return Session(self.path, _open_doc(handler, argv, timeout, init, on_log is not None,
-                                            seed, time_ns),
+        return Session(self.path, open_doc(handler, _listed(argv), timeout, init,
+                                           on_log is not None, seed, time_ns),
                        on_log, on_upcall, max_frame)
 
-    def status(self):
+    def status(self) -> "Dict[str, Any]":
         """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
+        s = Session(self.path, "")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(self.path)
-            sock.sendall(_frame(STATUS))
-            s = Session(self.path, "")
+            sock.sendall(s._conversation.status())
             s._sock = sock
-            kind, payload = s._read()
+            doc: "Dict[str, Any]" = s._answer()
             s._sock = None
-        return json.loads(_expect(kind, payload, SERVER))
+        return doc
 
 
-# The frames whose payload is the guest's (their size is its choice): a session may read
-# less of them than the protocol's cap.
-_GUEST_SIZED = frozenset((RESULT, ERROR, LOG, UPCALL))
+def _listed(argv: "Optional[Iterable[str]]") -> "Optional[list[str]]":
+    return None if argv is None else list(argv)
 
 
 class Session:
-    def __init__(self, path, open_doc, on_log=None, on_upcall=None, max_frame=None):
-        self._path, self._open_doc = path, open_doc
-        self._max_frame = CAP if max_frame is None else int(max_frame)
-        self._on_log = on_log
-        self._on_upcall = on_upcall
-        self._sock = None
-        self.id = None
-        self.mode = None
-        self.report = None
-        # What wfjail denied during the last call that returned a result (dicts, the report's
-        # violation entries); empty when nothing was.
-        self.violations = []
+    """One session over a blocking socket: the I/O of a ``Conversation``."""
 
-    def open(self):
+    def __init__(self, path: str, open_doc: str, on_log: "Optional[OnLog]" = None,
+                 on_upcall: "Optional[OnUpcall]" = None, max_frame: "Optional[int]" = None):
+        self._path = path
+        self._conversation = Conversation(open_doc, on_log, on_upcall, max_frame)
+        self._sock: "Optional[socket.socket]" = None
+
+    # The conversation's state, as the session's own attributes.
+    id = property(lambda self: self._conversation.id)
+    mode = property(lambda self: self._conversation.mode)
+    report = property(lambda self: self._conversation.report)
+    violations = property(lambda self: self._conversation.violations,
+                          doc="What wfjail denied during the last call that returned a result "
+                              "(dicts, the report's violation entries); empty when nothing was.")
+
+    @property
+    def _max_frame(self) -> int:
+        return self._conversation.max_frame
+
+    @_max_frame.setter
+    def _max_frame(self, value: int) -> None:
+        self._conversation.max_frame = value
+
+    def open(self) -> "Session":
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(self._path)
-            self._sock.sendall(_frame(OPEN, self._open_doc))
-            doc = json.loads(self._answer(OPENED))
+            self._sock.sendall(self._conversation.open())
+            self._answer()
         except BaseException:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._drop()
             raise
-        self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
-    def call(self, request, time_ns=None):
+    def call(self, request: "Union[bytes, str]", time_ns: "Optional[int]" = None) -> bytes:
         """Send one call; return the guest's result bytes. ``time_ns``: the workflow time
         of this call and after (``[time] clock = "virtual"``)."""
         if self._sock is None:
             raise RuntimeError("the session is not open")
+        data = self._conversation.call(request, time_ns)
         try:
-            self._sock.sendall(_time_frame(time_ns) + _frame(CALL, request))
+            self._sock.sendall(data)
         except OSError:
             # The session may have ended already (its guest died between calls): wfjail sent
             # FAILED with the report before closing; read it rather than lose it.
             pass
-        return self._answer(RESULT)
+        result: bytes = self._answer()
+        return result
 
-    def close(self):
+    def close(self) -> "Optional[Dict[str, Any]]":
         """End the session; return its report (a dict, the shape of `wfjail run --report`)."""
         if self._sock is None:
             return self.report
         try:
-            self._sock.sendall(_frame(CLOSE))
-            kind, payload = self._read()
-            if kind in (CLOSED, FAILED):
-                self._finish(payload)
+            self._sock.sendall(self._conversation.close())
+            self._answer()
         except (OSError, ProtocolError):
-            self._sock.close()
-            self._sock = None
+            self._drop()
         return self.report
 
-    def interrupt(self):
+    def interrupt(self) -> None:
         """Interrupts the call in progress (from any thread): the guest raises
         ``wfjail.Interrupted`` in the code it runs, and the call answers as that code lets
         it (usually ERROR with where it was). Nothing happens outside a call."""
         sock = self._sock
         if sock is not None:
             try:
-                sock.sendall(_frame(INTERRUPT))
+                sock.sendall(frame(INTERRUPT))
             except OSError:
                 pass
 
-    def abort(self):
+    def abort(self) -> None:
         """Ends the session from any thread without waiting: a call blocked in another
         thread fails at once (wfjail sees the worker leave and kills the guest)."""
         sock = self._sock
@@ -308,62 +182,41 @@ class Session:
             except OSError:
                 pass
 
-    def _answer(self, want):
-        kind, payload = self._read()
-        while kind == UPCALL and want == RESULT:
-            self._sock.sendall(_frame(REPLY, _upcall_reply(self._on_upcall, payload)))
-            kind, payload = self._read()
-        self.violations = []
-        if kind == VIOLATIONS and want == RESULT:
-            self.violations = json.loads(payload)
-            kind, payload = self._read()
-        if kind == FAILED:
-            self._finish(payload)
-            raise SessionFailed(self.report)
-        return _expect(kind, payload, want)
+    def _answer(self) -> "Any":
+        """Read until the conversation has the answer (sending what it says to on the way)."""
+        conversation = self._conversation
+        try:
+            while True:
+                step = conversation.handle(*self._read_frame())
+                if isinstance(step, Send):
+                    self._socket().sendall(step.data)
+                elif step is not None:
+                    return step.value
+        finally:
+            if conversation.ended:
+                self._drop()
 
-    def _finish(self, payload):
-        self.report = json.loads(payload)
-        self._sock.close()
-        self._sock = None
-
-    def _read_exact(self, n):
-        chunks, left = [], n
-        while left:
-            chunk = self._sock.recv(min(left, 1 << 20))
-            if not chunk:
-                raise ProtocolError("truncated", "wfjail closed the session connection")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def _read(self):
+    def _read_frame(self) -> "tuple[int, bytes]":
+        conversation, sock = self._conversation, self._socket()
         while True:
-            kind, payload = self._read_frame()
-            if kind != LOG:
-                return kind, payload
-            _deliver_log(self._on_log, payload)
+            got = conversation.frame_from(sock.recv(conversation.wanted()))
+            if got is not None:
+                return got
 
-    def _read_frame(self):
-        # The length is checked before the kind byte is awaited (docs/protocol.md).
-        (length,) = wire.LENGTH.unpack(self._read_exact(4))
-        _check_length(length)
-        kind = self._read_exact(1)[0]
-        _check_kind(kind)
-        if kind in _GUEST_SIZED and length - 1 > self._max_frame:
-            # Not read: the session ends here (the rest of the frame would be read as
-            # frames), and wfjail ends the guest when the worker leaves.
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            raise RuntimeError("the session is not open")
+        return self._sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
             self._sock.close()
             self._sock = None
-            raise ProtocolError("oversized", "a %s frame of %d bytes from the guest, over the "
-                                "%d this session reads" % (_NAMES[kind], length - 1,
-                                                            self._max_frame))
-        return kind, self._read_exact(length - 1)
 
-    def __enter__(self):
+    def __enter__(self) -> "Session":
         return self.open()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         self.close()
         return False
 
@@ -371,104 +224,106 @@ class Session:
 class AsyncClient(Client):
     """The asyncio flavour of ``Client``."""
 
-    def session(self, handler=None, argv=None, timeout=None, init=_NO_INIT, on_log=None,
-                on_upcall=None, seed=None, time_ns=None):
-        return AsyncSession(self.path, _open_doc(handler, argv, timeout, init,
-                                                 on_log is not None, seed, time_ns),
+    def session(self, handler: "Optional[str]" = None,  # type: ignore[override]
+                argv: "Optional[Iterable[str]]" = None, timeout: "Optional[str]" = None,
+                init: "Any" = NO_INIT, on_log: "Optional[OnLog]" = None,
+                on_upcall: "Optional[OnUpcall]" = None, seed: "Optional[int]" = None,
+                time_ns: "Optional[int]" = None) -> "AsyncSession":
+        return AsyncSession(self.path, open_doc(handler, _listed(argv), timeout, init,
+                                                on_log is not None, seed, time_ns),
                             on_log, on_upcall)
 
 
 class AsyncSession:
-    def __init__(self, path, open_doc, on_log=None, on_upcall=None):
-        self._path, self._open_doc = path, open_doc
-        self._on_log = on_log
-        self._on_upcall = on_upcall
-        self._reader = self._writer = None
-        self.id = self.mode = self.report = None
-        self.violations = []
+    """One session over asyncio streams: the I/O of a ``Conversation``."""
 
-    async def open(self):
+    def __init__(self, path: str, open_doc: str, on_log: "Optional[OnLog]" = None,
+                 on_upcall: "Optional[OnUpcall]" = None) -> None:
+        self._path = path
+        self._conversation = Conversation(open_doc, on_log, on_upcall)
+        self._reader: "Optional[asyncio.StreamReader]" = None
+        self._writer: "Optional[asyncio.StreamWriter]" = None
+
+    id = Session.id
+    mode = Session.mode
+    report = Session.report
+    violations = Session.violations
+
+    async def open(self) -> "AsyncSession":
         self._reader, self._writer = await asyncio.open_unix_connection(self._path)
         try:
-            self._writer.write(_frame(OPEN, self._open_doc))
-            await self._writer.drain()
-            doc = json.loads(await self._answer(OPENED))
+            await self._send(self._conversation.open())
+            await self._answer()
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
             raise
-        self.id, self.mode = doc.get("session"), doc.get("mode")
         return self
 
-    async def call(self, request, time_ns=None):
+    async def call(self, request: "Union[bytes, str]", time_ns: "Optional[int]" = None) -> bytes:
         if self._writer is None:
             raise RuntimeError("the session is not open")
         try:
-            self._writer.write(_time_frame(time_ns) + _frame(CALL, request))
-            await self._writer.drain()
+            await self._send(self._conversation.call(request, time_ns))
         except OSError:
             pass  # the session ended already: its FAILED report is waiting to be read
-        return await self._answer(RESULT)
+        result: bytes = await self._answer()
+        return result
 
-    async def close(self):
+    async def close(self) -> "Optional[Dict[str, Any]]":
         if self._writer is None:
             return self.report
         try:
-            self._writer.write(_frame(CLOSE))
-            await self._writer.drain()
-            kind, payload = await self._read()
-            if kind in (CLOSED, FAILED):
-                await self._finish(payload)
-        except (OSError, ProtocolError, asyncio.IncompleteReadError):
-            self._writer.close()
-            self._writer = None
+            await self._send(self._conversation.close())
+            await self._answer()
+        except (OSError, ProtocolError):
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         return self.report
 
-    async def _answer(self, want):
-        kind, payload = await self._read()
-        while kind == UPCALL and want == RESULT:
-            self._writer.write(_frame(REPLY, _upcall_reply(self._on_upcall, payload)))
-            await self._writer.drain()
-            kind, payload = await self._read()
-        self.violations = []
-        if kind == VIOLATIONS and want == RESULT:
-            self.violations = json.loads(payload)
-            kind, payload = await self._read()
-        if kind == FAILED:
-            await self._finish(payload)
-            raise SessionFailed(self.report)
-        return _expect(kind, payload, want)
+    async def _send(self, data: bytes) -> None:
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError("the session is not open")
+        writer.write(data)
+        await writer.drain()
 
-    async def _finish(self, payload):
-        self.report = json.loads(payload)
-        self._writer.close()
+    async def _answer(self) -> "Any":
+        conversation = self._conversation
         try:
-            await self._writer.wait_closed()
-        except OSError:
-            pass
-        self._writer = None
+            while True:
+                step = conversation.handle(*await self._read_frame())
+                if isinstance(step, Send):
+                    await self._send(step.data)
+                elif step is not None:
+                    return step.value
+        finally:
+            if conversation.ended:
+                await self._drop()
 
-    async def _read(self):
+    async def _read_frame(self) -> "tuple[int, bytes]":
+        conversation, reader = self._conversation, self._reader
+        if reader is None:
+            raise RuntimeError("the session is not open")
         while True:
-            kind, payload = await self._read_frame()
-            if kind != LOG:
-                return kind, payload
-            _deliver_log(self._on_log, payload)
+            got = conversation.frame_from(await reader.read(conversation.wanted()))
+            if got is not None:
+                return got
 
-    async def _read_frame(self):
-        try:
-            (length,) = wire.LENGTH.unpack(await self._reader.readexactly(4))
-            _check_length(length)
-            kind = (await self._reader.readexactly(1))[0]
-            _check_kind(kind)
-            return kind, await self._reader.readexactly(length - 1)
-        except asyncio.IncompleteReadError:
-            raise ProtocolError("truncated", "wfjail closed the session connection") from None
+    async def _drop(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncSession":
         return await self.open()
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> bool:
         await self.close()
         return False

@@ -78,14 +78,14 @@ class Violation(PermissionError):
             "count": self.count,
         }
 
-    def _head(self):
+    def head(self) -> str:
         """The start of the summary, naming the call: "network: connect(AF_INET ...)"."""
         return "%s: %s(%s)" % (self.category, self.syscall, self._syscall_args)
 
     def _summary(self):
         # e.g. "network: connect(AF_INET 127.0.0.1:9) denied — network is denied in
         # workflow code; do it in an activity"
-        text = "%s %s" % (self._head(), self.action)
+        text = "%s %s" % (self.head(), self.action)
         if isinstance(self.count, int) and self.count > 1:
             text += " (x%d)" % self.count
         if self.hint:
