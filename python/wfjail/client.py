@@ -31,7 +31,7 @@ from .wire import SERVER_SENDS, WorkerKind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, Optional, Union
+    from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Union
 
     from .conversation import OnLog, OnUpcall
 
@@ -95,11 +95,38 @@ class Client:
         return doc
 
 
-def _listed(argv: "Optional[Iterable[str]]") -> "Optional[list[str]]":
+def _listed(argv: "Optional[Iterable[str]]") -> "Optional[List[str]]":
     return None if argv is None else list(argv)
 
 
-class Session:
+class _Conversing:
+    """The conversation's state, as a session's own attributes."""
+
+    _conversation: Conversation
+
+    @property
+    def id(self) -> "Any":
+        """The session's number (OPENED's ``session``)."""
+        return self._conversation.id
+
+    @property
+    def mode(self) -> "Any":
+        """``"zygote"`` or ``"exec"`` (OPENED's ``mode``)."""
+        return self._conversation.mode
+
+    @property
+    def report(self) -> "Optional[Dict[str, Any]]":
+        """The session's report once it ended (CLOSED or FAILED), else None."""
+        return self._conversation.report
+
+    @property
+    def violations(self) -> "List[Dict[str, Any]]":
+        """What wfjail denied during the last call that returned a result (dicts, the
+        report's violation entries); empty when nothing was."""
+        return self._conversation.violations
+
+
+class Session(_Conversing):
     """One session over a blocking socket: the I/O of a ``Conversation``."""
 
     def __init__(self, path: str, open_doc: str, on_log: "Optional[OnLog]" = None,
@@ -107,14 +134,6 @@ class Session:
         self._path = path
         self._conversation = Conversation(open_doc, on_log, on_upcall, max_frame)
         self._sock: "Optional[socket.socket]" = None
-
-    # The conversation's state, as the session's own attributes.
-    id = property(lambda self: self._conversation.id)
-    mode = property(lambda self: self._conversation.mode)
-    report = property(lambda self: self._conversation.report)
-    violations = property(lambda self: self._conversation.violations,
-                          doc="What wfjail denied during the last call that returned a result "
-                              "(dicts, the report's violation entries); empty when nothing was.")
 
     @property
     def _max_frame(self) -> int:
@@ -196,7 +215,7 @@ class Session:
             if conversation.ended:
                 self._drop()
 
-    def _read_frame(self) -> "tuple[int, bytes]":
+    def _read_frame(self) -> "Tuple[int, bytes]":
         conversation, sock = self._conversation, self._socket()
         while True:
             got = conversation.frame_from(sock.recv(conversation.wanted()))
@@ -216,7 +235,7 @@ class Session:
     def __enter__(self) -> "Session":
         return self.open()
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> "Literal[False]":
         self.close()
         return False
 
@@ -234,7 +253,7 @@ class AsyncClient(Client):
                             on_log, on_upcall)
 
 
-class AsyncSession:
+class AsyncSession(_Conversing):
     """One session over asyncio streams: the I/O of a ``Conversation``."""
 
     def __init__(self, path: str, open_doc: str, on_log: "Optional[OnLog]" = None,
@@ -243,11 +262,6 @@ class AsyncSession:
         self._conversation = Conversation(open_doc, on_log, on_upcall)
         self._reader: "Optional[asyncio.StreamReader]" = None
         self._writer: "Optional[asyncio.StreamWriter]" = None
-
-    id = Session.id
-    mode = Session.mode
-    report = Session.report
-    violations = Session.violations
 
     async def open(self) -> "AsyncSession":
         self._reader, self._writer = await asyncio.open_unix_connection(self._path)
@@ -303,7 +317,7 @@ class AsyncSession:
             if conversation.ended:
                 await self._drop()
 
-    async def _read_frame(self) -> "tuple[int, bytes]":
+    async def _read_frame(self) -> "Tuple[int, bytes]":
         conversation, reader = self._conversation, self._reader
         if reader is None:
             raise RuntimeError("the session is not open")
@@ -324,6 +338,6 @@ class AsyncSession:
     async def __aenter__(self) -> "AsyncSession":
         return await self.open()
 
-    async def __aexit__(self, *exc: object) -> bool:
+    async def __aexit__(self, *exc: object) -> "Literal[False]":
         await self.close()
         return False

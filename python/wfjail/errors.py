@@ -6,6 +6,10 @@ Both claim ``__module__ = "wfjail"`` so that tracebacks and ERROR frames name th
 
 import errno
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Tuple
+
 
 class ProtocolError(Exception):
     """A malformed, oversized, truncated or out-of-order frame.
@@ -20,7 +24,7 @@ class ProtocolError(Exception):
 
     __module__ = "wfjail"
 
-    def __init__(self, code, message):
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -37,8 +41,11 @@ class Violation(PermissionError):
 
     __module__ = "wfjail"
 
-    def __init__(self, category="other", syscall="", args="", action="denied",
-                 rule="", hint="", count=1):
+    traceback: str  # set on a Violation raised in the worker: the guest's traceback
+
+    def __init__(self, category: object = "other", syscall: object = "", args: object = "",
+                 action: object = "denied", rule: object = "", hint: object = "",
+                 count: "Any" = 1) -> None:
         self.category = str(category)
         self.syscall = str(syscall)
         self._syscall_args = str(args)
@@ -52,11 +59,11 @@ class Violation(PermissionError):
     # it, so `exc.args` is the report's field while the C-level tuple stays intact for
     # repr() and pickling.
     @property
-    def args(self):
+    def args(self) -> str:  # type: ignore[override]
         return self._syscall_args
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d: "Dict[str, Any]") -> "Violation":
         """Build one from a violation object of a VIOLATIONS frame."""
         if not isinstance(d, dict):
             raise TypeError("a violation must be a JSON object, not %s" % type(d).__name__)
@@ -71,7 +78,7 @@ class Violation(PermissionError):
             count=count if isinstance(count, int) else 1,
         )
 
-    def to_dict(self):
+    def to_dict(self) -> "Dict[str, Any]":
         return {
             "category": self.category, "syscall": self.syscall, "args": self.args,
             "action": self.action, "rule": self.rule, "hint": self.hint,
@@ -82,7 +89,7 @@ class Violation(PermissionError):
         """The start of the summary, naming the call: "network: connect(AF_INET ...)"."""
         return "%s: %s(%s)" % (self.category, self.syscall, self._syscall_args)
 
-    def _summary(self):
+    def _summary(self) -> str:
         # e.g. "network: connect(AF_INET 127.0.0.1:9) denied — network is denied in
         # workflow code; do it in an activity"
         text = "%s %s" % (self.head(), self.action)
@@ -92,10 +99,10 @@ class Violation(PermissionError):
             text += " \u2014 " + self.hint
         return text
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._summary()
 
-    def __reduce__(self):
+    def __reduce__(self) -> "Tuple[Callable[..., Violation], Tuple[Any, ...]]":
         # OSError's own reduce would replay (errno, strerror) into our constructor.
         return (type(self), (self.category, self.syscall, self._syscall_args, self.action,
                              self.rule, self.hint, self.count))

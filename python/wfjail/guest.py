@@ -23,6 +23,14 @@ from . import protocol as P
 from . import wire
 from .errors import ProtocolError, Violation
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (typing itself is not loaded in a guest: it would cost every start)
+    from types import FrameType, TracebackType
+    from typing import (Any, Callable, Dict, List, Literal, NoReturn, Optional, Tuple, Type,
+                        Union)
+
+    Handler = Callable[[bytes], Union[bytes, bytearray, memoryview, str]]
+
 # Error texts are cut to these sizes (the message keeps its head, the traceback its
 # tail) so that an ERROR frame stays well below any frame cap a policy may set.
 _MAX_MESSAGE = 16 * 1024
@@ -34,19 +42,19 @@ class _Session:
 
     __slots__ = ("rfd", "wfd")
 
-    def __init__(self, rfd, wfd):
+    def __init__(self, rfd: int, wfd: int) -> None:
         self.rfd = rfd
         self.wfd = wfd
 
 
-_session = None
+_session: "Optional[_Session]" = None
 
 
 _NO_INIT = object()
-_init_value = _NO_INIT
+_init_value: "Any" = _NO_INIT
 
 
-def init_value(default=None):
+def init_value(default: "Any" = None) -> "Any":
     """The session's arguments: the ``init`` of the worker's OPEN (any JSON value), or
     ``default`` when it sent none. In an exec'd guest it comes from ``WFJAIL_INIT``; in a
     zygote session the handler factory also receives it."""
@@ -59,13 +67,13 @@ def init_value(default=None):
     return _init_value
 
 
-def set_init_value(value):
+def set_init_value(value: "Any") -> None:
     """Set what ``init_value()`` returns (wfjail.zygote: a session child's ``init``)."""
     global _init_value
     _init_value = value
 
 
-def run(handler, *, fds=None):
+def run(handler: "Handler", *, fds: "Optional[Tuple[int, int]]" = None) -> "NoReturn":
     """Serve requests with ``handler(request: bytes) -> bytes | str`` until the supervisor
     closes the pipe, then exit 0 (one request under ``wfjail run``, several in a session).
 
@@ -82,7 +90,7 @@ def run(handler, *, fds=None):
     os._exit(status)
 
 
-def log(text, level=20):
+def log(text: object, level: int = 20) -> None:
     """Send a LOG frame (10 debug, 20 info, 30 warning, 40 error).
 
     Outside ``run`` (before the handshake, or in a plain interpreter) the line goes to
@@ -112,7 +120,7 @@ class Interrupted(Exception):
 _calling = False
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: "Optional[FrameType]") -> None:
     if _calling:
         raise Interrupted("the worker interrupted this call (it ran too long)")
 
@@ -123,7 +131,7 @@ class UpcallError(Exception):
     __module__ = "wfjail"
 
 
-def upcall(payload):
+def upcall(payload: bytes) -> bytes:
     """Ask the worker a question during a call (``bytes`` in, ``bytes`` out): wfjail relays
     it as UPCALL and the worker's answer back as REPLY. Raises ``UpcallError`` when there is
     no answer (``wfjail run`` has no worker; the worker's handler failed)."""
@@ -143,7 +151,7 @@ def upcall(payload):
     return body
 
 
-def query_violations():
+def query_violations() -> "List[Dict[str, Any]]":
     """Ask the supervisor what it denied since the last QUERY; return the list of dicts.
 
     The supervisor records a violation before the denied call returns, so asking right
@@ -168,7 +176,7 @@ def query_violations():
     return found
 
 
-def explain(exc):
+def explain(exc: BaseException) -> BaseException:
     """Return a ``wfjail.Violation`` for ``exc`` if the supervisor denied its cause.
 
     Only exceptions that look like a denial (anywhere in the cause/context chain: a
@@ -197,10 +205,11 @@ class violations_as_exceptions:
     the handler.
     """
 
-    def __enter__(self):
+    def __enter__(self) -> "violations_as_exceptions":
         return self
 
-    def __exit__(self, etype, exc, tb):
+    def __exit__(self, etype: "Optional[Type[BaseException]]", exc: "Optional[BaseException]",
+                 tb: "Optional[TracebackType]") -> "Literal[False]":
         if exc is None:
             return False
         violation = explain(exc)
@@ -211,7 +220,7 @@ class violations_as_exceptions:
 
 # -- the conversation ----------------------------------------------------------------
 
-def _fds_from_env():
+def _fds_from_env() -> "Tuple[int, int]":
     spec = os.environ.get("WFJAIL_FDS", "")
     try:
         rfd, wfd = (int(x) for x in spec.split(","))
@@ -224,7 +233,7 @@ def _fds_from_env():
         os._exit(2)
 
 
-def _converse(handler, rfd, wfd):
+def _converse(handler: "Handler", rfd: int, wfd: int) -> int:
     """The whole protocol: handshake, then one call per REQUEST until end-of-file.
 
     Returns the exit status. One-shot `wfjail run` sends one REQUEST and closes the pipe
@@ -274,7 +283,7 @@ def _converse(handler, rfd, wfd):
     return 0
 
 
-def _read_hello(rfd):
+def _read_hello(rfd: int) -> int:
     frame = P.read_frame(rfd)
     if frame is None:
         raise ProtocolError("closed", "the supervisor closed the pipe before HELLO")
@@ -288,7 +297,7 @@ def _read_hello(rfd):
     return version
 
 
-def _send_last(wfd, kind, payload):
+def _send_last(wfd: int, kind: int, payload: bytes) -> int:
     try:
         P.write_frame(wfd, kind, payload)
         return 0
@@ -297,7 +306,7 @@ def _send_last(wfd, kind, payload):
         return 1
 
 
-def _result_bytes(result):
+def _result_bytes(result: object) -> bytes:
     if isinstance(result, str):
         return result.encode("utf-8")
     if isinstance(result, (bytes, bytearray, memoryview)):
@@ -305,7 +314,7 @@ def _result_bytes(result):
     raise TypeError("the handler returned %s; return bytes or str" % type(result).__name__)
 
 
-def error_payload(exc):
+def error_payload(exc: BaseException) -> bytes:
     """The ERROR frame's JSON: type, message and the formatted (chained) traceback."""
     try:
         message = str(exc)
@@ -323,7 +332,7 @@ def error_payload(exc):
     return json.dumps(doc, ensure_ascii=False).encode("utf-8")
 
 
-def _type_name(cls):
+def _type_name(cls: type) -> str:
     """`ValueError`, `wfjail.Violation`, `json.decoder.JSONDecodeError`..."""
     module = getattr(cls, "__module__", None)
     name = getattr(cls, "__qualname__", cls.__name__)
@@ -332,16 +341,16 @@ def _type_name(cls):
     return "%s.%s" % (module, name)
 
 
-def _chain(exc):
+def _chain(exc: "Optional[BaseException]") -> "List[BaseException]":
     """``exc`` and its causes (the chain is finite, but stay cheap: at most 16)."""
-    chain = []
+    chain: "List[BaseException]" = []
     while exc is not None and len(chain) < 16:
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
     return chain
 
 
-def _denial_category(exc):
+def _denial_category(exc: BaseException) -> "Optional[str]":
     """The violation category an exception that is not an EPERM shows a denial by."""
     if isinstance(exc, RuntimeError) and "start new thread" in str(exc):
         return "thread"
@@ -352,7 +361,7 @@ def _denial_category(exc):
     return None
 
 
-def _looks_denied(exc):
+def _looks_denied(exc: BaseException) -> bool:
     return any(
         isinstance(e, PermissionError)
         or (isinstance(e, OSError) and e.errno == errno.EPERM)
@@ -360,7 +369,7 @@ def _looks_denied(exc):
         for e in _chain(exc))
 
 
-def _match(exc, found):
+def _match(exc: BaseException, found: "List[Dict[str, Any]]") -> "Dict[str, Any]":
     """The recorded violation that explains ``exc``: the one naming the file the exception
     names (a denied open: a late import, a write outside the policy), else the one of the
     exception's kind (a thread, randomness), else the most recent."""
@@ -375,18 +384,18 @@ def _match(exc, found):
         category = _denial_category(e)
         if category is None:
             continue
-        for v in reversed(found):
-            if v.get("category") == category:
-                return v
+        for recorded in found[::-1]:
+            if recorded.get("category") == category:
+                return recorded
     return found[-1]
 
 
-def _clean(text):
+def _clean(text: str) -> str:
     """Make text encodable as UTF-8 (lone surrogates would break the supervisor's JSON)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _flush_stdio():
+def _flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

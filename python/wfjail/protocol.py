@@ -14,7 +14,7 @@ from .wire import MAGIC, MAX_CAP, VERSION, GuestKind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 __all__ = ["CAP", "MAGIC", "MAX_CAP", "NAMES", "VERSION", "Decoder", "GuestKind", "decode",
            "encode_frame", "frame_cap", "hello_payload", "parse_hello", "read_frame",
@@ -31,7 +31,7 @@ VIOLATIONS = GuestKind.VIOLATIONS
 UPCALL = GuestKind.UPCALL
 REPLY = GuestKind.REPLY
 
-NAMES = {kind: kind.name for kind in GuestKind}
+NAMES: "Dict[int, str]" = {kind: kind.name for kind in GuestKind}
 
 _READ_CHUNK = 64 * 1024  # bounds each os.read() buffer, whatever the announced length
 _cap = 0  # frame_cap()'s answer, once asked

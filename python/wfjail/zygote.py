@@ -49,6 +49,14 @@ import sys
 from . import wire
 from .wire import ControlKind
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ctypes
+    from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+    Handler = Callable[[bytes], Any]
+    Spare = Tuple[int, socket.socket]
+
 FORK, READY = ControlKind.FORK, ControlKind.READY
 FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
 # The control channel's version, said in READY: wfjail refuses a zygote of another version
@@ -60,7 +68,7 @@ CONTROL_VERSION = wire.CONTROL_VERSION
 SPARE_IDLE = 0.001
 
 
-def _resolve(spec):
+def _resolve(spec: str) -> "Callable[..., Any]":
     """``module:function`` -> the function (the module should be preloaded)."""
     module, _, name = spec.partition(":")
     if not module or not name:
@@ -73,7 +81,7 @@ def _resolve(spec):
     return obj
 
 
-def _leave_zygote(ctl, wake):
+def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]":
     """First thing in a forked child: enter a Landlock domain of its own (out of its
     siblings' and the zygote's reach, and they out of its), drop what belongs to the zygote
     (its control socket, so that the supervisor sees the zygote's death; its SIGCHLD wake-up
@@ -95,7 +103,7 @@ def _leave_zygote(ctl, wake):
     return refused
 
 
-def _reseed():
+def _reseed() -> None:
     """Python's ``random`` was seeded when the zygote imported it (and again, with fixed
     bytes, when this child was forked ahead): every session would draw the same numbers.
     Reseed it from the session's own randomness — under ``getrandom = "seeded"`` that is the
@@ -111,13 +119,13 @@ def _reseed():
             pass
 
 
-def _reseeding(handler):
+def _reseeding(handler: "Handler") -> "Handler":
     """``handler``, reseeding ``random`` before its first call: by then the session's
     randomness is its own (wfjail arms the session's seeded stream when the guest says
     HELLO, before the first call)."""
     pending = [True]
 
-    def reseed_then_handle(request):
+    def reseed_then_handle(request: bytes) -> "Any":
         if pending:
             pending.clear()
             _reseed()
@@ -126,7 +134,8 @@ def _reseeding(handler):
     return reseed_then_handle
 
 
-def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
+def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[str]" = None,
+           init: "Optional[Tuple[Any]]" = None) -> None:
     """In a session child: become a guest on the session socket, with the session's own
     output pipe as stdout and stderr, and never return. ``refused``: why the child has no
     Landlock domain of its own; then it answers ERROR instead of HELLO and exits. ``init``:
@@ -168,7 +177,7 @@ def _child(session_fd, out_fd, handler_spec, refused=None, init=None):
     guest.run(_reseeding(handler), fds=(3, 4))
 
 
-def _spare(ctl, wake):
+def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
     """Fork a child ahead of demand: it waits for its session (socket + handler) on a
     socket pair, so that opening a session does not wait for a fork. Returns (pid, socket)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -190,7 +199,8 @@ def _spare(ctl, wake):
     return pid, ours
 
 
-def _hand_over(spare, session_fds, handler, init=None):
+def _hand_over(spare: "Spare", session_fds: "Sequence[int]", handler: str,
+               init: "Optional[Tuple[Any]]" = None) -> bool:
     """Give a session (its socket and output pipe, its handler and ``init``, a 1-tuple when
     there is one) to a spare child; False if the spare is gone."""
     pid, sock = spare
@@ -215,12 +225,12 @@ _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 # Set by _prepare_session_domain (in the zygote, inherited by every child): the ruleset's fd
 # and the libc whose syscall() enters it; or the reason there is none.
-_session_ruleset = None
-_session_libc = None
-_session_refused = "the zygote prepared no Landlock domain for its sessions"
+_session_ruleset: "Optional[int]" = None
+_session_libc: "Optional[ctypes.CDLL]" = None
+_session_refused: "Optional[str]" = "the zygote prepared no Landlock domain for its sessions"
 
 
-def _prepare_session_domain():
+def _prepare_session_domain() -> "Union[int, str]":
     """At start-up, before any fork: probe the Landlock ABI and build the ruleset each session
     child enforces on itself (see the module's doc). Returns the ABI, or a string saying why
     there is no such domain."""
@@ -240,12 +250,13 @@ def _prepare_session_domain():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
 
-        def fail(what):
+        def fail(what: str) -> str:
             global _session_refused
             _session_refused = "%s: %s" % (what, os.strerror(ctypes.get_errno()))
             return _session_refused
 
-        abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _LANDLOCK_CREATE_RULESET_VERSION)
+        abi: int = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0,
+                                _LANDLOCK_CREATE_RULESET_VERSION)
         if abi < 0:
             # ENOSYS: a kernel without Landlock; EOPNOTSUPP: Landlock not enabled at boot.
             return fail("landlock_create_ruleset(LANDLOCK_CREATE_RULESET_VERSION)")
@@ -277,11 +288,11 @@ def _prepare_session_domain():
     return abi
 
 
-def _enter_session_domain():
+def _enter_session_domain() -> "Optional[str]":
     """In a freshly forked child: enforce the prepared ruleset on itself (a Landlock domain of
     its own, nested in the zygote's). None when done, else why not. No import, no open: the
     zygote's reads may be watched after preloading."""
-    if _session_ruleset is None:
+    if _session_ruleset is None or _session_libc is None:
         return _session_refused
     try:
         # no_new_privs is set (wfjail set it before the exec), as landlock_restrict_self needs.
@@ -298,7 +309,7 @@ def _enter_session_domain():
     return None
 
 
-def _fork():
+def _fork() -> int:
     """os.fork(), retried: the fork waits for the supervisor (seccomp user notification),
     and a SIGCHLD arriving meanwhile interrupts it with EINTR."""
     while True:
@@ -308,7 +319,7 @@ def _fork():
             continue
 
 
-def main(argv=None):
+def main(argv: "Optional[List[str]]" = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m wfjail.zygote")
@@ -356,11 +367,12 @@ def main(argv=None):
 
     forking_ahead = not args.no_spare
     spare = _spare(ctl, wake) if forking_ahead else None
+    watched: "List[Any]" = [ctl, wake[0]]
     while True:
         try:
             # A timeout too: children are reaped even if the wake-up pipe stayed silent.
             wait = SPARE_IDLE if (spare is None and forking_ahead) else 1.0
-            readable, _, _ = select.select([ctl, wake[0]], [], [], wait)
+            readable, _, _ = select.select(watched, [], [], wait)
         except InterruptedError:
             continue
         if wake[0] in readable:
