@@ -27,6 +27,7 @@ import wfjail  # noqa: E402
 from wfjail import ProtocolError, Violation, wire  # noqa: E402
 from wfjail import client as C  # noqa: E402
 from wfjail.conversation import open_doc  # noqa: E402
+from wfjail.wire.worker import SERVER_SENDS  # noqa: E402
 from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa: E402
 
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")
@@ -50,7 +51,7 @@ def check_header(length, kind, worker_kinds=True):
     are admitted too unless ``worker_kinds`` is false (what the client itself reads)."""
     try:
         wire.check_length(length, C.CAP)
-        wire.check_kind(kind, wire.SERVER_SENDS)
+        wire.check_kind(kind, SERVER_SENDS)
     except ProtocolError as e:
         if not (worker_kinds and e.code == "unknown-kind" and kind in WORKER_KINDS):
             raise
@@ -130,7 +131,7 @@ class VectorTests(unittest.TestCase):
     def test_constants_match_the_file(self):
         self.assertEqual(self.doc["cap"], C.CAP)
         self.assertEqual(_HEADER.size, 5)
-        self.assertEqual(wire.SERVER_SENDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
+        self.assertEqual(SERVER_SENDS, {C.OPENED, C.RESULT, C.ERROR, C.FAILED, C.CLOSED,
                                            C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL})
         self.assertEqual((C.OPEN, C.CALL, C.CLOSE, C.STATUS, C.REPLY, C.INTERRUPT),
                          (0x11, 0x12, 0x13, 0x14, 0x15, 0x16))
@@ -139,7 +140,7 @@ class VectorTests(unittest.TestCase):
         self.assertEqual((C.BUSY, C.SERVER, C.VIOLATIONS, C.LOG, C.UPCALL),
                          (0x26, 0x27, 0x28, 0x29, 0x2A))
         kinds = {k for v in self.vectors for k, _ in expected(v)}
-        self.assertEqual(kinds, set(WORKER_KINDS) | wire.SERVER_SENDS, "every kind has a vector")
+        self.assertEqual(kinds, set(WORKER_KINDS) | SERVER_SENDS, "every kind has a vector")
 
     def test_every_worker_vector(self):
         self.assertGreaterEqual(len(self.vectors), 10)
@@ -185,7 +186,7 @@ class VectorTests(unittest.TestCase):
                 want = client_view(data)
                 self.assertEqual(client_reads(data), want)
                 self.assertEqual(async_client_reads(data), want)
-                if v["error"] is None and all(k in wire.SERVER_SENDS for k, _ in expected(v)):
+                if v["error"] is None and all(k in SERVER_SENDS for k, _ in expected(v)):
                     self.assertEqual(want, (expected(v), "truncated"))
 
     def test_length_is_checked_before_the_kind_byte_is_awaited(self):

@@ -11,7 +11,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from wfjail import ProtocolError, wire  # noqa: E402
-from wfjail.wire import ControlKind, GuestKind, ReplyStatus, WorkerKind  # noqa: E402
+from wfjail.wire import GuestKind, ReplyStatus, control, worker  # noqa: E402
+from wfjail.wire.control import ControlKind  # noqa: E402
+from wfjail.wire.worker import WorkerKind  # noqa: E402
 
 VECTORS_PATH = os.path.join(HERE, "..", "..", "docs", "protocol-vectors.json")
 
@@ -29,7 +31,7 @@ def lists():
     """(list name, the kinds of its vocabulary, its vectors)."""
     doc = load_vectors()
     return [("vectors", wire.GUEST_KINDS, doc["vectors"]),
-            ("worker_vectors", wire.WORKER_KINDS, doc["worker_vectors"])]
+            ("worker_vectors", worker.WORKER_KINDS, doc["worker_vectors"])]
 
 
 def parse_outcome(data, cap, known):
@@ -167,10 +169,10 @@ class FramingTests(unittest.TestCase):
             dec.finish()  # failed stays failed
 
     def test_the_vocabularies_do_not_overlap(self):
-        self.assertEqual(wire.WORKER_SENDS | wire.SERVER_SENDS, wire.WORKER_KINDS)
-        self.assertFalse(wire.WORKER_SENDS & wire.SERVER_SENDS)
-        self.assertFalse(wire.GUEST_KINDS & wire.WORKER_KINDS)
-        self.assertFalse(set(ControlKind) & (wire.GUEST_KINDS | wire.WORKER_KINDS))
+        self.assertEqual(worker.WORKER_SENDS | worker.SERVER_SENDS, worker.WORKER_KINDS)
+        self.assertFalse(worker.WORKER_SENDS & worker.SERVER_SENDS)
+        self.assertFalse(wire.GUEST_KINDS & worker.WORKER_KINDS)
+        self.assertFalse(set(ControlKind) & (wire.GUEST_KINDS | worker.WORKER_KINDS))
 
 
 class PayloadTests(unittest.TestCase):
@@ -194,16 +196,16 @@ class PayloadTests(unittest.TestCase):
         self.assertEqual(wire.parse_reply(b"\x07x"), (False, b"x"), "any other status refuses")
 
     def test_time_is_eight_bytes_signed(self):
-        self.assertEqual(wire.pack_time(-1), b"\xff" * 8)
-        self.assertEqual(wire.pack_time(1), b"\x01" + bytes(7))
+        self.assertEqual(worker.pack_time(-1), b"\xff" * 8)
+        self.assertEqual(worker.pack_time(1), b"\x01" + bytes(7))
 
     def test_control_packets_round_trip_and_refuse_partial_frames(self):
-        packet = wire.pack_control(ControlKind.FORKED, {"session": 3, "pid": 9})
-        self.assertEqual(wire.parse_control(packet), (ControlKind.FORKED, {"session": 3, "pid": 9}))
+        packet = control.pack_control(ControlKind.FORKED, {"session": 3, "pid": 9})
+        self.assertEqual(control.parse_control(packet), (ControlKind.FORKED, {"session": 3, "pid": 9}))
         for bad in (packet[:4], packet[:-1], packet + b" "):
             with self.assertRaises(ValueError):
-                wire.parse_control(bad)
-        self.assertEqual(wire.CONTROL_VERSION, 2)
+                control.parse_control(bad)
+        self.assertEqual(control.CONTROL_VERSION, 2)
 
 
 if __name__ == "__main__":

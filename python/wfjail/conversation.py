@@ -15,7 +15,7 @@ import json
 
 from . import wire
 from .errors import ProtocolError, Violation
-from .wire import WorkerKind
+from .wire.worker import SERVER_SENDS, WorkerKind, pack_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ READ_CHUNK = 1 << 20
 # The frames whose payload is the guest's (their size is its choice): a session may read
 # less of them than the protocol's cap.
 GUEST_SIZED = frozenset((RESULT, ERROR, LOG, UPCALL))
-INTERRUPT_FRAME = wire.pack(WorkerKind.INTERRUPT)
 
 
 class GuestError(Exception):
@@ -186,7 +185,7 @@ class _Frames(wire.Decoder):
     """What wfjail sends, read up to the session's ``max_frame`` for the guest's payloads."""
 
     def __init__(self, conversation: "Conversation") -> None:
-        super().__init__(CAP, wire.SERVER_SENDS, "unexpected frame kind 0x%02x from wfjail")
+        super().__init__(CAP, SERVER_SENDS, "unexpected frame kind 0x%02x from wfjail")
         self._conversation = conversation
 
     def check_header(self, length: int, kind: int) -> None:
@@ -240,7 +239,7 @@ class Conversation:
         data = frame(CALL, request)
         if time_ns is None:
             return data
-        return frame(WorkerKind.TIME, wire.pack_time(time_ns)) + data
+        return frame(WorkerKind.TIME, pack_time(time_ns)) + data
 
     def close(self) -> bytes:
         self._await(CLOSED)

@@ -46,8 +46,7 @@ import signal
 import socket
 import sys
 
-from . import wire
-from .wire import ControlKind
+from .wire.control import CONTROL_VERSION, ControlKind, pack_control, parse_control
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,9 +58,6 @@ if TYPE_CHECKING:
 
 FORK, READY = ControlKind.FORK, ControlKind.READY
 FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
-# The control channel's version, said in READY: wfjail refuses a zygote of another version
-# (a package installed from another wfjail). 2: FORK carries the session's output pipe.
-CONTROL_VERSION = wire.CONTROL_VERSION
 # The next spare is forked once the zygote has had nothing to do for this long: not while a
 # session's child starts or exits, which a fork would compete with for the CPUs
 # (docs/benchmarks.md, "Prefork latency").
@@ -359,7 +355,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
              "session_domain": session_domain, "control": CONTROL_VERSION}
     if error:
         ready["error"] = error
-    ctl.sendall(wire.pack_control(READY, ready))
+    ctl.sendall(pack_control(READY, ready))
     if error:
         return 1
     sys.stdout.flush()
@@ -385,7 +381,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             msg, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
             if not msg:
                 return 0  # the supervisor is gone
-            kind, doc = wire.parse_control(msg)
+            kind, doc = parse_control(msg)
             if kind != FORK or len(fds) != 2:
                 for f in fds:
                     os.close(f)
@@ -400,14 +396,14 @@ def main(argv: "Optional[List[str]]" = None) -> int:
                 except OSError as exc:
                     for f in fds:
                         os.close(f)
-                    ctl.sendall(wire.pack_control(FORKED, {"session": doc.get("session"), "error": str(exc)}))
+                    ctl.sendall(pack_control(FORKED, {"session": doc.get("session"), "error": str(exc)}))
                     continue
                 if pid == 0:
                     _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake), init)
             spare = None
             for f in fds:
                 os.close(f)
-            ctl.sendall(wire.pack_control(FORKED, {"session": doc.get("session"), "pid": pid}))
+            ctl.sendall(pack_control(FORKED, {"session": doc.get("session"), "pid": pid}))
         # Reap every child that ended, and tell the supervisor how.
         while True:
             try:
@@ -419,7 +415,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             if spare is not None and pid == spare[0]:
                 spare[1].close()  # the spare died before its session: make another
                 spare = None
-            ctl.sendall(wire.pack_control(EXITED, {
+            ctl.sendall(pack_control(EXITED, {
                 "pid": pid,
                 "status": status,
                 "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,

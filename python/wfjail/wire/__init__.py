@@ -1,24 +1,25 @@
-"""Every byte wfjail's Python side puts on a wire, in one place (docs/protocol.md).
+"""Every byte wfjail's Python side puts on a wire, in one package (docs/protocol.md).
 
 Four vocabularies share one framing, ``length:u32 LE | kind:u8 | payload`` where ``length``
 counts the kind byte:
 
-* ``GuestKind``: the guest protocol (a guest and its supervisor, ``wfjail.guest``);
-* ``WorkerKind``: the worker wire of ``wfjail serve`` (``wfjail.client``);
-* ``ControlKind``: the zygote's control channel (``wfjail.zygote``), JSON payloads;
-* ``ReplyStatus``: the status byte that opens a REPLY payload (the answer to an UPCALL).
+* ``GuestKind`` (here): the guest protocol (a guest and its supervisor, ``wfjail.guest``);
+* ``ReplyStatus`` (here): the status byte that opens a REPLY payload (an UPCALL's answer);
+* ``wfjail.wire.worker.WorkerKind``: the worker wire of ``wfjail serve`` (``wfjail.client``);
+* ``wfjail.wire.control.ControlKind``: the zygote's control channel, JSON payloads.
 
 ``pack`` and ``Decoder`` are the framing; the cap is checked on the length alone, before a
-payload is copied or awaited, so a hostile length never turns into an allocation. The
-guest-side modules import this one, so it imports nothing a guest would not load anyway
-(``json`` and ``enum`` are loaded by then; ``typing`` is not, hence the quoted annotations).
+payload is copied or awaited, so a hostile length never turns into an allocation. A guest
+imports this module at every start, so it holds only what a guest needs: each IntEnum costs
+tens of microseconds per member to build, and the worker's and the zygote's vocabularies are
+no guest's business. For the same reason it imports nothing a guest would not load anyway
+(``enum`` and ``struct`` are loaded by then; ``typing`` is not, hence the quoted annotations).
 """
 
 import enum
-import json
 import struct
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,11 +30,9 @@ if TYPE_CHECKING:
 VERSION = 1
 MAGIC = b"wfjail"
 MAX_CAP = 16 * 1024 * 1024  # the protocol's largest payload, in bytes
-CONTROL_VERSION = 2  # the zygote's control channel (READY says it; wfjail checks it)
 
 LENGTH = struct.Struct("<I")
 HEADER = struct.Struct("<IB")  # length, kind
-_TIME = struct.Struct("<q")
 _HELLO_VERSION = struct.Struct("<H")
 
 
@@ -51,37 +50,6 @@ class GuestKind(enum.IntEnum):
     REPLY = 9
 
 
-class WorkerKind(enum.IntEnum):
-    """Frame kinds between a worker and ``wfjail serve`` (0x1_: the worker's, 0x2_: wfjail's)."""
-
-    OPEN = 0x11
-    CALL = 0x12
-    CLOSE = 0x13
-    STATUS = 0x14
-    REPLY = 0x15
-    INTERRUPT = 0x16
-    TIME = 0x17
-    OPENED = 0x21
-    RESULT = 0x22
-    ERROR = 0x23
-    FAILED = 0x24
-    CLOSED = 0x25
-    BUSY = 0x26
-    SERVER = 0x27
-    VIOLATIONS = 0x28
-    LOG = 0x29
-    UPCALL = 0x2A
-
-
-class ControlKind(enum.IntEnum):
-    """Packet kinds of the zygote's control channel (one frame per SOCK_SEQPACKET packet)."""
-
-    FORK = 0x31
-    READY = 0x32
-    FORKED = 0x33
-    EXITED = 0x34
-
-
 class ReplyStatus(enum.IntEnum):
     """The first byte of a REPLY payload: the worker's answer follows, or why there is none."""
 
@@ -89,11 +57,8 @@ class ReplyStatus(enum.IntEnum):
     REFUSED = 1
 
 
-# Sets of plain ints (IntEnum members hash as their values), for the per-frame kind check.
+# A set of plain ints (IntEnum members hash as their values), for the per-frame kind check.
 GUEST_KINDS = frozenset(GuestKind)
-WORKER_KINDS = frozenset(WorkerKind)
-WORKER_SENDS = frozenset(k for k in WorkerKind if k < 0x20)
-SERVER_SENDS = frozenset(k for k in WorkerKind if k > 0x20)
 
 
 def check_length(length: int, cap: int) -> None:
@@ -278,24 +243,3 @@ def pack_reply(status: ReplyStatus, body: bytes) -> bytes:
 def parse_reply(payload: bytes) -> "Tuple[bool, bytes]":
     """A (non-empty) REPLY payload: (answered, the answer or why there is none)."""
     return payload[0] == ReplyStatus.ANSWER, payload[1:]
-
-
-def pack_time(time_ns: int) -> bytes:
-    """TIME's payload: nanoseconds since the epoch, i64 LE."""
-    return _TIME.pack(int(time_ns))
-
-
-def pack_control(kind: ControlKind, doc: "Any") -> bytes:
-    """One control packet: a frame with a JSON payload."""
-    payload = json.dumps(doc).encode("utf-8")
-    return HEADER.pack(len(payload) + 1, kind) + payload
-
-
-def parse_control(packet: bytes) -> "Tuple[int, Any]":
-    """A control packet's kind and JSON document; ValueError if it is not one whole frame."""
-    if len(packet) < HEADER.size:
-        raise ValueError("short control packet")
-    length, kind = HEADER.unpack_from(packet)
-    if length != len(packet) - 4:
-        raise ValueError("control packet length mismatch")
-    return kind, json.loads(packet[HEADER.size:].decode("utf-8"))

@@ -1,0 +1,40 @@
+"""The zygote's control channel (docs/protocol.md, "The zygote's control channel"): one frame
+per SOCK_SEQPACKET packet, JSON payloads, on the framing of ``wfjail.wire``."""
+
+import enum
+import json
+
+from . import HEADER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Tuple
+
+# The channel's version, said in READY: wfjail refuses a zygote of another version (a package
+# installed from another wfjail). 2: FORK carries the session's output pipe.
+CONTROL_VERSION = 2
+
+
+class ControlKind(enum.IntEnum):
+    """Packet kinds of the zygote's control channel."""
+
+    FORK = 0x31
+    READY = 0x32
+    FORKED = 0x33
+    EXITED = 0x34
+
+
+def pack_control(kind: ControlKind, doc: "Any") -> bytes:
+    """One control packet: a frame with a JSON payload."""
+    payload = json.dumps(doc).encode("utf-8")
+    return HEADER.pack(len(payload) + 1, kind) + payload
+
+
+def parse_control(packet: bytes) -> "Tuple[int, Any]":
+    """A control packet's kind and JSON document; ValueError if it is not one whole frame."""
+    if len(packet) < HEADER.size:
+        raise ValueError("short control packet")
+    length, kind = HEADER.unpack_from(packet)
+    if length != len(packet) - 4:
+        raise ValueError("control packet length mismatch")
+    return kind, json.loads(packet[HEADER.size:].decode("utf-8"))

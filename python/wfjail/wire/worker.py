@@ -1,0 +1,39 @@
+"""The worker wire of ``wfjail serve`` (docs/protocol.md, "The worker wire"): its kinds and
+TIME's payload, on the framing of ``wfjail.wire``."""
+
+import enum
+import struct
+
+_TIME = struct.Struct("<q")
+
+
+class WorkerKind(enum.IntEnum):
+    """Frame kinds between a worker and ``wfjail serve`` (0x1_: the worker's, 0x2_: wfjail's)."""
+
+    OPEN = 0x11
+    CALL = 0x12
+    CLOSE = 0x13
+    STATUS = 0x14
+    REPLY = 0x15
+    INTERRUPT = 0x16
+    TIME = 0x17
+    OPENED = 0x21
+    RESULT = 0x22
+    ERROR = 0x23
+    FAILED = 0x24
+    CLOSED = 0x25
+    BUSY = 0x26
+    SERVER = 0x27
+    VIOLATIONS = 0x28
+    LOG = 0x29
+    UPCALL = 0x2A
+
+
+WORKER_KINDS = frozenset(WorkerKind)
+WORKER_SENDS = frozenset(k for k in WorkerKind if k < 0x20)
+SERVER_SENDS = frozenset(k for k in WorkerKind if k > 0x20)
+
+
+def pack_time(time_ns: int) -> bytes:
+    """TIME's payload: nanoseconds since the epoch, i64 LE."""
+    return _TIME.pack(int(time_ns))
