@@ -456,6 +456,42 @@ class ServerTestCase(unittest.TestCase):
         self.assertIs(wfjail.Violation, Violation)
         self.assertEqual((GuestError.__module__, SessionFailed.__module__), ("wfjail", "wfjail"))
 
+    def protocol_error_of_a_call(self, data, then, asynchronous=False):
+        """The code of the ProtocolError a call raises when wfjail answers it with the bytes
+        ``data``, then ``then`` (END: it closes the connection; DRAIN: it waits for the worker
+        to leave); the session has no report."""
+        server = self.serve(session_script({b"x": [data, then]}))
+        sessions = []
+
+        async def call_async():
+            async with AsyncClient(server.path).session(handler="wf:run") as s:
+                sessions.append(s)
+                await s.call(b"x")
+
+        with self.assertRaises(ProtocolError) as cm:
+            if asynchronous:
+                self.arun(call_async())
+            else:
+                with Client(server.path).session(handler="wf:run") as s:
+                    sessions.append(s)
+                    s.call(b"x")
+        self.assertIsNone(sessions[0].report)
+        server.close()
+        return cm.exception.code
+
+    def assertSocketPath(self, client_class):
+        """The socket is the one given, else WFJAIL_SOCKET; with neither, say how to get one."""
+        with mock.patch.dict(os.environ, {"WFJAIL_SOCKET": "/run/wfjail.sock"}):
+            self.assertEqual(client_class().path, "/run/wfjail.sock")
+            self.assertEqual(client_class("/elsewhere.sock").path, "/elsewhere.sock")
+        with mock.patch.dict(os.environ):
+            os.environ.pop("WFJAIL_SOCKET", None)
+            with self.assertRaises(RuntimeError) as cm:
+                client_class()
+            self.assertIn("WFJAIL_SOCKET", str(cm.exception))
+            self.assertIn("wfjail serve", str(cm.exception))
+            self.assertIn("path", str(cm.exception))
+
     def assertOpenDoc(self, server, doc, i=0):
         sent = server.received(i)
         self.assertEqual(sent[0][0], C.OPEN)
@@ -473,18 +509,44 @@ ANSWERS = {
 }
 
 
-class SyncClientTests(ServerTestCase):
+class BrokenAnswerTests:
+    """What both clients make of a call's broken answer (``asynchronous``: which client)."""
+
+    asynchronous = False
+
+    def test_truncated_mid_frame(self):
+        for cut in ("0b00000022616263", "0b00", "0b000000"):
+            with self.subTest(cut):
+                self.assertEqual(self.protocol_error_of_a_call(bytes.fromhex(cut), END,
+                                                               self.asynchronous), "truncated")
+
+    def test_bad_frames_from_the_server(self):
+        cases = [("0200000122", "oversized"), ("ffffffff", "oversized"),
+                 ("00000000", "empty"), ("020000000278", "unknown-kind"),
+                 ("0500000009", "unknown-kind"), ("0100000012", "unknown-kind")]
+        for bad, code in cases:
+            with self.subTest(bad):
+                # the server keeps the connection open: the client must not wait for more
+                self.assertEqual(self.protocol_error_of_a_call(bytes.fromhex(bad), DRAIN,
+                                                               self.asynchronous), code)
+
+
+class SyncClientTests(BrokenAnswerTests, ServerTestCase):
+    def raised_by_a_call(self, answers, expected, goes_on=False):
+        """The exception ``expected`` that a call of b"x" raises when wfjail answers it with
+        ``answers``; with ``goes_on``, the next call answers (and the session's report is OK)."""
+        server = self.serve(session_script({**ANSWERS, b"x": answers}))
+        with Client(server.path).session(handler="wf:run") as s:
+            with self.assertRaises(expected) as cm:
+                s.call(b"x")
+            if goes_on:
+                self.assertEqual(s.call(b"again"), b"echo:again", "the session goes on")
+        if goes_on:
+            self.assertEqual(s.report, OK_REPORT)
+        return cm.exception
+
     def test_socket_path(self):
-        with mock.patch.dict(os.environ, {"WFJAIL_SOCKET": "/run/wfjail.sock"}):
-            self.assertEqual(Client().path, "/run/wfjail.sock")
-            self.assertEqual(Client("/elsewhere.sock").path, "/elsewhere.sock")
-        with mock.patch.dict(os.environ):
-            os.environ.pop("WFJAIL_SOCKET", None)
-            with self.assertRaises(RuntimeError) as cm:
-                Client()
-            self.assertIn("WFJAIL_SOCKET", str(cm.exception))
-            self.assertIn("wfjail serve", str(cm.exception))
-            self.assertIn("path", str(cm.exception))
+        self.assertSocketPath(Client)
 
     def test_open_zygote_session(self):
         server = self.serve(session_script())
@@ -527,51 +589,31 @@ class SyncClientTests(ServerTestCase):
         self.assertEqual([k for k, _ in server.received()], [C.OPEN, C.CALL, C.CLOSE])
 
     def test_violation(self):
-        server = self.serve(session_script(ANSWERS))
-        with Client(server.path).session(handler="wf:run") as s:
-            with self.assertRaises(Violation) as cm:
-                s.call(b"violate")
-            self.assertViolation(cm.exception)
-            self.assertEqual(s.call(b"again"), b"echo:again", "the session goes on")
-        self.assertEqual(s.report, OK_REPORT)
+        self.assertViolation(self.raised_by_a_call(ANSWERS[b"violate"], Violation, goes_on=True))
 
     def test_guest_error(self):
-        server = self.serve(session_script(ANSWERS))
-        with Client(server.path).session(handler="wf:run") as s:
-            with self.assertRaises(GuestError) as cm:
-                s.call(b"raise")
-            self.assertGuestError(cm.exception)
-            self.assertEqual(s.call(b"again"), b"echo:again", "the session goes on")
+        self.assertGuestError(self.raised_by_a_call(ANSWERS[b"raise"], GuestError, goes_on=True))
 
     def test_violation_type_without_violations_is_a_guest_error(self):
         doc = dict(VIOLATION_ERROR, violations=[])
-        server = self.serve(session_script({b"x": [(C.ERROR, doc)]}))
-        with Client(server.path).session(handler="wf:run") as s:
-            with self.assertRaises(GuestError) as cm:
-                s.call(b"x")
-        self.assertNotIsInstance(cm.exception, Violation)
-        self.assertEqual((cm.exception.type, cm.exception.violations), ("wfjail.Violation", []))
+        e = self.raised_by_a_call([(C.ERROR, doc)], GuestError)
+        self.assertNotIsInstance(e, Violation)
+        self.assertEqual((e.type, e.violations), ("wfjail.Violation", []))
 
     def test_a_violation_the_call_did_not_record_is_a_guest_error(self):
         # A guest raising wfjail.Violation itself: its message names no violation of the
         # call (an earlier call's, or none at all) -> GuestError, never a Violation.
         forged = dict(VIOLATION_ERROR, message="network: socket(AF_INET) denied",
                       violations=[CONNECT, CLONE])
-        server = self.serve(session_script({b"x": [(C.ERROR, forged)]}))
-        with Client(server.path).session(handler="wf:run") as s:
-            with self.assertRaises(GuestError) as cm:
-                s.call(b"x")
-        self.assertNotIsInstance(cm.exception, Violation)
-        self.assertEqual(cm.exception.type, "wfjail.Violation")
+        e = self.raised_by_a_call([(C.ERROR, forged)], GuestError)
+        self.assertNotIsInstance(e, Violation)
+        self.assertEqual(e.type, "wfjail.Violation")
 
     def test_a_violation_names_the_recorded_one_it_matches(self):
         doc = dict(VIOLATION_ERROR, message="network: connect(AF_INET 127.0.0.1:9) denied",
                    violations=[CLONE, CONNECT])
-        server = self.serve(session_script({b"x": [(C.ERROR, doc)]}))
-        with Client(server.path).session(handler="wf:run") as s:
-            with self.assertRaises(Violation) as cm:
-                s.call(b"x")
-        self.assertEqual((cm.exception.category, cm.exception.syscall), ("network", "connect"))
+        e = self.raised_by_a_call([(C.ERROR, doc)], Violation)
+        self.assertEqual((e.category, e.syscall), ("network", "connect"))
 
     def test_failed_on_open(self):
         def script(peer):
@@ -614,17 +656,6 @@ class SyncClientTests(ServerTestCase):
         self.assertEqual(str(cm.exception), "session violation: network connect")
         self.assertEqual(s.report, KILLED_REPORT)
 
-    def test_truncated_mid_frame(self):
-        for cut in ("0b00000022616263", "0b00", "0b000000"):
-            with self.subTest(cut):
-                server = self.serve(session_script({b"x": [bytes.fromhex(cut), END]}))
-                with self.assertRaises(ProtocolError) as cm:
-                    with Client(server.path).session(handler="wf:run") as s:
-                        s.call(b"x")
-                self.assertCode(cm, "truncated")
-                self.assertIsNone(s.report)
-                server.close()
-
     def test_truncated_opened(self):
         def script(peer):
             peer.expect(C.OPEN)
@@ -645,20 +676,6 @@ class SyncClientTests(ServerTestCase):
             pass
         self.assertIsNone(s.report)
         self.assertIsNone(s.close())
-
-    def test_bad_frames_from_the_server(self):
-        cases = [("0200000122", "oversized"), ("ffffffff", "oversized"),
-                 ("00000000", "empty"), ("020000000278", "unknown-kind"),
-                 ("0500000009", "unknown-kind"), ("0100000012", "unknown-kind")]
-        for bad, code in cases:
-            with self.subTest(bad):
-                # the server keeps the connection open: the client must not wait for more
-                server = self.serve(session_script({b"x": [bytes.fromhex(bad), DRAIN]}))
-                with self.assertRaises(ProtocolError) as cm:
-                    with Client(server.path).session(handler="wf:run") as s:
-                        s.call(b"x")
-                self.assertCode(cm, code)
-                server.close()
 
     def test_unexpected_kinds(self):
         def opened_twice(peer):
@@ -722,17 +739,11 @@ class SyncClientTests(ServerTestCase):
         self.assertEqual(cm.exception.status, "timeout")
 
 
-class AsyncClientTests(ServerTestCase):
+class AsyncClientTests(BrokenAnswerTests, ServerTestCase):
+    asynchronous = True
+
     def test_socket_path(self):
-        with mock.patch.dict(os.environ, {"WFJAIL_SOCKET": "/run/wfjail.sock"}):
-            self.assertEqual(AsyncClient().path, "/run/wfjail.sock")
-            self.assertEqual(AsyncClient("/elsewhere.sock").path, "/elsewhere.sock")
-        with mock.patch.dict(os.environ):
-            os.environ.pop("WFJAIL_SOCKET", None)
-            with self.assertRaises(RuntimeError) as cm:
-                AsyncClient()
-            self.assertIn("wfjail serve", str(cm.exception))
-            self.assertIn("path", str(cm.exception))
+        self.assertSocketPath(AsyncClient)
 
     def test_open_zygote_session(self):
         server = self.serve(session_script())
@@ -805,27 +816,23 @@ class AsyncClientTests(ServerTestCase):
                          [(b"echo:a%d" % i, b"echo:b%d" % i) for i in range(3)])
         self.assertEqual(sorted(i for _, _, i in out), [0, 1, 2])
 
-    def test_violation(self):
+    def raised_by_a_call_then_the_session_goes_on(self, request, expected):
+        """The exception ``expected`` that a call of ``request`` raises; the next call answers."""
         server = self.serve(session_script(ANSWERS))
 
         async def go():
             async with AsyncClient(server.path).session(handler="wf:run") as s:
-                with self.assertRaises(Violation) as cm:
-                    await s.call(b"violate")
-                self.assertViolation(cm.exception)
+                with self.assertRaises(expected) as cm:
+                    await s.call(request)
                 self.assertEqual(await s.call(b"again"), b"echo:again", "the session goes on")
-        self.arun(go())
+            return cm.exception
+        return self.arun(go())
+
+    def test_violation(self):
+        self.assertViolation(self.raised_by_a_call_then_the_session_goes_on(b"violate", Violation))
 
     def test_guest_error(self):
-        server = self.serve(session_script(ANSWERS))
-
-        async def go():
-            async with AsyncClient(server.path).session(handler="wf:run") as s:
-                with self.assertRaises(GuestError) as cm:
-                    await s.call(b"raise")
-                self.assertGuestError(cm.exception)
-                self.assertEqual(await s.call(b"again"), b"echo:again", "the session goes on")
-        self.arun(go())
+        self.assertGuestError(self.raised_by_a_call_then_the_session_goes_on(b"raise", GuestError))
 
     def test_failed_on_open(self):
         def script(peer):
@@ -861,20 +868,6 @@ class AsyncClientTests(ServerTestCase):
         self.arun(go())
         self.assertEqual([k for k, _ in server.received()], [C.OPEN, C.CALL, C.CALL])
 
-    def test_truncated_mid_frame(self):
-        for cut in ("0b00000022616263", "0b00", "0b000000"):
-            with self.subTest(cut):
-                server = self.serve(session_script({b"x": [bytes.fromhex(cut), END]}))
-
-                async def go():
-                    with self.assertRaises(ProtocolError) as cm:
-                        async with AsyncClient(server.path).session(handler="wf:run") as s:
-                            await s.call(b"x")
-                    self.assertCode(cm, "truncated")
-                    self.assertIsNone(s.report)
-                self.arun(go())
-                server.close()
-
     def test_truncated_opened(self):
         def script(peer):
             peer.expect(C.OPEN)
@@ -887,22 +880,6 @@ class AsyncClientTests(ServerTestCase):
                     self.fail("the body does not run")
             self.assertCode(cm, "truncated")
         self.arun(go())
-
-    def test_bad_frames_from_the_server(self):
-        cases = [("0200000122", "oversized"), ("ffffffff", "oversized"),
-                 ("00000000", "empty"), ("020000000278", "unknown-kind"),
-                 ("0500000009", "unknown-kind"), ("0100000012", "unknown-kind")]
-        for bad, code in cases:
-            with self.subTest(bad):
-                server = self.serve(session_script({b"x": [bytes.fromhex(bad), DRAIN]}))
-
-                async def go():
-                    with self.assertRaises(ProtocolError) as cm:
-                        async with AsyncClient(server.path).session(handler="wf:run") as s:
-                            await s.call(b"x")
-                    self.assertCode(cm, code)
-                self.arun(go())
-                server.close()
 
     def test_unexpected_kinds(self):
         def result_first(peer):
