@@ -201,7 +201,8 @@ class PayloadTests(unittest.TestCase):
 
     def test_control_packets_round_trip_and_refuse_partial_frames(self):
         packet = control.pack_control(ControlKind.FORKED, {"session": 3, "pid": 9})
-        self.assertEqual(control.parse_control(packet), (ControlKind.FORKED, {"session": 3, "pid": 9}))
+        self.assertEqual(control.parse_control(packet),
+                         (ControlKind.FORKED, {"session": 3, "pid": 9}))
         for bad in (packet[:4], packet[:-1], packet + b" "):
             with self.assertRaises(ValueError):
                 control.parse_control(bad)

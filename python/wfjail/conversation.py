@@ -17,27 +17,28 @@ from . import wire
 from .errors import ProtocolError, Violation
 from .wire.worker import SERVER_SENDS, WorkerKind, pack_time
 
+# The worker's side: asyncio, which client.py imports, loads typing anyway.
+from typing import Any, NamedTuple
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+    from typing import Callable, Dict, List, Optional, Tuple, Union
 
     OnLog = Callable[[int, str], None]
     OnUpcall = Callable[[bytes], bytes]
+    Step = Union["Send", "Answer", None]
 
-    class Send(NamedTuple):
-        data: bytes
 
-    class Answer(NamedTuple):
-        value: Any
+class Send(NamedTuple):
+    """Send ``data`` (a REPLY), then read on."""
 
-    Step = Union[Send, Answer, None]
-else:
-    from collections import namedtuple
+    data: bytes
 
-    Send = namedtuple("Send", "data")
-    Send.__doc__ = "Send ``data`` (a REPLY), then read on."
-    Answer = namedtuple("Answer", "value")
-    Answer.__doc__ = "The answer the request awaited: ``value``."
+
+class Answer(NamedTuple):
+    """The answer the request awaited."""
+
+    value: Any
 
 OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
 OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR

@@ -396,7 +396,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
                 except OSError as exc:
                     for f in fds:
                         os.close(f)
-                    ctl.sendall(pack_control(FORKED, {"session": doc.get("session"), "error": str(exc)}))
+                    ctl.sendall(pack_control(FORKED, {"session": doc.get("session"),
+                                                      "error": str(exc)}))
                     continue
                 if pid == 0:
                     _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake), init)
