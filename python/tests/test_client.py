@@ -27,7 +27,7 @@ import wfjail  # noqa: E402
 from wfjail import ProtocolError, Violation, wire  # noqa: E402
 from wfjail import client as C  # noqa: E402
 from wfjail.conversation import open_doc  # noqa: E402
-from wfjail.wire.worker import SERVER_SENDS  # noqa: E402
+from wfjail.wire_worker import SERVER_SENDS  # noqa: E402
 from wfjail.client import AsyncClient, Client, GuestError, SessionFailed  # noqa: E402
 
 VECTORS_PATH = os.path.join(REPO, "docs", "protocol-vectors.json")

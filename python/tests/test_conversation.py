@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from wfjail import ProtocolError, Violation, wire  # noqa: E402
 from wfjail.conversation import (READ_CHUNK, Answer, Busy, Conversation, GuestError,  # noqa: E402
                                  Send, SessionFailed)
-from wfjail.wire.worker import WorkerKind as K  # noqa: E402
+from wfjail.wire_worker import WorkerKind as K  # noqa: E402
 
 REPORT = {"status": "ok", "violations": []}
 CONNECT = {"category": "network", "syscall": "connect", "args": "AF_INET 127.0.0.1:9",

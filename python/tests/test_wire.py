@@ -11,9 +11,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from wfjail import ProtocolError, wire  # noqa: E402
-from wfjail.wire import GuestKind, ReplyStatus, control, worker  # noqa: E402
-from wfjail.wire.control import ControlKind  # noqa: E402
-from wfjail.wire.worker import WorkerKind  # noqa: E402
+from wfjail import wire_control as control  # noqa: E402
+from wfjail import wire_worker as worker  # noqa: E402
+from wfjail.wire import GuestKind, ReplyStatus  # noqa: E402
+from wfjail.wire_control import ControlKind  # noqa: E402
+from wfjail.wire_worker import WorkerKind  # noqa: E402
 
 VECTORS_PATH = os.path.join(HERE, "..", "..", "docs", "protocol-vectors.json")
 

@@ -27,7 +27,7 @@ import socket
 from .conversation import (CAP, NO_INIT, Busy, Conversation, GuestError, Send, SessionFailed,
                            frame, open_doc)
 from .errors import ProtocolError
-from .wire.worker import SERVER_SENDS, WorkerKind
+from .wire_worker import SERVER_SENDS, WorkerKind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import json
 
 from . import wire
 from .errors import ProtocolError, Violation
-from .wire.worker import SERVER_SENDS, WorkerKind, pack_time
+from .wire_worker import SERVER_SENDS, WorkerKind, pack_time
 
 # The worker's side: asyncio, which client.py imports, loads typing anyway.
 from typing import Any, NamedTuple

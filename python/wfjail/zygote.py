@@ -46,7 +46,7 @@ import signal
 import socket
 import sys
 
-from .wire.control import CONTROL_VERSION, ControlKind, pack_control, parse_control
+from .wire_control import CONTROL_VERSION, ControlKind, pack_control, parse_control
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,25 +1,27 @@
-"""Every byte wfjail's Python side puts on a wire, in one package (docs/protocol.md).
+"""The framing every wire of wfjail's Python side shares, and the guest's vocabulary
+(docs/protocol.md).
 
 Four vocabularies share one framing, ``length:u32 LE | kind:u8 | payload`` where ``length``
 counts the kind byte:
 
 * ``GuestKind`` (here): the guest protocol (a guest and its supervisor, ``wfjail.guest``);
 * ``ReplyStatus`` (here): the status byte that opens a REPLY payload (an UPCALL's answer);
-* ``wfjail.wire.worker.WorkerKind``: the worker wire of ``wfjail serve`` (``wfjail.client``);
-* ``wfjail.wire.control.ControlKind``: the zygote's control channel, JSON payloads.
+* ``wfjail.wire_worker.WorkerKind``: the worker wire of ``wfjail serve`` (``wfjail.client``);
+* ``wfjail.wire_control.ControlKind``: the zygote's control channel, JSON payloads.
 
 ``pack`` and ``Decoder`` are the framing; the cap is checked on the length alone, before a
 payload is copied or awaited, so a hostile length never turns into an allocation. A guest
 imports this module at every start, so it holds only what a guest needs: each IntEnum costs
 tens of microseconds per member to build, and the worker's and the zygote's vocabularies are
-no guest's business. For the same reason it imports nothing a guest would not load anyway
+no guest's business (they are modules beside this one, not a subpackage: the integration
+tests hand a guest the package's files, flat). For the same reason it imports nothing a guest would not load anyway
 (``enum`` and ``struct`` are loaded by then; ``typing`` is not, hence the quoted annotations).
 """
 
 import enum
 import struct
 
-from ..errors import ProtocolError
+from .errors import ProtocolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ per SOCK_SEQPACKET packet, JSON payloads, on the framing of ``wfjail.wire``."""
 import enum
 import json
 
-from . import HEADER
+from .wire import HEADER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
