@@ -169,6 +169,8 @@ class FramingTests(unittest.TestCase):
         self.assertEqual(cm.exception.code, "oversized")
         with self.assertRaises(ProtocolError):
             dec.finish()  # failed stays failed
+        with self.assertRaises(ProtocolError):
+            dec.wanted()
 
     def test_the_vocabularies_do_not_overlap(self):
         self.assertEqual(worker.WORKER_SENDS | worker.SERVER_SENDS, worker.WORKER_KINDS)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Tuple, Union
+    from typing import Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
     OnLog = Callable[[int, str], None]
     OnUpcall = Callable[[bytes], bytes]
@@ -141,7 +141,7 @@ def deliver_log(on_log: "Optional[OnLog]", payload: bytes) -> None:
     on_log(level, text)
 
 
-def raise_call_error(doc: "Dict[str, Any]") -> None:
+def raise_call_error(doc: "Dict[str, Any]") -> "NoReturn":
     """Raise the guest's error: ``wfjail.Violation`` only when the guest's message names a
     violation wfjail recorded during this call (the ERROR's ``violations`` are that call's);
     anything else, including a guest that raised a Violation of its own making, is a
@@ -258,8 +258,6 @@ class Conversation:
 
     def wanted(self) -> int:
         """How many bytes to read next (at most ``READ_CHUNK``, never past the frame)."""
-        if self._frames._error is not None:
-            raise self._frames._error
         return min(self._frames.wanted(), READ_CHUNK)
 
     def frame_from(self, data: bytes) -> "Optional[Tuple[int, bytes]]":

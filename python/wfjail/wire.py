@@ -116,6 +116,8 @@ class Decoder:
 
     def wanted(self) -> int:
         """The bytes that complete the piece in progress: the length, the kind, the payload."""
+        if self._error is not None:
+            raise self._error
         if len(self._head) < 4:
             return 4 - len(self._head)
         if len(self._head) < 5:
