@@ -672,7 +672,7 @@ class StackTextTests(unittest.TestCase):
     file the child names."""
 
     def test_frames_carry_the_childs_lines_and_never_the_workers_files(self):
-        from wfjail import temporal as T
+        from wfjail.temporal import worker as T
 
         told = ('Traceback (most recent call last):\n'
                 '  File "/etc/passwd", line 1, in leak\n'
@@ -696,7 +696,7 @@ class PolicyFileTests(unittest.TestCase):
     def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
         import tomllib
 
-        from wfjail.temporal import _policy_file
+        from wfjail.temporal.worker import _policy_file
 
         tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
         try:

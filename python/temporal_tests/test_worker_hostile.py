@@ -17,7 +17,7 @@ from test_jailed_runner import DevServerTestCase, _Capture  # (puts the examples
 
 import hostile_workflows as H  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
-from wfjail import temporal as T  # noqa: E402
+from wfjail.temporal import worker as T  # noqa: E402
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 ALL = [H.DeniedPath, H.HandlerRaises, H.LogFlood, H.HugeReply]

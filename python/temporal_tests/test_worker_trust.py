@@ -27,7 +27,7 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker._command_aware_visitor import CommandInfo
 
-from wfjail import temporal as T
+from wfjail.temporal import worker as T
 
 
 def _info(**kw):

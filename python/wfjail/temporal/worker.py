@@ -53,12 +53,12 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
-from . import typed_json
-from .client import Busy, Client, GuestError, SessionFailed
-from .errors import ProtocolError
+from .. import typed_json
+from ..client import Busy, Client, GuestError, SessionFailed
+from ..errors import ProtocolError
 
 # The session handler the zygote resolves: a factory called with the run's recipe.
-_FACTORY = "wfjail.temporal:_instance_factory"
+_FACTORY = "wfjail.temporal.worker:_instance_factory"
 # Completion bytes, then the JSON side channel (the violations of the call are the server's).
 _LEN = 4
 
@@ -212,7 +212,7 @@ class _Server:
         self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
         sock = (r._socket if policy == r._policy and r._socket
                 else os.path.join(self.tmp, "serve.sock"))
-        preload = ["temporalio.worker", "wfjail.temporal"] + r._modules + r._preload
+        preload = ["temporalio.worker", "wfjail.temporal.worker"] + r._modules + r._preload
         argv = [r._wfjail, "serve", "-q", "-p", _policy_file(self.tmp, policy, r._classes),
                 "--socket", sock, "--max-executions", str(r._max_sessions), "--zygote",
                 "--python", sys.executable, "--preload", ",".join(preload),
@@ -1059,7 +1059,7 @@ def _instance_factory(recipe):
         default_workflow_logic_flags=data["default_workflow_logic_flags"],
     )
     # workflow.logger's records travel to the worker (LOG frames), not to this child's stderr.
-    from . import guest
+    from .. import guest
 
     class _ToWorker(logging.Handler):
         def emit(self, record):
@@ -1142,7 +1142,7 @@ def _extern_proxy(name):
     """In the child: an extern function that runs in the worker. Arguments and result are
     typed JSON (``typed_json``: JSON values, bytes, tuples, dataclasses, enums, exceptions);
     anything else raises TypeError here, in the workflow."""
-    from . import guest
+    from .. import guest
 
     def call(*args):
         doc = {"fn": name, "args": [typed_json.encode(a) for a in args]}
@@ -1154,7 +1154,7 @@ def _extern_proxy(name):
 
 
 def _patch_proxy(input):
-    from . import guest
+    from .. import guest
 
     return bool(json.loads(guest.upcall(json.dumps(
         {"fn": "__patch_activation__", "patch_id": input.patch_id}).encode())))
