@@ -30,7 +30,7 @@ class HandlerRaises:
 
     @workflow.run
     async def run(self) -> str:
-        from wfjail.temporal import worker as child_side
+        from wfjail.temporal import child as child_side
 
         class Bomb(list):
             def __getitem__(self, index):
@@ -62,7 +62,7 @@ class HugeReply:
     async def run(self) -> str:
         import struct
 
-        from wfjail.temporal import worker as child_side
+        from wfjail.temporal import child as child_side
 
         extra = b"\x0a\x00" * (3 * 1024 * 1024)
         size, n = bytearray(), len(extra)

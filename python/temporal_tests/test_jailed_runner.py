@@ -672,7 +672,7 @@ class StackTextTests(unittest.TestCase):
     file the child names."""
 
     def test_frames_carry_the_childs_lines_and_never_the_workers_files(self):
-        from wfjail.temporal import worker as T
+        from wfjail.temporal import stack
 
         told = ('Traceback (most recent call last):\n'
                 '  File "/etc/passwd", line 1, in leak\n'
@@ -681,10 +681,10 @@ class StackTextTests(unittest.TestCase):
                 '    while True: x += 1\n'
                 '  File "%s", line 114, in _interrupt\n'
                 '    raise Interrupted()\n' % os.path.join("site", "wfjail", "guest.py"))
-        frames = T._parse_stack(told)
+        frames = stack.parse_stack(told)
         self.assertEqual([f[:3] for f in frames], [("/etc/passwd", 1, "leak"),
                                                    ("/app/wf.py", 40, "run")])
-        text = T._stack_text(told)
+        text = stack.stack_text(told)
         self.assertEqual(text, '  File "/etc/passwd [confined child]", line 1, in leak\n'
                                '    what the child says\n'
                                '  File "/app/wf.py [confined child]", line 40, in run\n'
@@ -696,11 +696,11 @@ class PolicyFileTests(unittest.TestCase):
     def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
         import tomllib
 
-        from wfjail.temporal.worker import _policy_file
+        from wfjail.temporal.server import policy_file
 
         tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
         try:
-            with open(_policy_file(tmp, "strict", ["workflows:Greeting"]), "rb") as f:
+            with open(policy_file(tmp, "strict", ["workflows:Greeting"]), "rb") as f:
                 doc = tomllib.load(f)
         finally:
             shutil.rmtree(tmp)
