@@ -9,6 +9,7 @@ needed:
 """
 
 import asyncio
+import contextlib
 import datetime
 import json
 import linecache
@@ -56,6 +57,24 @@ def _det(**extern):
 def _reply(completion, side=None):
     data = completion.SerializeToString()
     return struct.pack(">I", len(data)) + data + json.dumps(side or {}).encode()
+
+
+@contextlib.contextmanager
+def _workflow_records():
+    """The records of the worker's ``temporalio.workflow`` logger while in use, at every
+    level (the logger's handlers and level as they were after)."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("temporalio.workflow")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 class FakeSession:
@@ -305,22 +324,12 @@ class DeadlockTests(unittest.TestCase):
 
 class LogTests(unittest.TestCase):
     def test_a_childs_log_text_cannot_forge_records_or_send_escapes(self):
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        logger = logging.getLogger("temporalio.workflow")
-        logger.addHandler(handler)
-        old_level = logger.level
-        logger.setLevel(logging.DEBUG)
-        try:
+        with _workflow_records() as records:
             on_log = relays.LogRelay(_info())
             said = ("done\n2026-12-01 ERROR temporalio.worker credentials rotated\r\x1b[2J"
                     "\x1b]0;owned\x07\u2028\x85tab\tkept " + "x" * 100_000)
             on_log(logging.INFO, said)
             on_log(10_000, "loud")
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(old_level)
         text = records[0].getMessage()
         self.assertTrue(text.startswith(
             "done\\x0a2026-12-01 ERROR temporalio.worker credentials rotated\\x0d\\x1b[2J"
@@ -544,13 +553,6 @@ class LogFloodTests(unittest.TestCase):
     relays at most MAX_LOG_RECORDS of an activation, then says once how many it dropped."""
 
     def test_a_flood_of_log_records_is_cut_per_activation_and_counted(self):
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        logger = logging.getLogger("temporalio.workflow")
-        logger.addHandler(handler)
-        old_level = logger.level
-        logger.setLevel(logging.DEBUG)
         on_log = relays.LogRelay(_info())
 
         def flood(session):
@@ -563,13 +565,10 @@ class LogFloodTests(unittest.TestCase):
             return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
 
         inst = worker._JailedInstance(FakeSession(flood, quiet), _det(), run_log=on_log)
-        try:
+        with _workflow_records() as records:
             with self.assertLogs("wfjail.temporal", "WARNING") as said:
                 inst.activate(_activation())
             inst.activate(_activation())
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(old_level)
         texts = [r.getMessage() for r in records]
         self.assertEqual(len(texts), relays.MAX_LOG_RECORDS + 1)
         self.assertEqual(texts[-1], "next activation")
