@@ -71,6 +71,19 @@ class NoWorkAtImportTests(unittest.TestCase):
         self.assertEqual(out, "True")
 
 
+class WorkflowLogTests(unittest.TestCase):
+    def test_a_record_reaches_the_worker_once_however_many_instances_the_process_built(self):
+        # The zygote's warm-up builds three instances per class before it forks a child,
+        # which builds its own: each added a handler, and a record went out once per handler.
+        out = _python("import logging; from wfjail.temporal import child; "
+                      "child.warm_up(['direct_workflows:Direct']); "
+                      "child.warm_up(['direct_workflows:Direct']); "
+                      "sent = []; child.guest.log = lambda text, level: sent.append(text); "
+                      "logging.getLogger('temporalio.workflow').warning('once'); "
+                      "print(sent)")
+        self.assertEqual(out, "['once']")
+
+
 class CommandTypeTests(unittest.TestCase):
     def test_every_resolving_job_resolves_a_command_that_has_a_context(self):
         for job, command in contexts.RESOLVED_BY.items():

@@ -20,7 +20,7 @@ import temporalio.workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 
-from .. import typed_json
+from .. import guest, typed_json
 from . import sdk
 from .recipe import Recipe, details, load, recipe
 from .relays import MAX_METRIC_RECORDS, PATCH_UPCALL
@@ -50,20 +50,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     det = details(recipe, {**local_extern_functions(), **{
         name: _extern_proxy(name) for name in recipe.get("extern", [])}},
         _patch_proxy if recipe.get("patch_callback") else None)
-    # workflow.logger's records travel to the worker (LOG frames), not to this child's stderr.
-    from .. import guest
-
-    class _ToWorker(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            try:
-                guest.log(record.getMessage(), record.levelno)
-            except Exception:  # noqa: BLE001  (a log record must never fail the workflow)
-                pass
-
-    wf_logger = logging.getLogger("temporalio.workflow")
-    wf_logger.addHandler(_ToWorker())
-    wf_logger.setLevel(recipe.get("log_level", logging.INFO))
-    wf_logger.propagate = False
+    _relay_workflow_logs(recipe.get("log_level", logging.INFO))
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -83,6 +70,28 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     return activate, loop
+
+
+class _ToWorker(logging.Handler):
+    """Sends each record of ``workflow.logger`` to the worker (a LOG frame)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            guest.log(record.getMessage(), record.levelno)
+        except Exception:  # noqa: BLE001  (a log record must never fail the workflow)
+            pass
+
+
+def _relay_workflow_logs(level: int) -> None:
+    """``workflow.logger``'s records at ``level`` and above travel to the worker, not to this
+    child's stderr: through one handler per process, however many instances it builds (the
+    zygote's warm-up builds several before it forks this child; each added its own, and
+    every record went to the worker once per handler)."""
+    wf_logger = logging.getLogger("temporalio.workflow")
+    if not any(isinstance(h, _ToWorker) for h in wf_logger.handlers):
+        wf_logger.addHandler(_ToWorker())
+    wf_logger.setLevel(level)
+    wf_logger.propagate = False
 
 
 def warm_up_from_env() -> None:
@@ -133,7 +142,6 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
     """An extern function that runs in the worker. Arguments and result are typed JSON
     (``typed_json``: JSON values, bytes, tuples, dataclasses, enums, exceptions); anything
     else raises TypeError here, in the workflow."""
-    from .. import guest
 
     def call(*args: Any) -> Any:
         doc = {"fn": name, "args": [typed_json.encode(a) for a in args]}
@@ -145,8 +153,6 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
 
 
 def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> bool:
-    from .. import guest
-
     return bool(json.loads(guest.upcall(json.dumps(
         {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode())))
 
