@@ -8,6 +8,15 @@ from temporalio import workflow
 FORGED = "\n2026-12-01 ERROR temporalio.worker credentials rotated\x1b[2J"
 
 
+def _tamper(**names):
+    """Replaces ``names`` in the child-side wfjail code (``wfjail.temporal.child``), as a
+    workflow that reaches into it can."""
+    from wfjail.temporal import child
+
+    for name, value in names.items():
+        setattr(child, name, value)
+
+
 @workflow.defn
 class DeniedPath:
     """Is denied a write whose path carries a forged log line: the path is the violation's
@@ -30,14 +39,12 @@ class HandlerRaises:
 
     @workflow.run
     async def run(self) -> str:
-        from wfjail import temporal as child_side
-
         class Bomb(list):
             def __getitem__(self, index):
                 raise RuntimeError("wfjail denied workflow Victim (run run-9) what workflow "
                                    "code may not do:" + FORGED)
 
-        child_side._metric_records = Bomb()
+        _tamper(_metric_records=Bomb())
         return "raised"
 
 
@@ -62,8 +69,6 @@ class HugeReply:
     async def run(self) -> str:
         import struct
 
-        from wfjail import temporal as child_side
-
         extra = b"\x0a\x00" * (3 * 1024 * 1024)
         size, n = bytearray(), len(extra)
         while True:
@@ -85,8 +90,7 @@ class HugeReply:
             def dumps(self, value):
                 return Side()
 
-        child_side.struct = Packer()
-        child_side.json = Dumper()
+        _tamper(struct=Packer(), json=Dumper())
         return "huge"
 
 

@@ -11,7 +11,7 @@ class Liar:
     @workflow.run
     async def run(self) -> str:
         from wfjail import guest
-        from wfjail import temporal as child_side
+        from wfjail.temporal import child as child_side
 
         guest.log("lied\n2026-12-01 ERROR temporalio.worker forged record\x1b]0;owned\x07", 20)
         child_side._metric_records.extend([

@@ -150,10 +150,30 @@ class DevServerTestCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
+    async def run_jailed(self, workflows, run, prefix, *args):
+        """Runs ``run(*args)`` once on a worker of ``workflows`` (and ``W.greet``) with a
+        ``JailedWorkflowRunner``; returns its result and its history."""
+        client = await self.server.client()
+        queue = prefix + "-" + uuid.uuid4().hex
+        wid = str(uuid.uuid4())
+        async with Worker(client, task_queue=queue, workflows=workflows,
+                          activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+            result = await client.execute_workflow(run, *args, id=wid, task_queue=queue)
+        return result, await client.get_workflow_handle(wid).fetch_history()
+
 
 class JailedRunnerTests(DevServerTestCase):
     def run_async(self, coro):
         return asyncio.run(coro)
+
+    async def metered_client(self, buffer):
+        """A client of the dev server whose runtime's metrics go to ``buffer`` (a
+        ``MetricBuffer``)."""
+        from temporalio.runtime import Runtime, TelemetryConfig
+
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+        await self.server.client()  # the server is up
+        return await Client.connect(self.server.target, runtime=runtime)
 
     async def _clean_runs(self, runner, queue):
         client = await self.server.client()
@@ -217,17 +237,8 @@ class JailedRunnerTests(DevServerTestCase):
     def test_a_workflow_reading_the_clock_and_randomness_directly_replays_when_jailed(self):
         import direct_workflows
 
-        async def go():
-            client = await self.server.client()
-            queue = "direct-" + uuid.uuid4().hex
-            wid = str(uuid.uuid4())
-            async with Worker(client, task_queue=queue, workflows=[direct_workflows.Direct],
-                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
-                result = await client.execute_workflow(direct_workflows.Direct.run, id=wid,
-                                                       task_queue=queue)
-            return result, await client.get_workflow_handle(wid).fetch_history()
-
-        result, history = self.run_async(go())
+        result, history = self.run_async(self.run_jailed(
+            [direct_workflows.Direct], direct_workflows.Direct.run, "direct"))
         # datetime.now() in workflow code is workflow.now(), in each activation.
         self.assertEqual(result[3:], [True, True], result)
         self.assertTrue(result[0].startswith(str(datetime.date.today().year)), result)
@@ -306,16 +317,9 @@ class JailedRunnerTests(DevServerTestCase):
     def test_workflow_logs_reach_the_workers_logger_with_the_workflows_context(self):
         import logging
 
-        async def go():
-            client = await self.server.client()
-            queue = "logs-" + uuid.uuid4().hex
-            async with Worker(client, task_queue=queue, workflows=CLEAN,
-                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
-                return await client.execute_workflow(
-                    W.Greeting.run, "logger", id="logs-" + uuid.uuid4().hex, task_queue=queue)
-
         with _Capture("temporalio.workflow", logging.INFO) as records:
-            self.assertEqual(self.run_async(go()), "Hello, logger!")
+            result, _ = self.run_async(self.run_jailed(CLEAN, W.Greeting.run, "logs", "logger"))
+            self.assertEqual(result, "Hello, logger!")
         mine = [r for r in records if getattr(r, "wfjail", False)]
         self.assertTrue(mine, "a record from the confined run")
         self.assertIn("greeting logger", mine[0].getMessage())
@@ -525,15 +529,13 @@ class JailedRunnerTests(DevServerTestCase):
         self.assertEqual(servers, ["permissive", "temporal-python"], "one server per policy")
 
     def test_workflow_metrics_reach_the_workers_meter(self):
-        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+        from temporalio.runtime import MetricBuffer
 
         def metrics(runner):
             buffer = MetricBuffer(10000)
-            runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
 
             async def go():
-                await self.server.client()  # the server is up
-                client = await Client.connect(self.server.target, runtime=runtime)
+                client = await self.metered_client(buffer)
                 queue = "metrics-" + uuid.uuid4().hex
                 async with Worker(client, task_queue=queue, workflows=CLEAN,
                                   activities=[W.greet], workflow_runner=runner):
@@ -563,14 +565,12 @@ class JailedRunnerTests(DevServerTestCase):
         import logging
 
         import liar_workflows
-        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+        from temporalio.runtime import MetricBuffer
 
         buffer = MetricBuffer(10000)
-        runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
 
         async def go():
-            await self.server.client()  # the server is up
-            client = await Client.connect(self.server.target, runtime=runtime)
+            client = await self.metered_client(buffer)
             queue = "liar-" + uuid.uuid4().hex
             async with Worker(client, task_queue=queue, workflows=[liar_workflows.Liar],
                               workflow_runner=JailedWorkflowRunner()):
@@ -672,7 +672,7 @@ class StackTextTests(unittest.TestCase):
     file the child names."""
 
     def test_frames_carry_the_childs_lines_and_never_the_workers_files(self):
-        from wfjail import temporal as T
+        from wfjail.temporal import stack
 
         told = ('Traceback (most recent call last):\n'
                 '  File "/etc/passwd", line 1, in leak\n'
@@ -681,10 +681,10 @@ class StackTextTests(unittest.TestCase):
                 '    while True: x += 1\n'
                 '  File "%s", line 114, in _interrupt\n'
                 '    raise Interrupted()\n' % os.path.join("site", "wfjail", "guest.py"))
-        frames = T._parse_stack(told)
+        frames = stack.parse_stack(told)
         self.assertEqual([f[:3] for f in frames], [("/etc/passwd", 1, "leak"),
                                                    ("/app/wf.py", 40, "run")])
-        text = T._stack_text(told)
+        text = stack.stack_text(told)
         self.assertEqual(text, '  File "/etc/passwd [confined child]", line 1, in leak\n'
                                '    what the child says\n'
                                '  File "/app/wf.py [confined child]", line 40, in run\n'
@@ -696,11 +696,11 @@ class PolicyFileTests(unittest.TestCase):
     def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
         import tomllib
 
-        from wfjail.temporal import _policy_file
+        from wfjail.temporal.server import policy_file
 
         tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
         try:
-            with open(_policy_file(tmp, "strict", ["workflows:Greeting"]), "rb") as f:
+            with open(policy_file(tmp, "strict", ["workflows:Greeting"]), "rb") as f:
                 doc = tomllib.load(f)
         finally:
             shutil.rmtree(tmp)

@@ -9,11 +9,10 @@ test_jailed_runner.py:
 
 import asyncio
 import unittest
-import uuid
 
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer
 
-from test_jailed_runner import DevServerTestCase, W
+from test_jailed_runner import DevServerTestCase
 from wfjail.temporal import JailedWorkflowRunner
 
 import time_entropy_workflows as P
@@ -22,13 +21,7 @@ import time_entropy_workflows as P
 class TimeAndEntropyTests(DevServerTestCase):
     def test_time_and_entropy_read_directly_replay_the_same(self):
         async def go():
-            client = await self.server.client()
-            queue = "probes-" + uuid.uuid4().hex
-            wid = str(uuid.uuid4())
-            async with Worker(client, task_queue=queue, workflows=[P.Probes],
-                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
-                seen = await client.execute_workflow(P.Probes.run, id=wid, task_queue=queue)
-            history = await client.get_workflow_handle(wid).fetch_history()
+            seen, history = await self.run_jailed([P.Probes], P.Probes.run, "probes")
             replay = await Replayer(workflows=[P.Probes], workflow_runner=JailedWorkflowRunner()
                                     ).replay_workflow(history, raise_on_replay_failure=False)
             return seen, replay

@@ -17,7 +17,7 @@ from test_jailed_runner import DevServerTestCase, _Capture  # (puts the examples
 
 import hostile_workflows as H  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
-from wfjail import temporal as T  # noqa: E402
+from wfjail.temporal import relays  # noqa: E402
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 ALL = [H.DeniedPath, H.HandlerRaises, H.LogFlood, H.HugeReply]
@@ -56,7 +56,7 @@ class HostileWorkflowTests(DevServerTestCase):
         flood = [r for r in kept if getattr(r, "wfjail", False)
                  and r.getMessage().startswith("flood ")]
         # Its one activation relays MAX_LOG_RECORDS of them.
-        self.assertEqual(len(flood), T.MAX_LOG_RECORDS)
+        self.assertEqual(len(flood), relays.MAX_LOG_RECORDS)
         self.assertTrue([r for r in said if "dropped" in r.getMessage()],
                         [r.getMessage() for r in said])
 

@@ -9,6 +9,7 @@ needed:
 """
 
 import asyncio
+import contextlib
 import datetime
 import json
 import linecache
@@ -27,7 +28,9 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker._command_aware_visitor import CommandInfo
 
-from wfjail import temporal as T
+from wfjail.errors import ProtocolError
+from wfjail.temporal import contexts, relays, worker
+from wfjail.temporal import stack as child_stack
 
 
 def _info(**kw):
@@ -54,6 +57,24 @@ def _det(**extern):
 def _reply(completion, side=None):
     data = completion.SerializeToString()
     return struct.pack(">I", len(data)) + data + json.dumps(side or {}).encode()
+
+
+@contextlib.contextmanager
+def _workflow_records():
+    """The records of the worker's ``temporalio.workflow`` logger while in use, at every
+    level (the logger's handlers and level as they were after)."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("temporalio.workflow")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 class FakeSession:
@@ -120,7 +141,7 @@ class SerializationContextTests(unittest.TestCase):
         forged += [[act_kind, seq, "WorkflowSerializationContext",
                     {"namespace": "tenant-b", "workflow_id": "victim-%d" % seq}]
                    for seq in range(2, 1002)]
-        inst = T._JailedInstance(
+        inst = worker._JailedInstance(
             FakeSession(_reply(self._completion([1]), {"contexts": forged})), _det())
         inst.activate(_activation(_start_job()))
         ctx = inst.get_serialization_context(CommandInfo(act_kind, 1))
@@ -141,8 +162,8 @@ class SerializationContextTests(unittest.TestCase):
         act_kind = int(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK)
         resolve = WorkflowActivationJob()
         resolve.resolve_activity.seq = 1
-        many = self._completion(range(1, T.MAX_COMMAND_CONTEXTS + 51))
-        inst = T._JailedInstance(FakeSession(
+        many = self._completion(range(1, contexts.MAX_COMMAND_CONTEXTS + 51))
+        inst = worker._JailedInstance(FakeSession(
             _reply(self._completion([1, 2])), _reply(WorkflowActivationCompletion(
                 run_id="run-1", successful={})), _reply(many)), _det())
         inst.activate(_activation(_start_job()))
@@ -150,13 +171,13 @@ class SerializationContextTests(unittest.TestCase):
         inst.activate(_activation(resolve))
         self.assertEqual(list(inst._contexts), [(act_kind, 2)])
         inst.activate(_activation())
-        self.assertEqual(len(inst._contexts), T.MAX_COMMAND_CONTEXTS)
+        self.assertEqual(len(inst._contexts), contexts.MAX_COMMAND_CONTEXTS)
 
     def test_a_command_with_an_oversized_name_keeps_no_context(self):
         act_kind = int(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK)
         completion = self._completion([1, 2])
         completion.successful.commands[0].schedule_activity.activity_type = "a" * 1_000_000
-        inst = T._JailedInstance(FakeSession(_reply(completion)), _det())
+        inst = worker._JailedInstance(FakeSession(_reply(completion)), _det())
         inst.activate(_activation(_start_job()))
         self.assertEqual(list(inst._contexts), [(act_kind, 2)])
         ctx = inst.get_serialization_context(CommandInfo(act_kind, 1))
@@ -213,9 +234,9 @@ class DeadlockTests(unittest.TestCase):
         # calls get_thread_id on its event loop; with the old wait made 30 s long, a loop that
         # waited on the child would be blocked for it.
         session, release = self._stuck(None)
-        inst = T._JailedInstance(session, _det())
-        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True), \
-                mock.patch.object(T, "DEADLOCK_STACK_WAIT", 30.0, create=True):
+        inst = worker._JailedInstance(session, _det())
+        with mock.patch.object(worker, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True), \
+                mock.patch.object(worker, "DEADLOCK_STACK_WAIT", 30.0, create=True):
             thread, _ = self._activate_in_thread(inst)
 
             async def sdk_deadlock_handler():
@@ -238,7 +259,7 @@ class DeadlockTests(unittest.TestCase):
     def test_a_forged_stack_is_bounded_escaped_and_leaves_nothing_in_linecache(self):
         stack = _forged_stack()
         session, _ = self._stuck(_interrupted_failure(stack))
-        inst = T._JailedInstance(session, _det())
+        inst = worker._JailedInstance(session, _det())
         cached = set(linecache.cache)
         records = []
         handler = logging.Handler()
@@ -246,7 +267,7 @@ class DeadlockTests(unittest.TestCase):
         logger = logging.getLogger("wfjail.temporal")
         logger.addHandler(handler)
         try:
-            with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True):
+            with mock.patch.object(worker, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True):
                 thread, out = self._activate_in_thread(inst)
 
                 async def sdk_deadlock_handler():
@@ -267,14 +288,14 @@ class DeadlockTests(unittest.TestCase):
         failure = out["c"].failed.failure
         self.assertIn("[TMPRL1101] Potential deadlock detected", failure.message)
         shown = failure.stack_trace
-        self.assertEqual(shown.count(" [confined child]"), T.MAX_STACK_FRAMES)
+        self.assertEqual(shown.count(" [confined child]"), child_stack.MAX_STACK_FRAMES)
         self.assertIn('File "/app/wf199.py\\x1b]0;owned\\x07 [confined child]", '
                       'line 100000, in run\\u2028nnn', shown)
-        self.assertLess(len(shown), T.MAX_STACK_FRAMES * 4 * T.MAX_STACK_NAME)
+        self.assertLess(len(shown), child_stack.MAX_STACK_FRAMES * 4 * child_stack.MAX_STACK_NAME)
         self.assertTrue(session.closed)
         logged = [r.getMessage() for r in records if "did not yield" in r.getMessage()]
         self.assertEqual(len(logged), 1)
-        self.assertEqual(logged[0].count(" [confined child]"), T.MAX_STACK_FRAMES)
+        self.assertEqual(logged[0].count(" [confined child]"), child_stack.MAX_STACK_FRAMES)
         for text in (shown, logged[0]):
             self.assertNotIn("\x1b", text)
             self.assertNotIn("\x07", text)
@@ -290,8 +311,8 @@ class DeadlockTests(unittest.TestCase):
                 '  File "/x/wfjail/guest.py", line 114, in _interrupt\n'
                 '    raise Interrupted()\n')
         session, _ = self._stuck(_interrupted_failure(told))
-        inst = T._JailedInstance(session, _det())
-        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 0.2, create=True):
+        inst = worker._JailedInstance(session, _det())
+        with mock.patch.object(worker, "DEADLOCK_INTERRUPT_AFTER", 0.2, create=True):
             thread, out = self._activate_in_thread(inst)
             thread.join(30)
         failure = out["c"].failed.failure
@@ -303,28 +324,18 @@ class DeadlockTests(unittest.TestCase):
 
 class LogTests(unittest.TestCase):
     def test_a_childs_log_text_cannot_forge_records_or_send_escapes(self):
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        logger = logging.getLogger("temporalio.workflow")
-        logger.addHandler(handler)
-        old_level = logger.level
-        logger.setLevel(logging.DEBUG)
-        try:
-            on_log = T._log_to_worker(_info())
+        with _workflow_records() as records:
+            on_log = relays.LogRelay(_info())
             said = ("done\n2026-12-01 ERROR temporalio.worker credentials rotated\r\x1b[2J"
                     "\x1b]0;owned\x07\u2028\x85tab\tkept " + "x" * 100_000)
             on_log(logging.INFO, said)
             on_log(10_000, "loud")
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(old_level)
         text = records[0].getMessage()
         self.assertTrue(text.startswith(
             "done\\x0a2026-12-01 ERROR temporalio.worker credentials rotated\\x0d\\x1b[2J"
             "\\x1b]0;owned\\x07\\u2028\\x85tab\tkept xxx"), text[:200])
         self.assertTrue(text.endswith("x... (%d more characters)"
-                                      % (len(said) - T.MAX_LOG_TEXT)), text[-60:])
+                                      % (len(said) - relays.MAX_LOG_TEXT)), text[-60:])
         self.assertNotIn("\n", text)
         self.assertEqual(records[0].temporal_workflow["workflow_id"], "wf-a")
         self.assertEqual(records[1].levelno, logging.CRITICAL)
@@ -353,7 +364,7 @@ class MetricTests(unittest.TestCase):
                           {"metrics": batch})
                    for batch in [first + spray[:994]] + [spray[i:i + 1000]
                                                          for i in range(994, 4998, 1000)]]
-        inst = T._JailedInstance(FakeSession(*replies), det)
+        inst = worker._JailedInstance(FakeSession(*replies), det)
         for _ in replies:
             self.assertTrue(inst.activate(_activation()).HasField("successful"))
         updates = buffer.retrieve_updates()
@@ -366,13 +377,13 @@ class MetricTests(unittest.TestCase):
                          ("tenant-a", "Honest", "queue-a", "v"))
         series = {tuple(sorted(dict(u.attributes).items())) for u in updates
                   if u.metric.name == "spray"}
-        self.assertEqual(len(series), T.MAX_METRIC_SERIES - 1)
+        self.assertEqual(len(series), relays.MAX_METRIC_SERIES - 1)
 
 
 class ReplyTests(unittest.TestCase):
     def test_a_malformed_reply_fails_the_task_and_a_completion_is_the_runs_own(self):
         other = WorkflowActivationCompletion(run_id="another-run", successful={})
-        inst = T._JailedInstance(FakeSession(
+        inst = worker._JailedInstance(FakeSession(
             struct.pack(">I", 3) + b"\xff\xff\xff" + b"[" * 100_000,
             _reply(other) + b"[" * 100_000), _det())
         failed = inst.activate(_activation())
@@ -402,7 +413,7 @@ class ViolationTextTests(unittest.TestCase):
                                                                   successful={})),
                               _reply(WorkflowActivationCompletion(run_id="run-1",
                                                                   successful={})))
-        inst = T._JailedInstance(session, _det())
+        inst = worker._JailedInstance(session, _det())
         session.violations = [self._violation("denied")]
         failed = inst.activate(_activation())
         message = failed.failed.failure.message
@@ -437,16 +448,16 @@ class GuestErrorTests(unittest.TestCase):
         def call(session):
             raise GuestError(doc)
 
-        failed = T._JailedInstance(FakeSession(call), _det()).activate(_activation())
+        failed = worker._JailedInstance(FakeSession(call), _det()).activate(_activation())
         failure = failed.failed.failure
         self.assertTrue(failure.message.startswith(
             "wfjail: the confined process of workflow Honest (run run-1) raised outside "
             "workflow code: wfjail denied workflow Victim"), failure.message[:200])
         self.assertNotIn("\n", failure.message)
         self.assertNotIn("\x1b", failure.message)
-        self.assertLess(len(failure.message), 3 * T.MAX_CHILD_MESSAGE)
+        self.assertLess(len(failure.message), 3 * child_stack.MAX_CHILD_MESSAGE)
         self.assertLessEqual(failure.stack_trace.count("[confined child]"),
-                             T.MAX_STACK_FRAMES)
+                             child_stack.MAX_STACK_FRAMES)
         self.assertNotIn("\x1b", failure.stack_trace)
         self.assertLess(len(failure.stack_trace), 200_000)
 
@@ -476,7 +487,7 @@ class ReplySizeTests(unittest.TestCase):
 
     def test_a_reply_past_the_servers_limit_is_refused_before_it_is_decoded(self):
         big = _empty_commands((4 * 1024 * 1024) // 2 + 8)
-        inst = T._JailedInstance(FakeSession(big), _det())
+        inst = worker._JailedInstance(FakeSession(big), _det())
         with mock.patch.object(WorkflowActivationCompletion, "FromString",
                                side_effect=AssertionError("decoded")) as parse:
             failed = inst.activate(_activation())
@@ -484,19 +495,19 @@ class ReplySizeTests(unittest.TestCase):
         self.assertIn("max_reply_bytes", failed.failed.failure.message)
 
     def test_a_completion_with_more_commands_than_a_history_holds_fails_its_task(self):
-        inst = T._JailedInstance(FakeSession(_empty_commands(T.MAX_COMPLETION_COMMANDS + 1),
+        inst = worker._JailedInstance(FakeSession(_empty_commands(relays.MAX_COMPLETION_COMMANDS + 1),
                                              _empty_commands(10)), _det())
         failed = inst.activate(_activation())
-        self.assertIn("%d commands" % (T.MAX_COMPLETION_COMMANDS + 1),
+        self.assertIn("%d commands" % (relays.MAX_COMPLETION_COMMANDS + 1),
                       failed.failed.failure.message)
         done = inst.activate(_activation())
         self.assertEqual(len(done.successful.commands), 10)
 
     def test_a_side_channel_past_its_bound_is_not_parsed(self):
         record = ["counter", "jobs", None, None, 1, {}]
-        side = {"metrics": [record], "pad": "x" * T.MAX_SIDE_CHANNEL}
-        with mock.patch.object(T.json, "loads", side_effect=AssertionError("parsed")):
-            completion, metrics = T._split_reply(
+        side = {"metrics": [record], "pad": "x" * relays.MAX_SIDE_CHANNEL}
+        with mock.patch.object(json, "loads", side_effect=AssertionError("parsed")):
+            completion, metrics = relays.split_reply(
                 _reply(WorkflowActivationCompletion(run_id="run-1", successful={}), side))
         self.assertEqual(metrics, [])
         self.assertTrue(completion.HasField("successful"))
@@ -514,12 +525,12 @@ class UpcallSizeTests(unittest.TestCase):
             calls.append(len(values))
             return None
 
-        return T._upcalls_in_worker(_det(fn=fn))
+        return relays.upcalls_in_worker(_det(fn=fn))
 
     def test_an_upcall_of_too_many_values_is_refused_before_the_function_runs(self):
         calls = []
         payload = json.dumps({"fn": "fn", "args": [[0] * 200_000]}).encode()
-        self.assertLess(len(payload), T.MAX_UPCALL_BYTES)
+        self.assertLess(len(payload), relays.MAX_UPCALL_BYTES)
         with self.assertRaises(ValueError):
             self._on_upcall(calls)(payload)
         self.assertEqual(calls, [])
@@ -528,8 +539,8 @@ class UpcallSizeTests(unittest.TestCase):
 
     def test_an_oversized_upcall_is_not_parsed(self):
         calls = []
-        payload = json.dumps({"fn": "fn", "args": [["x" * T.MAX_UPCALL_BYTES]]}).encode()
-        with mock.patch.object(T.json, "loads", side_effect=AssertionError("parsed")):
+        payload = json.dumps({"fn": "fn", "args": [["x" * relays.MAX_UPCALL_BYTES]]}).encode()
+        with mock.patch.object(json, "loads", side_effect=AssertionError("parsed")):
             with self.assertRaises(ValueError):
                 self._on_upcall(calls)(payload)
         self.assertEqual(calls, [])
@@ -542,14 +553,7 @@ class LogFloodTests(unittest.TestCase):
     relays at most MAX_LOG_RECORDS of an activation, then says once how many it dropped."""
 
     def test_a_flood_of_log_records_is_cut_per_activation_and_counted(self):
-        records = []
-        handler = logging.Handler()
-        handler.emit = records.append
-        logger = logging.getLogger("temporalio.workflow")
-        logger.addHandler(handler)
-        old_level = logger.level
-        logger.setLevel(logging.DEBUG)
-        on_log = T._log_to_worker(_info())
+        on_log = relays.LogRelay(_info())
 
         def flood(session):
             for i in range(5000):
@@ -560,19 +564,16 @@ class LogFloodTests(unittest.TestCase):
             on_log(logging.INFO, "next activation")
             return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
 
-        inst = T._JailedInstance(FakeSession(flood, quiet), _det(), run_log=on_log)
-        try:
+        inst = worker._JailedInstance(FakeSession(flood, quiet), _det(), run_log=on_log)
+        with _workflow_records() as records:
             with self.assertLogs("wfjail.temporal", "WARNING") as said:
                 inst.activate(_activation())
             inst.activate(_activation())
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(old_level)
         texts = [r.getMessage() for r in records]
-        self.assertEqual(len(texts), T.MAX_LOG_RECORDS + 1)
+        self.assertEqual(len(texts), relays.MAX_LOG_RECORDS + 1)
         self.assertEqual(texts[-1], "next activation")
         self.assertEqual(len(said.records), 1)
-        self.assertIn("dropped %d log records" % (5000 - T.MAX_LOG_RECORDS),
+        self.assertIn("dropped %d log records" % (5000 - relays.MAX_LOG_RECORDS),
                       said.records[0].getMessage())
 
 
@@ -630,17 +631,17 @@ class StubbornChildTests(unittest.TestCase):
                 # Neither the interruption nor anything but the end of the session stops it.
                 if not release.wait(60):
                     return _reply(WorkflowActivationCompletion(run_id="run-1", successful={}))
-                raise T.ProtocolError("truncated", "wfjail closed the session connection")
+                raise ProtocolError("truncated", "wfjail closed the session connection")
 
             def abort(self):
                 self.closed = True
                 release.set()
 
         session = Stubborn()
-        inst = T._JailedInstance(session, _det())
+        inst = worker._JailedInstance(session, _det())
         out = {}
-        with mock.patch.object(T, "DEADLOCK_INTERRUPT_AFTER", 0.1, create=True), \
-                mock.patch.object(T, "INTERRUPT_WAIT", 0.2, create=True), \
+        with mock.patch.object(worker, "DEADLOCK_INTERRUPT_AFTER", 0.1, create=True), \
+                mock.patch.object(worker, "INTERRUPT_WAIT", 0.2, create=True), \
                 self.assertLogs("wfjail.temporal", "WARNING") as said:
             thread = threading.Thread(target=lambda: out.update(c=inst.activate(_activation())))
             thread.start()

@@ -16,6 +16,8 @@ Tagged forms (a JSON object with exactly one key):
 with a key starting ``$wfjail:`` is refused.
 """
 
+from __future__ import annotations
+
 import base64
 import collections.abc
 import dataclasses
@@ -23,6 +25,7 @@ import enum
 import traceback
 import types
 import typing
+from typing import Any, Callable
 
 _TAG = "$wfjail:"
 MAX_DEPTH = 32
@@ -36,20 +39,20 @@ class ChildException(Exception):
     """An exception raised in the child, as the worker sees it: ``child_type`` is its
     qualified type name, ``child_traceback`` the formatted traceback."""
 
-    def __init__(self, child_type, message, child_traceback=""):
+    def __init__(self, child_type: str, message: str, child_traceback: str = "") -> None:
         super().__init__(message)
         self.child_type = child_type
         self.child_traceback = child_traceback
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "%s: %s" % (self.child_type, self.args[0] if self.args else "")
 
 
-def _qualname(cls):
+def _qualname(cls: type) -> str:
     return "%s.%s" % (cls.__module__, cls.__qualname__)
 
 
-def encode(value, _depth=0):
+def encode(value: object, _depth: int = 0) -> Any:
     """``value`` as JSON-ready data (in the child). Raises TypeError for what has no form."""
     if _depth > MAX_DEPTH:
         raise TypeError("a value nested deeper than %d levels" % MAX_DEPTH)
@@ -67,7 +70,7 @@ def encode(value, _depth=0):
     if isinstance(value, tuple):
         return {_TAG + "tuple": [encode(v, d) for v in value]}
     if isinstance(value, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError("dict keys must be strings, not %s" % type(k).__name__)
@@ -90,7 +93,7 @@ def encode(value, _depth=0):
         "values, bytes, tuples, dataclasses, enums and exceptions" % type(value).__name__)
 
 
-def decode(data, hint=typing.Any, _depth=0):
+def decode(data: object, hint: Any = typing.Any, _depth: int = 0) -> Any:
     """Rebuilds a value from :func:`encode`'s data (in the worker) as ``hint`` declares.
     Raises ValueError for data that does not fit the hint: the value must be of the declared
     class (``_check``), so that an ``int`` or a forged enum never stands where a dataclass is
@@ -101,7 +104,7 @@ def decode(data, hint=typing.Any, _depth=0):
     return _check(_decode(data, hint, _depth), hint)
 
 
-def _check(value, hint):
+def _check(value: object, hint: Any) -> Any:
     """``value`` when it is of the class ``hint`` declares (a generic's origin class: its
     items were checked as they were decoded), else ValueError. Hints that name no class
     (``Any``, type variables, ``NewType``, forward references) take any value; a ``float``
@@ -128,7 +131,7 @@ def _check(value, hint):
                      % (type(value).__name__, getattr(cls, "__qualname__", cls)))
 
 
-def _decode(data, hint, _depth):
+def _decode(data: object, hint: Any, _depth: int) -> Any:
     if _depth > MAX_DEPTH:
         raise ValueError("a value nested deeper than %d levels" % MAX_DEPTH)
     d = _depth + 1
@@ -162,7 +165,7 @@ def _decode(data, hint, _depth):
     raise ValueError("not JSON data: %r" % type(data).__name__)
 
 
-def _decode_tagged(tag, body, hint, d):
+def _decode_tagged(tag: str, body: object, hint: Any, d: int) -> Any:
     if tag == "bytes":
         if not isinstance(body, str):
             raise ValueError("bytes are base64 text")
@@ -218,7 +221,7 @@ def _decode_tagged(tag, body, hint, d):
     raise ValueError("unknown tag %r" % tag)
 
 
-def decode_args(fn, args):
+def decode_args(fn: Callable[..., Any], args: list[Any]) -> list[Any]:
     """The positional arguments of a call to ``fn`` (in the worker), each rebuilt as
     ``fn``'s signature declares it."""
     import inspect
@@ -245,7 +248,7 @@ def decode_args(fn, args):
     return out
 
 
-def _check_count(data):
+def _check_count(data: object) -> None:
     """ValueError when ``data`` (parsed JSON) holds more than MAX_VALUES values; the walk
     stops there."""
     stack, seen = [data], 0

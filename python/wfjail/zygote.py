@@ -2,7 +2,8 @@
 
     python -m wfjail.zygote --preload temporalio,my_workflows
 
-It imports what it is told to, freezes the garbage collector (so that children share the
+It imports what it is told to (and calls each ``module:function`` it is told to: a
+warm-up), freezes the garbage collector (so that children share the
 preloaded objects copy-on-write instead of touching them), says READY, and then serves one
 child per session on request. It keeps one child forked ahead (a spare, waiting for its
 session on a socket pair), so that opening a session does not wait for a fork; the next
@@ -336,7 +337,10 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     preloaded, error = [], None
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
-            importlib.import_module(name)
+            if ":" in name:
+                _resolve(name)()  # "module:function": imported, then called (a warm-up)
+            else:
+                importlib.import_module(name)
             preloaded.append(name)
         except BaseException as exc:
             error = "preloading %s: %s: %s" % (name, type(exc).__name__, exc)

@@ -1,0 +1,109 @@
+"""Every use wfjail.temporal makes of a private ``temporalio`` or ``asyncio`` API, each with
+what it is and why, and the one check that the installed ``temporalio`` is a version they
+were tested with (``check_version``, called when a ``JailedWorkflowRunner`` is made: never
+at import). A new SDK version is taken by reading this module against it, then adding it to
+``TESTED_VERSIONS``.
+
+What is public but used here as the SDK uses it, not as documented: the runner API itself
+(``WorkflowRunner``, ``WorkflowInstance``, ``WorkflowInstanceDetails``: each field of the
+details crosses to the child, ``default_workflow_logic_flags`` a set of a private enum, sent
+pickled) and ``temporalio.workflow.Info``'s fields (the warm-up makes one up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+import temporalio
+import temporalio.converter
+import temporalio.workflow
+
+if TYPE_CHECKING:
+    # The type of ``WorkflowInstance.get_serialization_context``'s argument (command_type,
+    # command_seq): a private module, for type hints only.
+    from temporalio.worker._command_aware_visitor import CommandInfo as CommandInfo
+
+# The temporalio versions (major.minor) whose private parts below wfjail was tested with:
+# scripts/test pins 1.35.0.
+TESTED_VERSIONS = ("1.35",)
+
+T = TypeVar("T")
+
+# A workflow class's definition, as ``WorkflowRunner.prepare_workflow`` and
+# ``WorkflowInstanceDetails.defn`` carry it (``temporalio.workflow._Definition``, private).
+Definition = temporalio.workflow._Definition
+
+# The names under which the worker passes two extern functions of its own to an instance
+# (``temporalio.worker._workflow``): the run's metric meter, and the check that a local
+# activity is registered. The child answers them itself (the meter records for the worker).
+METRIC_METER_EXTERN = "__temporal_get_metric_meter"
+LOCAL_ACTIVITY_CHECK_EXTERN = "__temporal_assert_local_activity_valid"
+
+
+class UntestedTemporalio(RuntimeError):
+    """The installed ``temporalio`` is not a version wfjail.temporal was tested with."""
+
+
+def check_version(version: str | None = None) -> None:
+    """Raises UntestedTemporalio unless ``version`` (default: the installed ``temporalio``'s)
+    is one of ``TESTED_VERSIONS``: the uses below of the SDK's private parts may not hold
+    in another, and would fail in a child, mid-workflow, or not at all."""
+    if version is None:
+        version = temporalio.__version__
+    if ".".join(version.split(".")[:2]) in TESTED_VERSIONS:
+        return
+    raise UntestedTemporalio(
+        "wfjail.temporal: temporalio %s is installed, but JailedWorkflowRunner was tested with "
+        "temporalio %s only: it relies on private parts of the SDK (listed in %s) that another "
+        "version may have changed. Install a tested version (pip install 'temporalio==%s.*'), "
+        "or a wfjail that was tested with %s." % (
+            version, ", ".join(v + ".x" for v in TESTED_VERSIONS), __file__,
+            TESTED_VERSIONS[-1], version))
+
+
+def definition(cls: type) -> Definition:
+    """The workflow definition of ``cls`` (``@workflow.defn``'s), rebuilt in the child from
+    the class: ``_Definition.must_from_class``, as the SDK's own runners get it."""
+    return temporalio.workflow._Definition.must_from_class(cls)
+
+
+def workflow_type_of(key: Any) -> Any:
+    """A workflow class's workflow type name (the definition ``@workflow.defn`` stores on the
+    class as ``__temporal_workflow_definition``), or ``key`` itself when it is not one: a
+    policy keyed by class or by name."""
+    defn = getattr(key, "__temporal_workflow_definition", None)
+    return defn and defn.name or key
+
+
+def payload_converter_factory(
+        converter: temporalio.converter.DataConverter,
+) -> Callable[[], temporalio.converter.PayloadConverter]:
+    """What the SDK passes as ``WorkflowInstanceDetails.payload_converter_factory``: the data
+    converter's (private) ``_new_payload_converter``, bound."""
+    return converter._new_payload_converter
+
+
+def payload_converter_class(factory: Callable[..., Any]) -> type | None:
+    """The payload converter class of the data converter whose ``_new_payload_converter``
+    (``payload_converter_factory``) is ``factory``, or None: how the child rebuilds the
+    worker's converter by its class."""
+    return getattr(getattr(factory, "__self__", None), "payload_converter_class", None)
+
+
+def build_in_loop(loop: asyncio.AbstractEventLoop, build: Callable[[], T]) -> T:
+    """``build()`` with ``loop`` set as the running loop (``asyncio._set_running_loop``): a
+    workflow instance registers itself on the running loop when it is built, and the child
+    has no loop running (the SDK's workers build it inside theirs)."""
+    asyncio._set_running_loop(loop)
+    try:
+        return build()
+    finally:
+        asyncio._set_running_loop(None)
+
+
+def in_running_loop() -> bool:
+    """Whether this thread runs an event loop (``asyncio._get_running_loop``, which does not
+    raise where the public one does): the SDK's debug mode runs activations on its loop,
+    as the SDK itself tells by this call."""
+    return asyncio._get_running_loop() is not None

@@ -1,0 +1,521 @@
+"""The worker's side of ``wfjail.temporal``: ``JailedWorkflowRunner`` (its servers, one per
+policy, in ``server``), the instance proxy that turns each activation of a run into one call
+of the run's session (``_JailedInstance``), the watchdog that interrupts an activation
+running too long, and the failures the worker writes for a run (what wfjail denied, how the
+child ended). What the worker takes from a child is checked in ``relays``, ``contexts`` and
+``stack``; the child's side is ``child``."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import shutil
+import threading
+import time
+import weakref
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+import temporalio.converter
+import temporalio.workflow
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+
+from ..client import Busy, Client, GuestError, SessionFailed
+from ..errors import ProtocolError
+from . import sdk
+from .child import FACTORY
+from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
+from .recipe import class_path, recipe
+from .relays import (
+    MAX_LOG_RECORDS,
+    MAX_REPLY_BYTES,
+    MAX_SIDE_CHANNEL,
+    MAX_UPCALL_BYTES,
+    RESERVED_METRIC_PREFIXES,
+    LogRelay,
+    ReplyRefused,
+    Series,
+    record_metrics,
+    split_reply,
+    upcalls_in_worker,
+)
+from .server import Server, stop
+from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, escape, stack_text
+
+# How long an eviction waits for a stuck activation to answer its interruption.
+INTERRUPT_WAIT = 1.0
+# An activation still running this long after it was sent is interrupted (by the watchdog
+# thread, off the worker's event loop), so that its stack reaches the deadlock failure before
+# the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
+DEADLOCK_INTERRUPT_AFTER = 1.5
+
+_log = logging.getLogger("wfjail.temporal")
+
+
+class JailedWorkflowRunner(WorkflowRunner):
+    """A ``WorkflowRunner`` that runs every cached workflow run in a process of its own,
+    forked from a preloaded zygote and confined by wfjail (Landlock, seccomp, namespaces).
+
+    ``policy``: a built-in policy name or a policy file (default ``temporal-python``).
+    ``max_sessions``: confined runs at once; keep it at least the worker's
+    ``max_cached_workflows`` plus its concurrent workflow tasks (default 1100: the SDK's
+    default cache of 1000 and 100 task slots). ``socket``: serve on this path (default: a
+    temporary directory). ``wfjail``: the ``wfjail`` binary (default: found on ``PATH``).
+    ``preload``: more modules for the zygote to import before forking. ``sandboxed``: run
+    each child's workflow inside Temporal's own sandbox as well (both layers: the SDK's
+    checks in the child, the kernel's around it). ``policies``: a policy per workflow (by
+    class or workflow type name; a class may also say ``wfjail_policy = "..."``), each with a
+    server and zygotes of its own — the analogue of the SDK's ``sandbox_unrestricted``.
+    ``reserved_metric_prefixes``: metric names a workflow may not use (the worker's own, so
+    that a child cannot register one first; default ``("temporal_",)``, the SDK's and Core's).
+    ``max_reply_bytes``: the largest completion the worker takes from a child (default 4 MiB,
+    what the server takes in a task completion); raise it only when a payload storage driver
+    takes large payloads out of completions in the worker.
+
+    Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
+    this runner was tested with (it relies on private parts of the SDK: ``sdk``).
+    """
+
+    def __init__(self, policy: str = "temporal-python", *, max_sessions: int = 1100,
+                 socket: str | None = None, wfjail: str | None = None,
+                 preload: Iterable[str] = (), zygotes: int | None = None,
+                 call_timeout: str = "30s", sandboxed: bool = False,
+                 policies: Mapping[Any, str] | None = None,
+                 reserved_metric_prefixes: Iterable[str] | None = None,
+                 max_reply_bytes: int | None = None) -> None:
+        sdk.check_version()
+        self._policy = policy
+        self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
+                                    else max_reply_bytes)
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metric_prefixes
+                                       is None else reserved_metric_prefixes)
+        # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
+        self._policies = {sdk.workflow_type_of(k): v for k, v in (policies or {}).items()}
+        self._max_sessions = int(max_sessions)
+        self._socket = socket
+        self._wfjail = wfjail or shutil.which("wfjail")
+        self._preload = list(preload)
+        self._zygotes = zygotes
+        self._call_timeout = call_timeout
+        self._sandboxed = bool(sandboxed)
+        self._modules: list[str] = []
+        self._classes: list[str] = []
+        self._lock = threading.Lock()
+        self._servers: dict[str, Server] = {}
+        self._failure_types: list[str] = []
+
+    # -- WorkflowRunner ------------------------------------------------------------------------
+
+    def prepare_workflow(self, defn: sdk.Definition) -> None:
+        """Checks that the workflow class can be rebuilt in a confined process by its path, and
+        notes its module for the zygote to preload."""
+        path = class_path(defn.cls, "workflow class")
+        self._classes.append(path)
+        module = path.partition(":")[0]
+        if module not in self._modules:
+            self._modules.append(module)
+
+    def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
+                                                 ) -> None:
+        self._failure_types = [class_path(t, "failure exception type") for t in types]
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        """Opens the run's session (on the worker's event-loop thread, not on the timed
+        activation path): the zygote forks a child, which builds the workflow instance."""
+        client = self._ensure_server(self._policy_of(det.defn))
+        made = recipe(det, self._failure_types)
+        made["sandboxed"] = self._sandboxed
+        try:
+            # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
+            # random and uuid4 draw from the run's randomness seed, and its wall clock reads
+            # each activation's time (set per call below): the same on replay.
+            run_log = LogRelay(det.info)
+            session = client.session(handler=FACTORY, init=made, timeout=self._call_timeout,
+                                     on_log=run_log,
+                                     on_upcall=upcalls_in_worker(det),
+                                     # A child's frames are read only up to what the worker
+                                     # takes of them (a reply and its side channel).
+                                     max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
+                                                   MAX_UPCALL_BYTES),
+                                     seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
+                                     time_ns=_start_ns(det.info)).open()
+        except Busy as e:
+            raise RuntimeError(
+                "wfjail: no room for another confined workflow run (%s of %s open): raise "
+                "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
+                (e.open, e.capacity)) from None
+        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
+                               run_log)
+
+    def _policy_of(self, defn: sdk.Definition) -> str:
+        """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
+        attribute of its class, else the runner's."""
+        return (self._policies.get(defn.name) or getattr(defn.cls, "wfjail_policy", None)
+                or self._policy)
+
+    # -- the servers ---------------------------------------------------------------------------
+
+    def _ensure_server(self, policy: str | None = None) -> Client:
+        policy = policy or self._policy
+        with self._lock:
+            server = self._servers.get(policy)
+            if server is None or not server.alive():
+                server = Server(self._wfjail, policy,
+                                socket=self._socket if policy == self._policy else None,
+                                classes=self._classes, preload=self._modules + self._preload,
+                                max_sessions=self._max_sessions, zygotes=self._zygotes)
+                self._servers[policy] = server
+                # A server ends with the worker's process; a runner dropped earlier stops it.
+                weakref.finalize(self, stop, server.proc, server.tmp)
+            return server.client
+
+    def close(self) -> None:
+        """Stops the servers (they also end with the worker's process, or when the runner is
+        dropped); the next workflow run starts new ones."""
+        with self._lock:
+            for server in self._servers.values():
+                stop(server.proc, server.tmp)
+            self._servers.clear()
+
+
+def _start_ns(info: temporalio.workflow.Info) -> int | None:
+    """The run's start as nanoseconds since the epoch: the child's clock until the first
+    activation sets its own time."""
+    start: datetime.datetime | None = getattr(info, "start_time", None)
+    if start is None:
+        return None
+    delta = start - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
+
+
+class Session(Protocol):
+    """What ``_JailedInstance`` asks of its run's session (``wfjail.client.Session``)."""
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        """What wfjail denied (or warned of) during the last call."""
+
+    def call(self, request: bytes, time_ns: int | None = None) -> bytes: ...
+
+    def interrupt(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> object: ...
+
+
+class _JailedInstance(WorkflowInstance):
+    """The worker's side of one confined run: each activation is one call."""
+
+    def __init__(self, session: Session, det: WorkflowInstanceDetails,
+                 reserved_metrics: Iterable[str] | None = None,
+                 max_reply_bytes: int | None = None, run_log: LogRelay | None = None) -> None:
+        self._session = session
+        # The run's log relay (``LogRelay``): its budget of records is per activation.
+        self._run_log = run_log
+        self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
+        self._det = det
+        self._reserved_metrics = tuple(RESERVED_METRIC_PREFIXES if reserved_metrics is None
+                                       else reserved_metrics)
+        self._context = temporalio.converter.WorkflowSerializationContext(
+            namespace=det.info.namespace, workflow_id=det.info.workflow_id)
+        # (command type, seq) -> the serialization context of a command the run issued, derived
+        # here from the run's own info and the command itself (the payload codec asks between
+        # activations: for the command's payloads, then for its result's); a key leaves when
+        # an activation resolves it, and at most MAX_COMMAND_CONTEXTS are kept.
+        self._contexts: dict[CommandKey, temporalio.converter.SerializationContext] = {}
+        # An activation in progress (on another executor thread when the SDK gave up on it
+        # as deadlocked and evicts the run), and whether the eviction aborted it.
+        self._calling = False
+        self._aborted = False
+        self._interrupting = False
+        self._idle = threading.Event()
+        self._state = threading.Lock()
+        # Whether the activation in progress ran past DEADLOCK_INTERRUPT_AFTER (or the SDK
+        # suspected a deadlock) and was interrupted for it: it then fails as deadlocked.
+        self._overdue = False
+        # The metric series the run's child has added (at most MAX_METRIC_SERIES).
+        self._metric_series: set[Series] = set()
+
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
+        if evicting and self._calling:
+            # The child is stuck in an earlier activation (the SDK gave up on it as
+            # deadlocked): interrupt it, so that the worker learns where the workflow was
+            # (the stuck activation's thread logs it), then end it, or the eviction would
+            # wait behind it (and the SDK retries a slow eviction forever). That thread, which
+            # owns the socket, closes the session.
+            self._interrupting = True
+            self._session.interrupt()
+            self._idle.wait(INTERRUPT_WAIT)
+            with self._state:
+                stuck = self._calling
+                self._aborted = stuck
+            if stuck:
+                self._session.abort()  # its thread closes the session
+            else:
+                self._session.close()  # the interrupted activation is over
+            return _evicted(act)
+        self._calling = True
+        self._idle.clear()
+        if self._run_log is not None:
+            self._run_log.begin()
+        # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
+        # nothing is interrupted there.
+        watched = not sdk.in_running_loop()
+        if watched:
+            _WATCHDOG.arm(self, time.monotonic() + DEADLOCK_INTERRUPT_AFTER)
+        try:
+            reply = self._session.call(
+                act.SerializeToString(),
+                time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
+            completion, metrics = split_reply(reply, self._max_reply_bytes)
+            completion.run_id = act.run_id  # the run's own, whatever the child said
+            # The activation's results were decoded before this call (with these contexts):
+            # what it resolved is done with them; the completion's commands bring theirs.
+            for key in resolved_keys(act):
+                self._contexts.pop(key, None)
+            self._contexts.update(command_contexts(self._det.info, completion))
+            while len(self._contexts) > MAX_COMMAND_CONTEXTS:
+                del self._contexts[next(iter(self._contexts))]
+            record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
+            where = ""
+            if self._interrupting and completion.HasField("failed"):
+                failure = completion.failed.failure
+                # The child's words, bounded and escaped: frames parsed from its traceback
+                # (at most MAX_STACK_FRAMES, the innermost), never a file it names read.
+                where = stack_text(failure.stack_trace)
+                _log.warning(
+                    "workflow %s (run %s) did not yield; where it was when interrupted:\n%s%s",
+                    self._det.info.workflow_type, self._det.info.run_id, where,
+                    escape(failure.message, MAX_CHILD_MESSAGE))
+            if self._overdue:
+                # Interrupted in the middle of workflow code, the child's instance is no
+                # longer the run's: the session ends after this call (the SDK evicts the
+                # run after a failed task and replays it in a new child).
+                with self._state:
+                    self._aborted = True
+                if evicting:
+                    return _evicted(act)
+                return _deadlocked(act, where)
+            violations = self._session.violations
+            # Under a warn policy (permissive) nothing was denied: the worker hears of it.
+            warned = [v for v in violations if v.get("action") == "warned"]
+            enforced = [v for v in violations if v.get("action") != "warned"]
+            if warned:
+                _log.warning("%s", _violations_text(self._det, warned, denied=False))
+            if enforced and not evicting:
+                return _failed(act, _violations_text(self._det, enforced))
+            return completion
+        except GuestError as e:
+            if evicting:
+                return _evicted(act)
+            if self._overdue:  # interrupted outside the workflow's own code
+                with self._state:
+                    self._aborted = True
+                return _deadlocked(act, stack_text(e.traceback or ""))
+            # The child's handler raised (a workflow's own exceptions come as a failed
+            # completion): its type, message and traceback are its words, each up to a
+            # frame. Marked as the child's, bounded and escaped; the stack parsed.
+            return _failed(act, "wfjail: the confined process of workflow %s (run %s) raised "
+                           "outside workflow code: %s: %s" % (
+                               self._det.info.workflow_type, self._det.info.run_id,
+                               escape(e.type, MAX_STACK_NAME),
+                               escape(e.message, MAX_CHILD_MESSAGE)),
+                           stack_text(e.traceback or ""))
+        except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
+            if evicting:
+                return _evicted(act)
+            if self._overdue:  # ended by the watchdog: it did not answer its interruption
+                return _deadlocked(act, "")
+            report = getattr(e, "report", None) or {}
+            return _failed(act, _report_text(self._det, report, e))
+        finally:
+            if watched:
+                _WATCHDOG.disarm(self)
+            if self._run_log is not None and self._run_log.dropped:
+                _log.warning(
+                    "workflow %s (run %s) dropped %d log records of one activation (the "
+                    "worker relays %d)", self._det.info.workflow_type, self._det.info.run_id,
+                    self._run_log.dropped, MAX_LOG_RECORDS)
+            with self._state:
+                self._calling = False
+                close = evicting or self._aborted
+            self._idle.set()
+            if close:
+                self._session.close()
+
+    def get_thread_id(self) -> int | None:
+        """The SDK calls this on the worker's event loop when an activation did not yield
+        within its deadlock timeout, to build ``[TMPRL1101] Potential deadlock detected``
+        from that thread's stack, then again to interrupt it. It never waits for the child
+        (the loop serves every run of the worker): it asks the watchdog thread to interrupt
+        the child and returns None (the SDK's error then has no frames). The child's stack
+        comes with its answer, on the activation's thread: logged on ``wfjail.temporal``, and
+        in the deadlock failure when the watchdog interrupted it before the SDK's timeout
+        (``DEADLOCK_INTERRUPT_AFTER``)."""
+        _WATCHDOG.interrupt_now(self)
+        return None
+
+    def _interrupt_overdue(self) -> bool:
+        """(On the watchdog's thread.) Interrupts the activation in progress, once; returns
+        whether it did. Called again (INTERRUPT_WAIT later) while that activation has not
+        answered, ends the child: a child that ignores its interruption (a loop catching it,
+        native code) must not hold the activation's thread (and with the SDK's safe
+        eviction, the run's slot) until the call timeout."""
+        with self._state:
+            if not self._calling:
+                return False
+            stuck = self._interrupting
+            if stuck:
+                self._aborted = True
+            else:
+                self._interrupting = True
+                self._overdue = True
+        if stuck:
+            _log.warning(
+                "workflow %s (run %s) did not answer its interruption within %s s: its "
+                "confined process is ended", self._det.info.workflow_type,
+                self._det.info.run_id, INTERRUPT_WAIT)
+            self._session.abort()
+            return False
+        self._session.interrupt()
+        return True
+
+    def get_serialization_context(self, command_info: sdk.CommandInfo | None,
+                                  ) -> temporalio.converter.SerializationContext | None:
+        if command_info is None:
+            return self._context
+        key = (int(command_info.command_type), int(command_info.command_seq))
+        return self._contexts.get(key, self._context)
+
+    def get_external_store_context(self, command_info: sdk.CommandInfo | None,
+                                   ) -> temporalio.converter.StorageDriverStoreContext:
+        return temporalio.converter.StorageDriverStoreContext()
+
+    def get_info(self) -> temporalio.workflow.Info:
+        return self._det.info
+
+
+class _Watchdog:
+    """One thread of the worker that interrupts confined activations which run past their
+    deadline, or which the SDK suspects of a deadlock: what waits on a child never runs on
+    the worker's event loop. Its thread starts with the first activation it watches."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[_JailedInstance, float] = {}  # instance -> monotonic deadline
+        self._thread: threading.Thread | None = None
+
+    def arm(self, instance: _JailedInstance, deadline: float) -> None:
+        with self._cond:
+            wake = not self._due or deadline < min(self._due.values())
+            self._due[instance] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wfjail-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            elif wake:
+                self._cond.notify()
+
+    def disarm(self, instance: _JailedInstance) -> None:
+        with self._cond:
+            self._due.pop(instance, None)
+
+    def interrupt_now(self, instance: _JailedInstance) -> None:
+        """Interrupt ``instance``'s activation now (if it is in progress and was not
+        interrupted yet: its answer then has INTERRUPT_WAIT), off this thread."""
+        with self._cond:
+            if instance in self._due and not instance._interrupting:
+                self._due[instance] = 0.0
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                overdue = [i for i, d in self._due.items() if d <= now]
+                for i in overdue:
+                    del self._due[i]
+                if not overdue:
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    continue
+            for instance in overdue:
+                try:
+                    if instance._interrupt_overdue():
+                        # Its answer has INTERRUPT_WAIT; then the child is ended (unless the
+                        # activation disarmed it by answering).
+                        with self._cond:
+                            if instance._calling:
+                                self._due[instance] = time.monotonic() + INTERRUPT_WAIT
+                except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
+                    _log.exception("interrupting a run failed")
+
+
+_WATCHDOG = _Watchdog()
+
+
+# -- the failures the worker writes ---------------------------------------------------------
+
+
+def _failed(act: WorkflowActivation, message: str, stack_trace: str = "",
+            ) -> WorkflowActivationCompletion:
+    """A completion that fails the workflow task with ``message`` (the worker retries it)."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    completion.failed.failure.message = message
+    completion.failed.failure.stack_trace = stack_trace
+    completion.failed.failure.source = "wfjail"
+    return completion
+
+
+def _deadlocked(act: WorkflowActivation, stack: str) -> WorkflowActivationCompletion:
+    """The failure of an activation the watchdog interrupted: the SDK's deadlock message,
+    with the workflow's stack as the child told it."""
+    return _failed(act, "[TMPRL1101] Potential deadlock detected: workflow didn't yield within "
+                   "%s second(s) (wfjail interrupted it in its confined process; the stack "
+                   "trace is where it was)" % DEADLOCK_INTERRUPT_AFTER, stack)
+
+
+def _evicted(act: WorkflowActivation) -> WorkflowActivationCompletion:
+    """An eviction always completes, whatever became of the child."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    completion.successful.SetInParent()
+    return completion
+
+
+def _violations_text(det: WorkflowInstanceDetails, violations: list[dict[str, Any]],
+                     denied: bool = True) -> str:
+    lines = ["wfjail %s workflow %s (run %s) what workflow code may not do:" % (
+        "denied" if denied else "let through (policy in warn mode)",
+        det.info.workflow_type, det.info.run_id)]
+    for v in violations:
+        # A violation's arguments (a path, an argv) and its hint carry the child's bytes:
+        # escaped, so that each violation stays one line (no forged ones after it).
+        lines.append("  %s %s(%s) %s [%s]: %s" % tuple(
+            escape(v.get(k), MAX_CHILD_MESSAGE)
+            for k in ("category", "syscall", "args", "action", "rule", "hint")))
+    return "\n".join(lines)
+
+
+# What the worker adds to a frame over the session's bound: the bound is max_reply_bytes'.
+_FRAME_BOUND_HINT = " (JailedWorkflowRunner(max_reply_bytes=...) bounds what the worker reads)"
+
+
+def _report_text(det: WorkflowInstanceDetails, report: dict[str, Any], exc: BaseException,
+                 ) -> str:
+    if report.get("violations"):
+        return _violations_text(det, report["violations"])
+    return "wfjail: the confined run of workflow %s ended: %s: %s%s" % (
+        det.info.workflow_type, escape(report.get("status", type(exc).__name__)),
+        escape(report.get("error") or exc, MAX_CHILD_MESSAGE), _hint(exc))
+
+
+def _hint(exc: BaseException) -> str:
+    """What the worker's failure adds to ``exc``: for a frame of the child's over what the
+    session reads, that ``max_reply_bytes`` sets it. A reply the worker itself refused
+    (``ReplyRefused``: too large, too many commands) says its own bound."""
+    if isinstance(exc, ProtocolError) and not isinstance(exc, ReplyRefused) \
+            and exc.code == "oversized":
+        return _FRAME_BOUND_HINT
+    return ""
