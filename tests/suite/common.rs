@@ -206,6 +206,50 @@ pub fn zygote_args(module: &str, zygotes: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
+/// `cargo test --test suite` does not, so build it here if it is missing, with the same
+/// profile, target and target directory as the wfjail binary. One lock for the whole suite:
+/// a second caller waits for the build instead of seeing a half-copied file.
+pub fn container_sim() -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let wfjail = wfjail_bin();
+    let profile_dir = wfjail.parent().unwrap();
+    let sim = profile_dir.join("examples/container_sim");
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if sim.exists() {
+        return sim;
+    }
+    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+        "debug" => "dev",
+        other => other,
+    };
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--example", "container_sim", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    // target/<triple>/<profile> when a target is set (.cargo/config.toml sets one),
+    // target/<profile> otherwise.
+    let above = profile_dir.parent().unwrap();
+    let triple = above.file_name().unwrap().to_str().unwrap();
+    let target_dir = if triple.contains("-linux-") {
+        cmd.args(["--target", triple]);
+        above.parent().unwrap()
+    } else {
+        above
+    };
+    cmd.arg("--target-dir").arg(target_dir);
+    let out = cmd
+        .output()
+        .expect("run cargo build --example container_sim");
+    assert!(
+        out.status.success() && sim.exists(),
+        "building container_sim failed ({:?}): {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sim
+}
+
 /// The repository (the tests read its `python/` package).
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 

@@ -14,9 +14,7 @@
 //! (docs/security.md says why), which keep the secure expectation. Their mismatch is printed
 //! and does not fail; such a row fails once it passes, so that the mark and the docs follow.
 //!
-//! Run: `nice cargo test --test escapes`.
-
-mod common;
+//! Run: `nice cargo test --test suite -- run::escapes`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,14 +24,17 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use common::{Outcome, PY, Scratch, run_reported, wfjail_bin};
+use crate::common::{Outcome, PY, Scratch, run_reported, wfjail_bin};
 
 /// At most this many confined runs at once, across all test functions.
 const PARALLEL: usize = 4;
 /// Wall-clock limit of each attempt (a row that hangs fails on its own, not the suite).
 const TIMEOUT: &str = "10s";
 
-const CATALOGUE: &str = include_str!("escapes/catalogue.toml");
+const CATALOGUE: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/escapes/catalogue.toml"
+));
 
 fn escapes_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/escapes")
