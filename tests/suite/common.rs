@@ -250,6 +250,37 @@ pub fn container_sim() -> PathBuf {
     sim
 }
 
+/// Compiles the C program `src` (`cc FLAGS -o out src`), failing the test with cc's errors.
+pub fn cc(flags: &[&str], src: &Path, out: &Path) {
+    let o = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .output()
+        .unwrap_or_else(|e| panic!("run cc ({}): {e}", src.display()));
+    assert!(
+        o.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `src` compiled statically (`strict` reads only `${exe_dir}/..`, so the binary needs
+/// nothing else) into `$CARGO_TARGET_TMPDIR/DIR/bin/NAME`, kept there between runs: under a
+/// name of this process first, then renamed, so that two runs at once never see a
+/// half-written file. Callers compile once per run (a `OnceLock`).
+pub fn cc_static(dir: &str, name: &str, src: &Path, flags: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir).join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let part = dir.join(format!("{name}.{}", std::process::id()));
+    cc(&[&["-O0", "-static"], flags].concat(), src, &part);
+    std::fs::rename(&part, &bin).unwrap();
+    bin
+}
+
 /// The repository (the tests read its `python/` package).
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 

@@ -1201,17 +1201,7 @@ fn limits_disk_judges_after_what_the_guest_started_is_gone() {
     std::fs::create_dir(&bin_dir).unwrap();
     let src = scratch.write("outliving.c", OUTLIVING_CHILD_C);
     let bin = bin_dir.join("outliving");
-    let cc = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    crate::common::cc(&["-O1"], &src, &bin);
     let policy = scratch.write(
         "disk-fork-nopid.toml",
         "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
@@ -1296,17 +1286,7 @@ fn c_under_disk_limit(scratch: &Scratch, program: &str, more: &str) -> Outcome {
     std::fs::create_dir(&bin_dir).unwrap();
     let src = scratch.write("guest.c", program);
     let bin = bin_dir.join("guest");
-    let cc = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    crate::common::cc(&["-O1", "-pthread"], &src, &bin);
     let policy = scratch.write(
         "disk.toml",
         &format!("extends = \"default\"\n{more}[limits]\nprocesses = 16\ndisk = \"16MiB\"\n"),

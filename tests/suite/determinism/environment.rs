@@ -148,23 +148,8 @@ fn without_clock_the_run_starts_at_the_host_time_and_names_it_for_a_repeat() {
 fn clock_reader() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("determinism-bin/bin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("clock");
-        let part = dir.join(format!("clock.{}", std::process::id()));
-        let out = Command::new("cc")
-            .args(["-O0", "-static", "-o"])
-            .arg(&part)
-            .arg(format!("{REPO}/tests/determinism/clock.c"))
-            .output()
-            .expect("run cc (tests/determinism/clock.c)");
-        assert!(
-            out.status.success(),
-            "cc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&part, &bin).unwrap();
-        bin
+        let src = format!("{REPO}/tests/determinism/clock.c");
+        crate::common::cc_static("determinism-bin", "clock", Path::new(&src), &[])
     })
 }
 

@@ -126,28 +126,12 @@ fn with_slot<T>(f: impl FnOnce() -> T) -> T {
 
 /// The attempt program, compiled once per test run into the target's temp dir (kept there,
 /// not in /tmp): `<dir>/bin/attempt`, statically, so that `strict`, which reads
-/// `${exe_dir}/..`, needs nothing else. Compiled under a name of this process, then renamed,
-/// so that two runs at once do not see a half-written file.
+/// `${exe_dir}/..`, needs nothing else ([`crate::common::cc_static`]).
 fn helper() -> &'static Path {
     static HELPER: OnceLock<PathBuf> = OnceLock::new();
     HELPER.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("escapes-bin/bin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("attempt");
-        let part = dir.join(format!("attempt.{}", std::process::id()));
-        let out = Command::new("cc")
-            .args(["-O0", "-static", "-pthread", "-o"])
-            .arg(&part)
-            .arg(escapes_dir().join("attempt.c"))
-            .output()
-            .expect("run cc (the escape catalogue compiles tests/escapes/attempt.c)");
-        assert!(
-            out.status.success(),
-            "cc tests/escapes/attempt.c failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&part, &bin).unwrap();
-        bin
+        let src = escapes_dir().join("attempt.c");
+        crate::common::cc_static("escapes-bin", "attempt", &src, &["-pthread"])
     })
 }
 
