@@ -21,7 +21,7 @@ pub enum Status {
 }
 
 impl Status {
-    /// Every status, in declaration order (tests/contract_doc.rs checks each against
+    /// Every status, in declaration order (tests/suite/cli/contract_doc.rs checks each against
     /// docs/contract.md, and this list against the enum).
     pub const ALL: [Status; 8] = [
         Status::Ok,

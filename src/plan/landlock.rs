@@ -15,7 +15,8 @@ use landlock::{
 /// kernel's, when older) defines and nothing newer: rust-landlock documents building from
 /// the running kernel's version as fit for tests only, since an ABI wfjail has never seen
 /// may handle rights whose denial its guests were never tested against. Raise it after the
-/// test suite passes on a kernel with the newer ABI (`tests/landlock_abi.rs` fails until then).
+/// test suite passes on a kernel with the newer ABI (`tests/suite/platform/landlock_abi.rs`
+/// fails until then).
 pub const PINNED_ABI: u32 = 7;
 
 /// What the kernel offers and what the ruleset handles.

@@ -2,7 +2,7 @@
  * clock_gettime(CLOCK_REALTIME / _COARSE / CLOCK_TAI), and the vDSO's __vdso_clock_gettime
  * called directly (found through the auxiliary vector, the way Go's runtime does), then
  * checks that CLOCK_MONOTONIC still advances. Prints one line per read: NAME SECONDS.NANOS
- * (or NAME error ERRNO). Used by tests/determinism.rs. */
+ * (or NAME error ERRNO). Used by tests/suite/determinism/environment.rs. */
 #define _GNU_SOURCE
 #include <elf.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* One escape attempt per run, for tests/escapes.rs (the catalogue is catalogue.toml).
+/* One escape attempt per run, for tests/suite/run/escapes.rs (the catalogue is catalogue.toml).
  *
  *   attempt NAME [ARGS...]
  *

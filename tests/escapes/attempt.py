@@ -1,4 +1,4 @@
-"""Run one Python escape attempt and say how it ended, for tests/escapes.rs.
+"""Run one Python escape attempt and say how it ended, for tests/suite/run/escapes.rs.
 
 The attempt is the body of a function: `return X` gives the result `str(X)`; falling off the
 end gives `ok`; an OSError gives its errno name (EPERM, EACCES...); any other exception its

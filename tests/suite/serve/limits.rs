@@ -4,9 +4,7 @@
 //! kernel (or the output bound) stops the guest, and each report names the limit from the
 //! kernel's evidence.
 
-mod common;
-
-use common::{Outcome, PY, Scratch, serve_scratch, wfjail, wfjail_with};
+use crate::common::{Outcome, PY, Scratch, serve_scratch, wfjail, wfjail_with};
 use serde_json::Value;
 
 /// The guests: one handler per limit, imported by the zygote and by `guest.py`.

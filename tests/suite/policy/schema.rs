@@ -7,7 +7,10 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 fn schema() -> Value {
-    let text = include_str!("../docs/policy.schema.json");
+    let text = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/policy.schema.json"
+    ));
     serde_json::from_str(text).expect("the schema is JSON")
 }
 

@@ -4,12 +4,10 @@
 //! attempt runs in a real confined process; the test asserts the errno the guest saw and the
 //! report entry.
 
-mod common;
-
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 
-use common::{Outcome, PY, Scratch, errno_of, py, raw_syscall, run_reported, wfjail_bin};
+use crate::common::{Outcome, PY, Scratch, errno_of, py, raw_syscall, run_reported, wfjail_bin};
 
 /// The violations of `o` for `syscall`.
 fn violations<'a>(o: &'a Outcome, syscall: &str) -> Vec<&'a serde_json::Value> {
@@ -450,34 +448,6 @@ fn clone_flags_above_32_bits_are_not_clone_io() {
     );
 }
 
-/// `examples/container_sim` (built on first use), to run wfjail without a seccomp listener.
-fn container_sim() -> std::path::PathBuf {
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let profile_dir = wfjail_bin().parent().unwrap().to_path_buf();
-    let sim = profile_dir.join("examples/container_sim");
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !sim.exists() {
-        // target/<triple>/<profile>: .cargo/config.toml sets the triple.
-        let above = profile_dir.parent().unwrap();
-        let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
-            "debug" => "dev",
-            other => other,
-        };
-        let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .args(["build", "--example", "container_sim", "--profile", profile])
-            .arg("--manifest-path")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .arg("--target")
-            .arg(above.file_name().unwrap())
-            .arg("--target-dir")
-            .arg(above.parent().unwrap())
-            .output()
-            .expect("cargo build --example container_sim");
-        assert!(out.status.success() && sim.exists(), "{out:?}");
-    }
-    sim
-}
-
 #[test]
 fn without_a_listener_locks_and_leases_are_simply_denied() {
     let rw = Scratch::new("fallback-lock");
@@ -491,7 +461,7 @@ fn without_a_listener_locks_and_leases_are_simply_denied() {
         f = s(&f)
     );
     let report = rw.path("report.json");
-    let mut cmd = Command::new(container_sim());
+    let mut cmd = Command::new(crate::common::container_sim());
     cmd.args(["--deny-notify", "--"]).arg(wfjail_bin());
     let o = run_reported(
         cmd,
@@ -593,7 +563,7 @@ fn serve_refuses_a_policy_with_limits_disk() {
         "disk.toml",
         "extends = \"default\"\n[limits]\ndisk = \"16MiB\"\n",
     );
-    let o = common::wfjail(&["serve", "-p", policy.to_str().unwrap(), "--", "/bin/true"]);
+    let o = crate::common::wfjail(&["serve", "-p", policy.to_str().unwrap(), "--", "/bin/true"]);
     o.check(
         o.code == 2 && o.stderr.contains("limits.disk"),
         "exit 2 naming limits.disk",
@@ -942,7 +912,7 @@ fn disk_limited_as_nobody(tag: &str, code: &str) -> Outcome {
     let reports = scratch.path("reports");
     std::fs::create_dir(&reports).unwrap();
     open(&reports, 0o777);
-    let bin = common::reachable_copy(&scratch, &wfjail_bin());
+    let bin = crate::common::reachable_copy(&scratch, &wfjail_bin());
     let code = code.replace("{0}", &s(&out));
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
@@ -1056,7 +1026,7 @@ fn limits_disk_refuses_descriptors_sent_in_messages() {
 fn limits_disk_refuses_descriptors_sent_in_messages_without_a_listener() {
     let scratch = Scratch::new("disk-in-flight-fallback");
     let (policy, out) = disk_limited(&scratch);
-    let mut cmd = Command::new(container_sim());
+    let mut cmd = Command::new(crate::common::container_sim());
     cmd.args(["--deny-notify", "--"]).arg(wfjail_bin());
     let o = run_reported(
         cmd,
@@ -1231,23 +1201,13 @@ fn limits_disk_judges_after_what_the_guest_started_is_gone() {
     std::fs::create_dir(&bin_dir).unwrap();
     let src = scratch.write("outliving.c", OUTLIVING_CHILD_C);
     let bin = bin_dir.join("outliving");
-    let cc = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    crate::common::cc(&["-O1"], &src, &bin);
     let policy = scratch.write(
         "disk-fork-nopid.toml",
         "extends = \"default\"\n[process]\nsubprocess = \"allow\"\n\
          [limits]\nprocesses = 16\ndisk = \"16MiB\"\n[namespaces]\npid = false\nmount = false\n",
     );
-    let o = common::wfjail(&[
+    let o = crate::common::wfjail(&[
         "run",
         "-p",
         policy.to_str().unwrap(),
@@ -1326,22 +1286,12 @@ fn c_under_disk_limit(scratch: &Scratch, program: &str, more: &str) -> Outcome {
     std::fs::create_dir(&bin_dir).unwrap();
     let src = scratch.write("guest.c", program);
     let bin = bin_dir.join("guest");
-    let cc = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    crate::common::cc(&["-O1", "-pthread"], &src, &bin);
     let policy = scratch.write(
         "disk.toml",
         &format!("extends = \"default\"\n{more}[limits]\nprocesses = 16\ndisk = \"16MiB\"\n"),
     );
-    common::wfjail(&[
+    crate::common::wfjail(&[
         "run",
         "-p",
         policy.to_str().unwrap(),

@@ -4,12 +4,10 @@
 //! (a scratch directory under /tmp stands for "the host outside the grants"), what reached a
 //! listener the test opened, and what the draft grants and says.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
-use common::{PY, REPO, Scratch, wfjail_bin};
+use crate::common::{PY, REPO, Scratch, wfjail_bin};
 
 /// `wfjail ARGS` with an empty stdin: (exit code, stdout, stderr).
 fn wfjail(args: &[&str]) -> (i32, String, String) {
@@ -317,7 +315,7 @@ fn an_unprivileged_learn_keeps_the_writes_in_the_copy_too() {
             dst = copy.display().to_string(),
         ),
     );
-    let bin = common::reachable_copy(&s, &wfjail_bin());
+    let bin = crate::common::reachable_copy(&s, &wfjail_bin());
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&bin)

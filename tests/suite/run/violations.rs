@@ -3,9 +3,7 @@
 //! hint, and the supervisor prints a one-line summary. The guest is the bundled
 //! examples/misbehaving_guest.py, framed, under `strict`.
 
-mod common;
-
-use common::{Outcome, PY, Scratch, wfjail};
+use crate::common::{Outcome, PY, Scratch, wfjail};
 
 /// (what the guest tries, syscall, category, a piece of the decoded arguments)
 const CASES: [(&str, &str, &str, &str); 5] = [

@@ -4,13 +4,11 @@
 //! the same values in two executions, other values with another seed — and under
 //! `clock = "deny"` a wall-clock read is a reported violation. Monotonic clocks still run.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_with};
+use crate::common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_with};
 
 const VIRTUAL: &str = "extends = \"strict\"\n[time]\nclock = \"virtual\"\n[random]\ngetrandom = \"seeded\"\n\
                        [process]\naddress_randomization = \"deny\"\ncpu_count = 1\n";
@@ -150,23 +148,8 @@ fn without_clock_the_run_starts_at_the_host_time_and_names_it_for_a_repeat() {
 fn clock_reader() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("determinism-bin/bin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("clock");
-        let part = dir.join(format!("clock.{}", std::process::id()));
-        let out = Command::new("cc")
-            .args(["-O0", "-static", "-o"])
-            .arg(&part)
-            .arg(format!("{REPO}/tests/determinism/clock.c"))
-            .output()
-            .expect("run cc (tests/determinism/clock.c)");
-        assert!(
-            out.status.success(),
-            "cc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&part, &bin).unwrap();
-        bin
+        let src = format!("{REPO}/tests/determinism/clock.c");
+        crate::common::cc_static("determinism-bin", "clock", Path::new(&src), &[])
     })
 }
 
@@ -295,7 +278,7 @@ fn serve_sessions_get_their_seed_and_each_calls_time() {
         let (s, module) = serve_scratch("det-serve", "det", WORKFLOWS, "", &[], WORKER);
         let policy = s.path("policy.toml").display().to_string();
         let worker = s.path("worker.py").display().to_string();
-        let zygote_args = common::zygote_args(&module, "1");
+        let zygote_args = crate::common::zygote_args(&module, "1");
         let mut args = vec!["serve", "-p", &policy];
         if zygote {
             args.extend(zygote_args.iter().map(String::as_str));
@@ -383,7 +366,7 @@ t("lock", lambda: held.acquire(timeout=0.2))
 os.write(w, b"x")
 t("select_ready", lambda: len(select.select([r], [], [])[0]))
 "#;
-    let o = common::py("temporal-python", &[], code);
+    let o = crate::common::py("temporal-python", &[], code);
     o.check(o.status() == "violation", "status violation");
     for (name, want) in [
         ("select_zero", "ran 0 quick"),
@@ -406,7 +389,7 @@ t("select_ready", lambda: len(select.select([r], [], [])[0]))
         );
     }
     // Under `default` (sleep allowed) they wait.
-    let o = common::py("default", &[], code);
+    let o = crate::common::py("default", &[], code);
     o.check(o.status() == "ok", "status ok under default");
     o.check(line(&o, "event") == "ran False blocked", "Event.wait waits");
 }
@@ -414,15 +397,15 @@ t("select_ready", lambda: len(select.select([r], [], [])[0]))
 #[test]
 fn a_pinned_address_layout_gives_the_same_ids_in_every_run() {
     let code = "print(id(object()), repr(object()), id([]))";
-    let a = common::py("temporal-python", &[], code);
-    let b = common::py("temporal-python", &[], code);
+    let a = crate::common::py("temporal-python", &[], code);
+    let b = crate::common::py("temporal-python", &[], code);
     a.check(a.status() == "ok" && b.status() == "ok", "status ok");
     a.check(
         a.stdout == b.stdout,
         "address_randomization = \"deny\": the same id() twice",
     );
-    let c = common::py("default", &[], code);
-    let d = common::py("default", &[], code);
+    let c = crate::common::py("default", &[], code);
+    let d = crate::common::py("default", &[], code);
     c.check(
         c.stdout != d.stdout,
         "randomised layouts under default differ",
@@ -432,7 +415,7 @@ fn a_pinned_address_layout_gives_the_same_ids_in_every_run() {
 #[test]
 fn check_determinism_names_the_perturbation_that_changed_the_result() {
     let s = Scratch::new("det-check");
-    let lib = common::python_lib(&s);
+    let lib = crate::common::python_lib(&s);
     s.write(
         "guest.py",
         &format!(
@@ -457,7 +440,7 @@ fn check_determinism_names_the_perturbation_that_changed_the_result() {
             &format!("{{\"leak\": \"{leak}\"}}"),
         );
         let report = s.path(&format!("{leak}-report.json"));
-        let out = Command::new(common::wfjail_bin())
+        let out = Command::new(crate::common::wfjail_bin())
             .args([
                 "run",
                 "-p",
@@ -498,12 +481,12 @@ fn check_determinism_names_the_perturbation_that_changed_the_result() {
 #[test]
 fn a_pinned_cpu_count_is_what_the_guest_sees_on_any_host() {
     let code = "import os; print(os.cpu_count(), sorted(os.sched_getaffinity(0))[-1])";
-    let o = common::py("temporal-python", &[], code);
+    let o = crate::common::py("temporal-python", &[], code);
     o.check(
         o.status() == "ok" && o.stdout.trim() == "1 0",
         "temporal-python: one CPU",
     );
-    let o = common::py_policy(
+    let o = crate::common::py_policy(
         "extends = \"temporal-python\"\n[process]\ncpu_count = 130\n",
         code,
     );
@@ -511,7 +494,7 @@ fn a_pinned_cpu_count_is_what_the_guest_sees_on_any_host() {
         o.status() == "ok" && o.stdout.trim() == "130 129",
         "130 CPUs: three words of mask",
     );
-    let o = common::py_policy(
+    let o = crate::common::py_policy(
         "extends = \"temporal-python\"\n[process]\ncpu_count = 0\n",
         code,
     );
@@ -573,7 +556,7 @@ try:
 except OSError as e:
     print("select errno=%d" % e.errno)
 "#;
-    let o = common::py_policy(
+    let o = crate::common::py_policy(
         "extends = \"strict\"\n[process]\nthreads = \"allow\"\n[limits]\nprocesses = 16\n",
         code,
     );
@@ -720,7 +703,7 @@ fn sessions_read_the_same_pid_usage_and_import_time_in_every_run() {
             serve_scratch("det-facts", "facts", PROCESS_FACTS, "", &[], PROCESS_WORKER);
         let policy = s.path("policy.toml").display().to_string();
         let worker = s.path("worker.py").display().to_string();
-        let zygote_args = common::zygote_args(&module, "1");
+        let zygote_args = crate::common::zygote_args(&module, "1");
         let mut args = vec!["serve", "-p", &policy];
         if zygote {
             args.extend(zygote_args.iter().map(String::as_str));
@@ -1113,7 +1096,7 @@ fn serve_one_zygote(
     let (s, module) = serve_scratch(tag, name, source, policy_extra, &[], worker);
     let policy = s.path("policy.toml").display().to_string();
     let worker = s.path("worker.py").display().to_string();
-    let zygote_args = common::zygote_args(&module, "1");
+    let zygote_args = crate::common::zygote_args(&module, "1");
     let mut args = vec!["serve", "-p", &policy];
     args.extend(zygote_args.iter().map(String::as_str));
     args.extend(["--", PY, &worker]);

@@ -6,13 +6,11 @@
 //!
 //! Every run is bounded by a watchdog: a test that would hang on a vulnerable build fails.
 
-mod common;
-
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Outcome, PY, REPO, Scratch, python_lib, reachable_copy, serve_scratch, wfjail_bin};
+use crate::common::{Outcome, PY, Scratch, python_lib, reachable_copy, serve_scratch, wfjail_bin};
 use serde_json::Value;
 
 /// The hostile handlers the zygote preloads.
@@ -177,7 +175,7 @@ fn serve_in(
     ];
     all.extend(args.iter().map(|a| a.to_string()));
     if zygote {
-        all.extend(common::zygote_args(module, "1"));
+        all.extend(crate::common::zygote_args(module, "1"));
     }
     all.extend(["--", PY].map(String::from));
     all.push(s.path("worker.py").display().to_string());
@@ -910,21 +908,11 @@ print(json.dumps(out))
     );
 }
 
-/// `container_sim` (examples/container_sim.rs), built by the container tests' helper or here.
+/// `container_sim` (examples/container_sim.rs), copied where nobody can run it.
 fn container_sim(s: &Scratch) -> String {
-    let sim = wfjail_bin()
-        .parent()
-        .unwrap()
-        .join("examples/container_sim");
-    if !sim.exists() {
-        let ok = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .args(["build", "--example", "container_sim", "--manifest-path"])
-            .arg(format!("{REPO}/Cargo.toml"))
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok && sim.exists(), "building container_sim");
-    }
-    reachable_copy(s, &sim).display().to_string()
+    reachable_copy(s, &crate::common::container_sim())
+        .display()
+        .to_string()
 }
 
 #[test]

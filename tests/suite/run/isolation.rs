@@ -2,9 +2,7 @@
 //! `wfjail` binary and asserts the exact errno or signal the guest saw, and that the report
 //! names the syscall. No kernel behaviour is mocked.
 
-mod common;
-
-use common::{PY, Scratch, errno_of, py, py_policy, raw_syscall, wfjail, wfjail_with};
+use crate::common::{PY, Scratch, errno_of, py, py_policy, raw_syscall, wfjail, wfjail_with};
 
 #[test]
 fn benign_command_is_ok() {
@@ -813,7 +811,7 @@ fn a_lower_inherited_limit_is_kept_not_an_error() {
     // with 128 (a limit is an upper bound) instead of failing to raise it.
     let cmd = format!(
         "ulimit -n 128 && exec {} run --raw -- {PY} -c 'import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))'",
-        common::wfjail_bin().display()
+        crate::common::wfjail_bin().display()
     );
     let out = std::process::Command::new("/bin/sh")
         .args(["-c", &cmd])

@@ -4,13 +4,11 @@
 //! check that reports and `wfjail check` show both the kernel's ABI and the enforced one.
 //!
 //! On a kernel whose ABI differs on purpose, say which one it offers:
-//! `WFJAIL_EXPECT_LANDLOCK_ABI=N cargo test --test landlock_abi`.
-
-mod common;
+//! `WFJAIL_EXPECT_LANDLOCK_ABI=N cargo test --test suite -- platform::landlock_abi`.
 
 use std::process::Command;
 
-use common::{PY, py, wfjail_bin};
+use crate::common::{PY, py, wfjail_bin};
 use wfjail::plan::landlock::{PINNED_ABI, enforced_abi};
 
 /// The kernel's Landlock ABI, asked without wfjail: `landlock_create_ruleset(NULL, 0,

@@ -3,7 +3,7 @@
 //! of a line that varies (durations, paths); `...` for lines that vary.
 //!
 //! To refresh a transcript after a deliberate change: `TRYCMD=overwrite cargo test --test
-//! cli_transcripts`, then read the diff.
+//! suite -- cli::transcripts`, then read the diff.
 
 #[test]
 fn cli_transcripts() {

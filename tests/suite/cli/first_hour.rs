@@ -3,11 +3,9 @@
 //! report to a caller that asked for one; a violation is printed once; a script the policy
 //! does not let the guest read is named with the grant that would.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::{PY, REPO, Scratch, wfjail_bin};
+use crate::common::{PY, REPO, Scratch, wfjail_bin};
 
 fn run(args: &[&str], stdin: &str) -> (i32, String, String) {
     let mut child = Command::new(wfjail_bin())
@@ -174,7 +172,7 @@ fn the_console_summary_names_each_degraded_layer() {
 fn hints_point_the_right_way() {
     let s = Scratch::new("fh-hints");
     let target = s.path("x.txt");
-    let write = common::py(
+    let write = crate::common::py(
         "default",
         &[],
         &format!("open({:?}, 'w')", target.display().to_string()),
@@ -186,7 +184,7 @@ fn hints_point_the_right_way() {
         "a write names --rw, not --ro",
     );
     // glibc's nscd lookup (a Unix stream socket) is not "network, do it in an activity" only.
-    let unix = common::py(
+    let unix = crate::common::py(
         "default",
         &[],
         "import socket\ntry:\n    socket.socket(socket.AF_UNIX)\nexcept OSError:\n    pass\n",
@@ -264,10 +262,10 @@ fn a_policy_can_take_away_a_grant_it_inherits() {
         "p.toml",
         "extends = \"default\"\n[filesystem]\ndrop = [\"/dev/zero\"]\n",
     );
-    let o = common::py(
+    let o = crate::common::py(
         p.to_str().unwrap(),
         &[],
-        &common::errno_of("open('/dev/zero', 'rb')"),
+        &crate::common::errno_of("open('/dev/zero', 'rb')"),
     );
     o.check(
         o.stdout.contains("errno=13"),
@@ -360,7 +358,7 @@ fn learn_drafts_a_policy_that_lets_the_run_pass() {
 
 #[test]
 fn permissive_reports_sleep_and_randomness_and_lets_them_run() {
-    let o = common::py(
+    let o = crate::common::py(
         "permissive",
         &[],
         "import time, os\ntime.sleep(0.01)\nprint(len(os.urandom(4)))\n",
@@ -384,7 +382,7 @@ print('wrote')
 ",
         out.display()
     );
-    let o = common::py("permissive", &[], &code);
+    let o = crate::common::py("permissive", &[], &code);
     o.check(
         o.status() == "ok" && o.stdout.contains("True") && o.stdout.contains("wrote"),
         "the read and the write ran",
@@ -406,7 +404,7 @@ print('wrote')
 
 #[test]
 fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
-    let (s, module) = common::serve_scratch(
+    let (s, module) = crate::common::serve_scratch(
         "fh-metrics",
         "met",
         "import socket\ndef ok(req):\n    return b'ok'\ndef net(req):\n    socket.socket(socket.AF_INET)\n",
@@ -419,7 +417,7 @@ fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
     let metrics = s.path("metrics.prom");
     let policy = s.path("policy.toml").display().to_string();
     let worker = s.path("worker.py").display().to_string();
-    let zygote = common::zygote_args(&module, "1");
+    let zygote = crate::common::zygote_args(&module, "1");
     let mut args = vec![
         "serve",
         "-p",

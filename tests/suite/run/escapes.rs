@@ -14,9 +14,7 @@
 //! (docs/security.md says why), which keep the secure expectation. Their mismatch is printed
 //! and does not fail; such a row fails once it passes, so that the mark and the docs follow.
 //!
-//! Run: `nice cargo test --test escapes`.
-
-mod common;
+//! Run: `nice cargo test --test suite -- run::escapes`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,14 +24,17 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use common::{Outcome, PY, Scratch, run_reported, wfjail_bin};
+use crate::common::{Outcome, PY, Scratch, run_reported, wfjail_bin};
 
 /// At most this many confined runs at once, across all test functions.
 const PARALLEL: usize = 4;
 /// Wall-clock limit of each attempt (a row that hangs fails on its own, not the suite).
 const TIMEOUT: &str = "10s";
 
-const CATALOGUE: &str = include_str!("escapes/catalogue.toml");
+const CATALOGUE: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/escapes/catalogue.toml"
+));
 
 fn escapes_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/escapes")
@@ -125,28 +126,12 @@ fn with_slot<T>(f: impl FnOnce() -> T) -> T {
 
 /// The attempt program, compiled once per test run into the target's temp dir (kept there,
 /// not in /tmp): `<dir>/bin/attempt`, statically, so that `strict`, which reads
-/// `${exe_dir}/..`, needs nothing else. Compiled under a name of this process, then renamed,
-/// so that two runs at once do not see a half-written file.
+/// `${exe_dir}/..`, needs nothing else ([`crate::common::cc_static`]).
 fn helper() -> &'static Path {
     static HELPER: OnceLock<PathBuf> = OnceLock::new();
     HELPER.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("escapes-bin/bin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("attempt");
-        let part = dir.join(format!("attempt.{}", std::process::id()));
-        let out = Command::new("cc")
-            .args(["-O0", "-static", "-pthread", "-o"])
-            .arg(&part)
-            .arg(escapes_dir().join("attempt.c"))
-            .output()
-            .expect("run cc (the escape catalogue compiles tests/escapes/attempt.c)");
-        assert!(
-            out.status.success(),
-            "cc tests/escapes/attempt.c failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&part, &bin).unwrap();
-        bin
+        let src = escapes_dir().join("attempt.c");
+        crate::common::cc_static("escapes-bin", "attempt", &src, &["-pthread"])
     })
 }
 

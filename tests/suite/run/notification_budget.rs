@@ -3,12 +3,10 @@
 //! `getrandom`) is killed, and the report says `limit`, limit `notifications`
 //! (`supervise::notify::Budget`). `wfjail serve` sessions: tests/hostile_serve.rs.
 
-mod common;
-
-use common::py;
+use crate::common::py;
 
 /// Asserts the run ended `limit`, limit `notifications`, exit 5, before the guest's end.
-fn assert_budget_limit(o: &common::Outcome, what: &str) {
+fn assert_budget_limit(o: &crate::common::Outcome, what: &str) {
     o.check(
         o.code == 5 && o.status() == "limit" && o.report["limit"] == "notifications",
         &format!("{what}: status limit, limit notifications, exit 5"),

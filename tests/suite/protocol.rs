@@ -2,9 +2,7 @@
 //! decode the same file), a fuzz-style run of mutated frames, and end-to-end conversations
 //! with a confined guest, including malformed ones.
 
-mod common;
-
-use common::{PY, wfjail};
+use crate::common::{PY, wfjail};
 use wfjail::protocol::guest::Conversation;
 use wfjail::protocol::{Decoder, Kind, encode};
 
@@ -227,7 +225,7 @@ fn bundled_example_guest_returns_its_result() {
 }
 
 /// Runs a Python guest that writes raw bytes to fd 4 (after reading what fd 3 offers).
-fn rogue(code: &str) -> common::Outcome {
+fn rogue(code: &str) -> crate::common::Outcome {
     let program = format!("import os, struct, sys\n{code}\n");
     wfjail(&["run", "--timeout", "10s", "--", PY, "-c", &program])
 }

@@ -1,9 +1,7 @@
 //! Policy files and the command line: every kind of bad policy exits 2 and names
 //! file:line:column, the field and the fix; built-ins list, show and validate.
 
-mod common;
-
-use common::{Scratch, py_policy, wfjail};
+use crate::common::{Scratch, py_policy, wfjail};
 
 /// Runs `wfjail policy validate FILE` on `text`: (exit code, stderr, FILE).
 fn validate(text: &str) -> (i32, String, String) {

@@ -1,11 +1,9 @@
 //! `wfjail serve`: a real worker (Python, using python/wfjail/client.py) drives real confined
 //! sessions — forked from a zygote or exec'd — on this kernel.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail_bin, wfjail_with};
+use crate::common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail_bin, wfjail_with};
 
 /// Workflow modules the zygote preloads, named after the scratch dir so that a test can find
 /// its own processes in /proc.
@@ -551,7 +549,7 @@ print(json.dumps(out))
     }
     // `wfjail run` has no worker: the guest hears so (framed, one call).
     let s = Scratch::new("upcall-run");
-    let lib = common::python_lib(&s);
+    let lib = crate::common::python_lib(&s);
     let guest = s.write(
         "guest.py",
         &format!(
@@ -561,7 +559,7 @@ print(json.dumps(out))
         ),
     );
     let input = s.write("request", "");
-    let o = common::wfjail(&[
+    let o = crate::common::wfjail(&[
         "run",
         "-p",
         "temporal-python",
@@ -803,7 +801,7 @@ fn socket_server_args(s: &Scratch, module: &str, sock: &str, extra: &[&str]) -> 
     let mut all: Vec<String> = ["serve", "-q", "-p"].map(String::from).to_vec();
     all.push(s.path("policy.toml").display().to_string());
     all.extend(["--socket".to_string(), sock.to_string()]);
-    all.extend(common::zygote_args(module, "1"));
+    all.extend(crate::common::zygote_args(module, "1"));
     all.extend(extra.iter().map(|a| a.to_string()));
     all
 }

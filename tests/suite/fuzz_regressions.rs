@@ -20,7 +20,10 @@ fn a_duration_under_a_millisecond_is_refused_like_its_message_says() {
             );
         }
     }
-    let input = include_str!("../fuzz/regressions/policy_text/timeout-sub-millisecond");
+    let input = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/regressions/policy_text/timeout-sub-millisecond"
+    ));
     if let Ok(p) = policy::from_source("regression.toml", input) {
         let shown = p.to_toml();
         if let Err(e) = policy::from_source("shown.toml", &shown) {
@@ -37,7 +40,10 @@ fn a_duration_under_a_millisecond_is_refused_like_its_message_says() {
 fn an_opens_init_is_relayed_exactly() {
     use wfjail::protocol::worker::OpenRequest;
 
-    let input = include_bytes!("../fuzz/regressions/worker_wire/init-float-roundtrip");
+    let input = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/regressions/worker_wire/init-float-roundtrip"
+    ));
     let req: OpenRequest = serde_json::from_slice(input).unwrap();
     let again: OpenRequest = serde_json::from_str(&serde_json::to_string(&req).unwrap()).unwrap();
     assert_eq!(again, req);

@@ -2,9 +2,7 @@
 //! a stream keyed by `wfjail run --seed N` (a notification answered with a value, written into
 //! the guest's memory first). The same seed gives the same randomness; /dev/urandom stays out.
 
-mod common;
-
-use common::{Outcome, PY, Scratch, errno_of, py_policy, wfjail};
+use crate::common::{Outcome, PY, Scratch, errno_of, py_policy, wfjail};
 
 const SEEDED: &str = "extends = \"strict\"\n[random]\ngetrandom = \"seeded\"\n";
 

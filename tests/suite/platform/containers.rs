@@ -1,5 +1,5 @@
 //! Containers and unprivileged hosts (docs/contract.md, "Layers"): the enforcement tests of
-//! `tests/isolation.rs`, run again as an unprivileged user (uid/gid 65534) and under
+//! `run::isolation`, run again as an unprivileged user (uid/gid 65534) and under
 //! `examples/container_sim.rs`, which imposes a container runtime's seccomp profile (Docker's
 //! default: no namespaces; an old runtime's: no Landlock; a runtime holding the seccomp
 //! listener: no user notification). Each test is one `wfjail` invocation on the real kernel.
@@ -7,16 +7,13 @@
 //! Running as another user needs root; when the tests run unprivileged already, the
 //! "unprivileged" cases run as the current user instead.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use common::{Outcome, PY, errno_of, run_reported, wfjail_bin};
+use crate::common::{Outcome, PY, container_sim, errno_of, run_reported, wfjail_bin};
 use serde_json::Value;
 
 /// nobody/nogroup.
@@ -77,49 +74,6 @@ impl Drop for TmpDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
-/// `cargo test --test containers` does not, so build it here if it is missing, with the
-/// same profile, target and target directory as the wfjail binary.
-fn container_sim_bin() -> PathBuf {
-    static BUILD: Mutex<()> = Mutex::new(());
-    let wfjail = wfjail_bin();
-    let profile_dir = wfjail.parent().unwrap();
-    let sim = profile_dir.join("examples/container_sim");
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if sim.exists() {
-        return sim;
-    }
-    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
-        "debug" => "dev",
-        other => other,
-    };
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["build", "--example", "container_sim", "--profile", profile])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    // target/<triple>/<profile> when a target is set (.cargo/config.toml sets one),
-    // target/<profile> otherwise.
-    let above = profile_dir.parent().unwrap();
-    let triple = above.file_name().unwrap().to_str().unwrap();
-    let target_dir = if triple.contains("-linux-") {
-        cmd.args(["--target", triple]);
-        above.parent().unwrap()
-    } else {
-        above
-    };
-    cmd.arg("--target-dir").arg(target_dir);
-    let out = cmd
-        .output()
-        .expect("run cargo build --example container_sim");
-    assert!(
-        out.status.success() && sim.exists(),
-        "building container_sim failed ({:?}): {}",
-        cmd,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    sim
 }
 
 /// Whether the tests can switch to nobody (they run as root).
@@ -185,7 +139,7 @@ fn wfjail(how: How, args: &[&str]) -> Outcome {
     let wfjail = place(wfjail_bin());
     let mut cmd = match how.sim {
         Some(flags) => {
-            let mut c = Command::new(place(container_sim_bin()));
+            let mut c = Command::new(place(container_sim()));
             c.args(flags).arg("--").arg(&wfjail);
             c
         }

@@ -4,15 +4,13 @@
 //! /proc/PID/status while it runs. No timed assertions: a flood must end by the deadline or a
 //! limit, with a report.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Outcome, PY, Scratch, wfjail, wfjail_bin};
+use crate::common::{Outcome, PY, Scratch, wfjail, wfjail_bin};
 
 /// wfjail's own peak resident memory must stay under this, whatever the guest sends.
 const RSS_BOUND_KB: u64 = 64 * 1024;
@@ -292,7 +290,7 @@ fn guest_stderr_is_prefixed_and_escaped_stdout_stays_exact() {
         "sys.stdout.buffer.write(b'\\x1b[31mred\\x00\\r')",
     ]
     .join("\n");
-    let o = common::py("default", &[], &code);
+    let o = crate::common::py("default", &[], &code);
     o.check(o.status() == "ok", "the guest ran");
     o.check(
         wfjail_lines(&o.stderr).is_empty(),
@@ -393,7 +391,7 @@ fn a_socket_after_three_hundred_distinct_violations_is_reported() {
         "    print('socket=%d' % e.errno)",
     ]
     .join("\n");
-    let o = common::py("default", &[], &code);
+    let o = crate::common::py("default", &[], &code);
     o.check(o.status() == "violation", "violations");
     o.check(
         o.stdout.contains(&format!("socket={}", libc::EPERM)),
@@ -418,7 +416,7 @@ fn a_socket_after_three_hundred_distinct_violations_is_reported() {
 
 #[test]
 fn printing_memory_error_is_not_a_memory_limit() {
-    let o = common::py(
+    let o = crate::common::py(
         "default",
         &[],
         "import sys\nsys.stderr.write('Traceback...\\nMemoryError\\n')\nsys.exit(1)",
@@ -431,7 +429,7 @@ fn printing_memory_error_is_not_a_memory_limit() {
 
 #[test]
 fn printing_file_too_large_is_not_a_file_size_limit() {
-    let o = common::py(
+    let o = crate::common::py(
         "default",
         &[],
         "import sys\nsys.stderr.write(\"OSError: [Errno 27] File too large: 'x'\\n\")\nsys.exit(1)",

@@ -6,13 +6,11 @@
 //!
 //! Guests are found by a marker unique to the test in their command line (`/proc/PID/cmdline`).
 
-mod common;
-
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_bin};
+use crate::common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_bin};
 use serde_json::Value;
 
 /// A marker for this test's guests: unique per process and call.

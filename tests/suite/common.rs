@@ -206,6 +206,81 @@ pub fn zygote_args(module: &str, zygotes: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
+/// `cargo test --test suite` does not, so build it here if it is missing, with the same
+/// profile, target and target directory as the wfjail binary. One lock for the whole suite:
+/// a second caller waits for the build instead of seeing a half-copied file.
+pub fn container_sim() -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let wfjail = wfjail_bin();
+    let profile_dir = wfjail.parent().unwrap();
+    let sim = profile_dir.join("examples/container_sim");
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if sim.exists() {
+        return sim;
+    }
+    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+        "debug" => "dev",
+        other => other,
+    };
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--example", "container_sim", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    // target/<triple>/<profile> when a target is set (.cargo/config.toml sets one),
+    // target/<profile> otherwise.
+    let above = profile_dir.parent().unwrap();
+    let triple = above.file_name().unwrap().to_str().unwrap();
+    let target_dir = if triple.contains("-linux-") {
+        cmd.args(["--target", triple]);
+        above.parent().unwrap()
+    } else {
+        above
+    };
+    cmd.arg("--target-dir").arg(target_dir);
+    let out = cmd
+        .output()
+        .expect("run cargo build --example container_sim");
+    assert!(
+        out.status.success() && sim.exists(),
+        "building container_sim failed ({:?}): {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sim
+}
+
+/// Compiles the C program `src` (`cc FLAGS -o out src`), failing the test with cc's errors.
+pub fn cc(flags: &[&str], src: &Path, out: &Path) {
+    let o = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .output()
+        .unwrap_or_else(|e| panic!("run cc ({}): {e}", src.display()));
+    assert!(
+        o.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `src` compiled statically (`strict` reads only `${exe_dir}/..`, so the binary needs
+/// nothing else) into `$CARGO_TARGET_TMPDIR/DIR/bin/NAME`, kept there between runs: under a
+/// name of this process first, then renamed, so that two runs at once never see a
+/// half-written file. Callers compile once per run (a `OnceLock`).
+pub fn cc_static(dir: &str, name: &str, src: &Path, flags: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir).join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let part = dir.join(format!("{name}.{}", std::process::id()));
+    cc(&[&["-O0", "-static"], flags].concat(), src, &part);
+    std::fs::rename(&part, &bin).unwrap();
+    bin
+}
+
 /// The repository (the tests read its `python/` package).
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 

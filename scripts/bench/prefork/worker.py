@@ -1,0 +1,374 @@
+"""The worker: runs under `wfjail serve` (with the venv's Python) and measures each phase
+against the servers the driver started, and against the bare-fork baseline helper."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import cpu_busy_seconds, last_line
+
+from . import WORK
+from .guests import BARE, EXPECTED, REQUEST
+from .measure import children_of, cmdline, descendants, meminfo, proc_stat, rollup, smaps_breakdown, summary
+
+
+class Target:
+    """One `wfjail serve`: its socket (None: the worker's own), its pid and its zygotes."""
+
+    def __init__(self, name, socket_path, serve_pid):
+        from wfjail.client import Client  # the venv's copy, kept equal to ./python
+
+        self.name = name
+        self.client = Client(socket_path)
+        self.serve_pid = serve_pid
+        self.zygotes = [p for p in children_of(serve_pid) if "wfjail.zygote" in cmdline(p)]
+
+    def snapshot(self):
+        t = os.times()
+        return {"wall": time.monotonic(), "busy": cpu_busy_seconds(), "worker": t.user + t.system,
+                "serve": proc_stat(self.serve_pid), "zygotes": [proc_stat(z) for z in self.zygotes]}
+
+    @staticmethod
+    def cpu_delta(a, b, n):
+        """CPU ms per execution, by process, between two snapshots, over n executions."""
+        if not n:
+            return None
+        d = {"worker": (b["worker"] - a["worker"]) * 1000 / n}
+        if a["serve"] and b["serve"]:
+            d["wfjail"] = (b["serve"]["cpu"] - a["serve"]["cpu"]) * 1000 / n
+            if not a["zygotes"]:  # exec mode: the guests are wfjail's children
+                d["guests"] = (b["serve"]["ccpu"] - a["serve"]["ccpu"]) * 1000 / n
+        zs = [(x, y) for x, y in zip(a["zygotes"], b["zygotes"]) if x and y]
+        if zs:
+            d["zygote"] = sum(y["cpu"] - x["cpu"] for x, y in zs) * 1000 / n
+            d["children"] = sum(y["ccpu"] - x["ccpu"] for x, y in zs) * 1000 / n
+            d["children_minflt"] = sum(y["cminflt"] - x["cminflt"] for x, y in zs) / n
+            d["zygote_minflt"] = sum(y["minflt"] - x["minflt"] for x, y in zs) / n
+        if a["busy"] is not None and b["busy"] is not None:
+            d["machine"] = (b["busy"] - a["busy"]) * 1000 / n
+            d["busy_pct"] = 100 * (b["busy"] - a["busy"]) / ((b["wall"] - a["wall"]) * (os.cpu_count() or 1))
+        d["total"] = sum(d.get(k, 0.0) for k in ("worker", "wfjail", "guests", "zygote", "children"))
+        if d.get("machine"):  # the share of all CPUs that went to other programs
+            d["other_pct"] = d["busy_pct"] * max(0.0, d["machine"] - d["total"]) / d["machine"]
+        return d
+
+
+BARE_KINDS = ("bare-exit", "bare-request")
+
+
+class Worker:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.targets = {}
+        for name, t in cfg["targets"].items():
+            self.targets[name] = Target(name, t.get("socket"), t.get("serve_pid") or os.getppid())
+        self.kinds = cfg["kinds"]  # name -> {"target", "open", "expected"}
+        self.failures = []  # the first few failure messages
+        self.failed = 0
+        self.bare = None
+
+    def target(self, kind):
+        return self.targets[self.kinds[kind]["target"]]
+
+    def fail(self, msg):
+        self.failed += 1
+        if len(self.failures) < 5:
+            self.failures.append(msg)
+
+    # -- one execution --------------------------------------------------------------------
+
+    def execution(self, kind):
+        """open + one call + close; returns (open, call, close, total ns, report) or None."""
+        k = self.kinds[kind]
+        client = self.target(kind).client
+        expected = k["expected"].encode()
+        t0 = time.perf_counter_ns()
+        try:
+            s = client.session(**k["open"]).open()
+            t1 = time.perf_counter_ns()
+            reply = s.call(REQUEST)
+            t2 = time.perf_counter_ns()
+            report = s.close()
+            t3 = time.perf_counter_ns()
+        except Exception as e:  # noqa: BLE001  (counted and reported, never hidden)
+            self.fail(f"{kind}: {type(e).__name__}: {e}")
+            return None
+        if reply != expected or report is None or report.get("status") != "ok":
+            self.fail(f"{kind}: reply {reply!r} (expected {expected!r}), report status "
+                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')}")
+            return None
+        return t1 - t0, t2 - t1, t3 - t2, t3 - t0, report
+
+    def one(self, kind):
+        """One timed sample of any kind, as a dict."""
+        if kind in BARE_KINDS:
+            out = self.bare_cmd("exit" if kind == "bare-exit" else "request")
+            if not out.get("ok"):
+                self.fail(f"{kind}: {out}")
+                return None
+            return out
+        t = self.execution(kind)
+        if t is None:
+            return None
+        o, c, cl, tot, report = t
+        return {"open": o, "call": c, "close": cl, "total": tot, "report_ms": report.get("duration_ms"),
+                "child_cpu_ms": report.get("cpu_ms"), "max_rss_kb": report.get("max_rss_kb")}
+
+    # -- the baseline helper ----------------------------------------------------------------
+
+    def start_bare(self):
+        argv = [sys.executable, str(WORK / BARE), self.cfg["preload"], REQUEST.decode(), EXPECTED.decode()]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WFJAIL_SOCKET")}
+        self.bare = subprocess.Popen(argv, cwd=WORK, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        hello = json.loads(self.bare.stdout.readline() or "{}")
+        if "ready" not in hello:
+            raise RuntimeError("the bare-fork helper did not start")
+
+    def bare_cmd(self, cmd):
+        self.bare.stdin.write(cmd + "\n")
+        self.bare.stdin.flush()
+        return json.loads(self.bare.stdout.readline())
+
+    def stop_bare(self):
+        if self.bare is None:
+            return
+        try:
+            self.bare.stdin.close()
+            self.bare.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.bare.kill()  # by its pid
+            self.bare.wait()
+        self.bare = None
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def latency_phase(self):
+        """Interleaved rounds per group of kinds (each kind once per round, in a random order),
+        then a block of sequential executions per wfjail kind for CPU accounting."""
+        out = {"samples": {}, "cpu": {}}
+        rng = random.Random(self.cfg["seed"])
+        for group in self.cfg["latency"]:
+            kinds = group["kinds"]
+            for k in kinds:
+                for _ in range(group["warmup"]):
+                    self.one(k)
+            samples = {k: [] for k in kinds}
+            for _ in range(group["rounds"]):
+                for k in rng.sample(kinds, len(kinds)):
+                    s = self.one(k)
+                    if s is not None:
+                        samples[k].append(s)
+            out["samples"].update(samples)
+            for k in kinds:
+                if k in BARE_KINDS:
+                    continue
+                tgt = self.target(k)
+                a = tgt.snapshot()
+                done = sum(1 for _ in range(group["cpu_block"]) if self.execution(k) is not None)
+                out["cpu"][k] = Target.cpu_delta(a, tgt.snapshot(), done)
+        return out
+
+    def throughput_phase(self):
+        cells = []
+        for cfg in self.cfg["throughput"]:
+            cells += [(k, c, cfg) for k in cfg["kinds"] for c in cfg["clients"] for _ in range(cfg["rounds"])]
+        rng = random.Random(self.cfg["seed"] + 1)
+        results = {}
+        for k, c, cfg in rng.sample(cells, len(cells)):
+            results.setdefault(f"{k}/{c}", []).append(self.window(k, c, cfg["duration"], cfg["warm"]))
+        return results
+
+    def window(self, kind, clients, duration, warm):
+        tgt = self.target(kind)
+        t_start = time.perf_counter_ns() + int(0.05e9)
+        w0 = t_start + int(warm * 1e9)
+        w1 = w0 + int(duration * 1e9)
+        done = []  # (end ns, latency ns)
+        lock = threading.Lock()
+
+        def loop():
+            while time.perf_counter_ns() < t_start:
+                time.sleep(0.001)
+            while True:
+                t0 = time.perf_counter_ns()
+                if t0 >= w1:
+                    return
+                ok = self.execution(kind) is not None
+                t1 = time.perf_counter_ns()
+                if ok:
+                    with lock:
+                        done.append((t1, t1 - t0))
+
+        threads = [threading.Thread(target=loop, daemon=True) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(max(0.0, (w0 - time.perf_counter_ns()) / 1e9))
+        a = tgt.snapshot()
+        time.sleep(max(0.0, (w1 - time.perf_counter_ns()) / 1e9))
+        b = tgt.snapshot()
+        for t in threads:
+            t.join()
+        inside = [lat for end, lat in done if w0 <= end <= w1]
+        return {"executions": len(inside), "per_s": len(inside) / duration,
+                "latency_ms": summary(inside, 1e-6), "cpu": Target.cpu_delta(a, b, len(inside))}
+
+    def perf_phase(self):
+        """With --perf: a CPU profile of the whole machine during one throughput window, and a
+        trace of sequential executions (syscalls of our processes, forks) for the critical path."""
+        cfg = self.cfg["perf"]
+        kind, tgt = cfg["kind"], self.target(cfg["kind"])
+        out = {"pids": {"worker": os.getpid(), "serve": tgt.serve_pid, "zygotes": tgt.zygotes,
+                        "bare": self.bare.pid if self.bare else None}}
+        data = WORK / "perf-profile.data"
+        p = subprocess.Popen([cfg["perf"], "record", "-a", "-g", "-q", "-o", str(data), "--", "sleep",
+                              str(cfg["duration"] + 1.0)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        w = self.window(kind, cfg["clients"], cfg["duration"], 0.1)
+        err = p.communicate(timeout=120)[1]
+        out["profile"] = {"data": str(data), "exit": p.returncode, "error": last_line(err), "window": w,
+                          "clients": cfg["clients"]}
+        data = WORK / "perf-trace.data"
+        comms = ["python", "session", "wfjail"] + [f"zygote{i}-{t}" for i in range(len(tgt.zygotes))
+                                                   for t in ("ctl", "notify")]
+        flt = " || ".join(f'comm == "{c}"' for c in comms)
+        argv = [cfg["perf"], "record", "-q", "-a", "-k", "mono", "-o", str(data),
+                "-e", "raw_syscalls:sys_enter", "--filter", flt, "-e", "raw_syscalls:sys_exit", "--filter", flt,
+                "-e", "sched:sched_process_fork", "-e", "sched:sched_wakeup_new", "-e", "sched:sched_switch",
+                "--", "sleep", str(int(cfg["executions"] * 0.05) + 20)]
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        marks = []
+        if p.poll() is None:
+            for _ in range(cfg["executions"]):
+                t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                t = self.execution(kind)
+                if t is not None:
+                    o, c, cl, tot, _r = t
+                    marks.append((t0, t0 + o, t0 + o + c, t0 + tot))
+            p.send_signal(signal.SIGINT)  # perf record writes its file and exits
+        try:
+            err = p.communicate(timeout=120)[1]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            err = p.communicate()[1]
+        out["trace"] = {"data": str(data), "exit": p.returncode, "error": last_line(err), "marks": marks,
+                        "comms": comms}
+        return out
+
+    def memory_phase(self):
+        out = {}
+        for kind, n in self.cfg["memory"].items():
+            out[kind] = self.hold_bare(n) if kind in BARE_KINDS else self.hold_sessions(kind, n)
+        return out
+
+    def hold_sessions(self, kind, n):
+        tgt = self.target(kind)
+        res = {}
+        before_pids = set(descendants(tgt.serve_pid))
+        serve0 = rollup(tgt.serve_pid)
+        avail0 = meminfo("MemAvailable")
+        sessions = []
+        t0 = time.monotonic()
+        expected = self.kinds[kind]["expected"].encode()
+        try:
+            for _ in range(n):
+                try:
+                    s = tgt.client.session(**self.kinds[kind]["open"]).open()
+                    sessions.append(s)
+                    if s.call(REQUEST) != expected:
+                        self.fail(f"{kind}: wrong reply while holding sessions")
+                except Exception as e:  # noqa: BLE001
+                    self.fail(f"{kind}: holding {len(sessions)} sessions: {type(e).__name__}: {e}")
+                    break
+            res["open_s"] = time.monotonic() - t0
+            time.sleep(0.2)  # let wfjail's threads settle
+            avail1 = meminfo("MemAvailable")
+            serve1 = rollup(tgt.serve_pid)
+            if tgt.zygotes:
+                pids = [c for z in tgt.zygotes for c in children_of(z)]
+            else:
+                name = self.kinds[kind]["open"]["argv"][-1]
+                pids = [p for p in set(descendants(tgt.serve_pid)) - before_pids if name in cmdline(p)]
+            res.update(self.memory_of(pids, len(sessions)))
+            res["zygotes"] = [rollup(z) for z in tgt.zygotes]
+            if avail0 and avail1 and sessions:
+                res["memavailable_drop_kib"] = (avail0 - avail1) / len(sessions)  # raw only: noisy
+            if "error" not in serve0 and "error" not in serve1 and sessions:
+                res["wfjail_private_kib"] = (serve1["USS"] - serve0["USS"]) / len(sessions)
+                res["wfjail_threads"] = len(os.listdir(f"/proc/{tgt.serve_pid}/task"))
+        finally:
+            t1 = time.monotonic()
+            for s in sessions:
+                try:
+                    s.close()
+                except Exception as e:  # noqa: BLE001
+                    self.fail(f"{kind}: closing a held session: {type(e).__name__}: {e}")
+            res["close_s"] = time.monotonic() - t1
+        return res
+
+    def memory_of(self, pids, sessions):
+        rolls = {p: rollup(p) for p in pids}
+        good = {p: r for p, r in rolls.items() if "error" not in r}
+        res = {"sessions": sessions, "processes": len(pids), "readable": len(good)}
+        if not good:
+            res["error"] = next((r["error"] for r in rolls.values()), "no session processes found")
+            return res
+        for key in ("USS", "Pss", "Rss", "Private_Dirty", "Private_Clean", "Pss_Anon", "Pss_File", "VmPTE"):
+            res[key] = summary([r.get(key, 0) for r in good.values()])
+        med = sorted(good, key=lambda p: good[p]["USS"])[len(good) // 2]
+        res["median_child_breakdown"] = smaps_breakdown(med)
+        return res
+
+    def hold_bare(self, n):
+        avail0 = meminfo("MemAvailable")
+        out = self.bare_cmd(f"hold {n}")
+        time.sleep(0.2)
+        avail1 = meminfo("MemAvailable")
+        res = self.memory_of(out["pids"], len(out["pids"]))
+        res["helper"] = rollup(self.bare.pid)
+        if avail0 and avail1 and out["pids"]:
+            res["memavailable_drop_kib"] = (avail0 - avail1) / len(out["pids"])
+        self.bare_cmd("release")
+        return res
+
+
+def worker_main(cfg_path):
+    import socket
+
+    # A session that never answers becomes a counted failure, not a benchmark that hangs.
+    socket.setdefaulttimeout(120)
+    cfg = json.loads(Path(cfg_path).read_text())
+    w = Worker(cfg)
+    result = {"targets": {n: {"serve_pid": t.serve_pid, "zygotes": t.zygotes} for n, t in w.targets.items()},
+              "python": sys.version.split()[0]}
+    try:
+        w.start_bare()
+        for k in w.kinds:  # warm up: the first sessions load what the zygote did not
+            for _ in range(cfg["warmup"].get(k, 0)):
+                w.one(k)
+        for phase in cfg["phases"]:
+            t0 = time.monotonic()
+            result[phase] = getattr(w, phase + "_phase")()
+            result[phase + "_s"] = time.monotonic() - t0
+    finally:
+        w.stop_bare()
+        result["failed"] = w.failed
+        result["failures"] = w.failures
+        Path(cfg["out"]).write_text(json.dumps(result) + "\n")
+    return 0
+
+
+def idle_main(ready_path):
+    """The worker of a side server: say so, then wait until the driver closes our stdin."""
+    Path(ready_path).write_text(json.dumps({"serve_pid": os.getppid(), "socket": os.environ.get("WFJAIL_SOCKET")}))
+    sys.stdin.read()
+    return 0
