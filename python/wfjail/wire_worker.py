@@ -29,6 +29,14 @@ class WorkerKind(enum.IntEnum):
     UPCALL = 0x2A
 
 
+# The kinds by their names alone, as the worker wire's modules and tests name them.
+OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
+REPLY, INTERRUPT, TIME = WorkerKind.REPLY, WorkerKind.INTERRUPT, WorkerKind.TIME
+OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
+FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
+SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
+LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
+
 WORKER_KINDS = frozenset(WorkerKind)
 WORKER_SENDS = frozenset(k for k in WorkerKind if k < 0x20)
 SERVER_SENDS = frozenset(k for k in WorkerKind if k > 0x20)
