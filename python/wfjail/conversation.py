@@ -12,15 +12,13 @@ with blocking sockets (``Session``) and with asyncio streams (``AsyncSession``).
 """
 
 import json
+from typing import Any, NamedTuple  # (the worker's side: asyncio loads typing anyway)
 
 from . import wire
 from .errors import ProtocolError, Violation
 from .wire_worker import (BUSY, CALL, CLOSE, CLOSED, ERROR, FAILED, LOG, OPEN, OPENED, REPLY,
                           RESULT, SERVER, SERVER_SENDS, STATUS, TIME, UPCALL, VIOLATIONS,
                           WorkerKind, pack_time)
-
-# The worker's side: asyncio, which client.py imports, loads typing anyway.
-from typing import Any, NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,6 +39,7 @@ class Answer(NamedTuple):
     """The answer the request awaited."""
 
     value: Any
+
 
 CAP = wire.MAX_CAP
 # A reader's largest single read: a frame's payload comes in pieces of at most this much.
