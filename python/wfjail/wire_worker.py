@@ -1,13 +1,15 @@
 """The worker wire of ``wfjail serve`` (docs/protocol.md, "The worker wire"): its kinds and
 TIME's payload, on the framing of ``wfjail.wire``."""
 
-import enum
 import struct
+
+from .wire import IntEnumBody, int_enum
 
 _TIME = struct.Struct("<q")
 
 
-class WorkerKind(enum.IntEnum):
+@int_enum
+class WorkerKind(IntEnumBody):
     """Frame kinds between a worker and ``wfjail serve`` (0x1_: the worker's, 0x2_: wfjail's)."""
 
     OPEN = 0x11
