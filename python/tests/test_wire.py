@@ -2,10 +2,12 @@
 docs/protocol-vectors.json (the guest's and the worker wire's, as tests/protocol.rs does), the
 exact-read path (wanted, feed_piece), and the payload helpers of each vocabulary."""
 
+import enum
 import json
 import os
 import sys
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -177,6 +179,33 @@ class FramingTests(unittest.TestCase):
         self.assertFalse(worker.WORKER_SENDS & worker.SERVER_SENDS)
         self.assertFalse(wire.GUEST_KINDS & worker.WORKER_KINDS)
         self.assertFalse(set(ControlKind) & (wire.GUEST_KINDS | worker.WORKER_KINDS))
+
+
+class IntEnumTests(unittest.TestCase):
+    def test_int_enum_builds_the_same_enum_with_or_without_the_fast_path(self):
+        def build():
+            @wire.int_enum
+            class Kind(wire.IntEnumBody):
+                """Two kinds."""
+
+                ONE = 1
+                TWO = 2
+            return Kind
+
+        built = [build()]
+        with mock.patch.object(enum, "_simple_enum", None):
+            built.append(build())
+        for kind in built:
+            with self.subTest(kind):
+                self.assertTrue(issubclass(kind, enum.IntEnum))
+                self.assertEqual([(k.name, k.value) for k in kind], [("ONE", 1), ("TWO", 2)])
+                self.assertIs(kind(2), kind.TWO)
+                self.assertEqual((kind.TWO, repr(kind.TWO), kind.__doc__),
+                                 (2, "<Kind.TWO: 2>", "Two kinds."))
+
+    def test_the_vocabularies_are_int_enums(self):
+        for kind in (GuestKind, ReplyStatus, WorkerKind, ControlKind):
+            self.assertTrue(issubclass(kind, enum.IntEnum), kind)
 
 
 class PayloadTests(unittest.TestCase):

@@ -27,7 +27,9 @@ import socket
 from .conversation import (CAP, NO_INIT, Busy, Conversation, GuestError, Send, SessionFailed,
                            frame, open_doc)
 from .errors import ProtocolError
-from .wire_worker import SERVER_SENDS, WorkerKind
+from .wire_worker import (BUSY, CALL, CLOSE, CLOSED, ERROR, FAILED, INTERRUPT, LOG, OPEN,
+                          OPENED, REPLY, RESULT, SERVER, SERVER_SENDS, STATUS, TIME, UPCALL,
+                          VIOLATIONS)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,14 +38,10 @@ if TYPE_CHECKING:
     from .conversation import OnLog, OnUpcall
 
 __all__ = ["AsyncClient", "AsyncSession", "Busy", "Client", "GuestError", "Session",
-           "SessionFailed"]
+           "SessionFailed", "OPEN", "CALL", "CLOSE", "STATUS", "REPLY", "INTERRUPT", "TIME",
+           "OPENED", "RESULT", "ERROR", "FAILED", "CLOSED", "BUSY", "SERVER", "VIOLATIONS", "LOG",
+           "UPCALL"]
 
-OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
-REPLY, INTERRUPT, TIME = WorkerKind.REPLY, WorkerKind.INTERRUPT, WorkerKind.TIME
-OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
-FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
-SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
-LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
 # The names tests/serve.rs's workers use to build and name raw frames.
 _frame = frame
 _NAMES = {kind: kind.name for kind in SERVER_SENDS}

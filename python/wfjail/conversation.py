@@ -12,13 +12,13 @@ with blocking sockets (``Session``) and with asyncio streams (``AsyncSession``).
 """
 
 import json
+from typing import Any, NamedTuple  # (the worker's side: asyncio loads typing anyway)
 
 from . import wire
 from .errors import ProtocolError, Violation
-from .wire_worker import SERVER_SENDS, WorkerKind, pack_time
-
-# The worker's side: asyncio, which client.py imports, loads typing anyway.
-from typing import Any, NamedTuple
+from .wire_worker import (BUSY, CALL, CLOSE, CLOSED, ERROR, FAILED, LOG, OPEN, OPENED, REPLY,
+                          RESULT, SERVER, SERVER_SENDS, STATUS, TIME, UPCALL, VIOLATIONS,
+                          WorkerKind, pack_time)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,11 +40,7 @@ class Answer(NamedTuple):
 
     value: Any
 
-OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
-OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
-FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
-SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
-LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
+
 CAP = wire.MAX_CAP
 # A reader's largest single read: a frame's payload comes in pieces of at most this much.
 READ_CHUNK = 1 << 20
@@ -240,7 +236,7 @@ class Conversation:
         data = frame(CALL, request)
         if time_ns is None:
             return data
-        return frame(WorkerKind.TIME, pack_time(time_ns)) + data
+        return frame(TIME, pack_time(time_ns)) + data
 
     def close(self) -> bytes:
         self._await(CLOSED)
@@ -282,7 +278,7 @@ class Conversation:
         if first:
             if kind == UPCALL and want == RESULT:
                 self._first = True
-                return Send(frame(WorkerKind.REPLY, upcall_reply(self.on_upcall, payload)))
+                return Send(frame(REPLY, upcall_reply(self.on_upcall, payload)))
             self.violations = []
             if kind == VIOLATIONS and want == RESULT:
                 self.violations = json.loads(payload)

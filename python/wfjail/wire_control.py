@@ -1,10 +1,9 @@
 """The zygote's control channel (docs/protocol.md, "The zygote's control channel"): one frame
 per SOCK_SEQPACKET packet, JSON payloads, on the framing of ``wfjail.wire``."""
 
-import enum
 import json
 
-from .wire import HEADER
+from .wire import HEADER, IntEnumBody, int_enum
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,7 +14,8 @@ if TYPE_CHECKING:
 CONTROL_VERSION = 2
 
 
-class ControlKind(enum.IntEnum):
+@int_enum
+class ControlKind(IntEnumBody):
     """Packet kinds of the zygote's control channel."""
 
     FORK = 0x31

@@ -1,13 +1,15 @@
 """The worker wire of ``wfjail serve`` (docs/protocol.md, "The worker wire"): its kinds and
 TIME's payload, on the framing of ``wfjail.wire``."""
 
-import enum
 import struct
+
+from .wire import IntEnumBody, int_enum
 
 _TIME = struct.Struct("<q")
 
 
-class WorkerKind(enum.IntEnum):
+@int_enum
+class WorkerKind(IntEnumBody):
     """Frame kinds between a worker and ``wfjail serve`` (0x1_: the worker's, 0x2_: wfjail's)."""
 
     OPEN = 0x11
@@ -28,6 +30,14 @@ class WorkerKind(enum.IntEnum):
     LOG = 0x29
     UPCALL = 0x2A
 
+
+# The kinds by their names alone, as the worker wire's modules and tests name them.
+OPEN, CALL, CLOSE, STATUS = WorkerKind.OPEN, WorkerKind.CALL, WorkerKind.CLOSE, WorkerKind.STATUS
+REPLY, INTERRUPT, TIME = WorkerKind.REPLY, WorkerKind.INTERRUPT, WorkerKind.TIME
+OPENED, RESULT, ERROR = WorkerKind.OPENED, WorkerKind.RESULT, WorkerKind.ERROR
+FAILED, CLOSED, BUSY = WorkerKind.FAILED, WorkerKind.CLOSED, WorkerKind.BUSY
+SERVER, VIOLATIONS = WorkerKind.SERVER, WorkerKind.VIOLATIONS
+LOG, UPCALL = WorkerKind.LOG, WorkerKind.UPCALL
 
 WORKER_KINDS = frozenset(WorkerKind)
 WORKER_SENDS = frozenset(k for k in WorkerKind if k < 0x20)
