@@ -130,7 +130,7 @@ pub fn check(policy: &Policy, opts: &RunOptions, runs: usize) -> CheckReport {
     opts.echo = false;
     if policy.time.clock == ClockMode::Virtual && opts.clock.is_none() {
         // Every run reads the same workflow time unless that is the perturbation.
-        opts.clock = Some(crate::supervise::clock::host_now());
+        opts.clock = Some(crate::answers::clock::host_now());
     }
     let mut out: Vec<CheckRun> = Vec::new();
     let mut first: Option<Vec<u8>> = None;

@@ -184,8 +184,8 @@ pub struct Plan {
     /// What the supervisor does with each notification the filter sends (compiled with it).
     pub decisions: std::sync::Arc<policy::decisions::Decisions>,
     /// What the supervisor patches in the guest's vDSO at its exec stop, when the policy
-    /// routes the wall clock or randomness to it (supervise/vdso.rs).
-    pub vdso: Option<crate::supervise::vdso::Patch>,
+    /// routes the wall clock or randomness to it (answers/vdso.rs).
+    pub vdso: Option<crate::answers::vdso::Patch>,
     /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
     pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
@@ -602,7 +602,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
         decisions: std::sync::Arc::new(policy::decisions::Decisions::compile(policy)),
-        vdso: crate::supervise::vdso::Patch::for_policy(policy),
+        vdso: crate::answers::vdso::Patch::for_policy(policy),
         policy: policy.clone(),
         command: canonical_cmd,
         argv: req.argv.clone(),

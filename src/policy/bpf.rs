@@ -220,7 +220,7 @@ pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
 /// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
 /// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
-/// (`supervise/clock.rs`). The CPU-time clocks stay the kernel's.
+/// (`answers/clock.rs`). The CPU-time clocks stay the kernel's.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// The CPU-time clocks that are the caller's own, whichever its pid: `CLOCK_PROCESS_CPUTIME_ID`,
@@ -346,16 +346,16 @@ pub fn decisions(
         }
     }
     if policy.time.clock != ClockMode::Real {
-        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs). Without
+        // The clocks (the vDSO is patched to make these syscalls, answers/vdso.rs). Without
         // a supervisor (fall-back mode) `virtual` is `deny`: the wall clock is refused, and
         // the rest is the kernel's (run.rs lists it as degraded).
         if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
             // The wall clock reads the workflow time, the monotonic clocks the virtual
-            // monotonic clock (supervise/clock.rs), and resource usage, `times` and
+            // monotonic clock (answers/clock.rs), and resource usage, `times` and
             // `sysinfo` (CPU times, uptime) pinned values; the caller's own CPU-time clocks
             // run (a loop that spends a CPU budget measures it with them). Any other clock
             // reaches the supervisor: a pid-encoded CPU clock of another process (the
-            // zygote's, a sibling session's) is EINVAL there (supervise/clock.rs).
+            // zygote's, a sibling session's) is EINVAL there (answers/clock.rs).
             let own_cpu_clocks = own_cpu_clock_rules()?;
             map.insert(
                 nr("clock_gettime"),
@@ -365,7 +365,7 @@ pub fn decisions(
                 },
             );
             // The wall clock, resource usage and a descriptor's stat (a pipe's or a /proc
-            // file's times are the clock's: supervise/filetimes.rs).
+            // file's times are the clock's: answers/filetimes.rs).
             let mut supervised = vec!["gettimeofday", "time", "getrusage", "times", "sysinfo"];
             supervised.push("fstat");
             if zygote {

@@ -4,7 +4,7 @@
 //! For every syscall of the table: how a notification of it is checked ([`Check`]), and, if
 //! it turns out to be a violation, its category, the rule the report quotes, the hint, and
 //! whether it is denied whatever `on_violation` says. The supervisor's decoder
-//! (`supervise/decode.rs`) looks these up; it only refines what depends on the arguments
+//! (`notify/decode.rs`) looks these up; it only refines what depends on the arguments
 //! (`clone` with or without `CLONE_THREAD`, the `ioctl` request, the `fcntl` command).
 
 use std::collections::HashMap;
@@ -39,11 +39,11 @@ pub enum Check {
     /// time, the monotonic clocks with its virtual monotonic clock.
     Clock,
     /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
-    /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).
+    /// (no CPU time, no load, a virtual uptime; `notify/mod.rs`).
     Usage,
     /// A descriptor's stat (`fstat`, `newfstatat`/`statx` with `AT_EMPTY_PATH`) under
     /// `clock = "virtual"`: a pipe's, socket's, device's or `/proc` file's times read the
-    /// workflow time (`supervise/filetimes.rs`).
+    /// workflow time (`answers/filetimes.rs`).
     Stat,
     /// `getpid`, `gettid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
     /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own

@@ -10,12 +10,12 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
 
+use crate::notify::paths::WriteGrants;
 use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
 use crate::protocol::worker::OpenRequest;
 use crate::run::{Applied, LayersBase};
-use crate::supervise::paths::WriteGrants;
 use crate::supervise::set_nonblocking;
 use crate::supervise::startup::Startup;
 use crate::sys::{NotifBuf, Reaped};
@@ -190,7 +190,7 @@ pub fn launch(
             },
         ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
             Ok(mut c) => {
-                // AT_RANDOM from the session's seed (supervise/vdso.rs).
+                // AT_RANDOM from the session's seed (answers/vdso.rs).
                 c.plan.vdso = c.plan.vdso.map(|p| p.seeded(seed));
                 server.children.lock().unwrap().insert(id, c.pidfd.clone());
                 let applied = Applied::of(&c.plan);

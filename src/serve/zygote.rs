@@ -33,6 +33,9 @@ use nix::sys::socket::{
     AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair,
 };
 
+use crate::notify;
+use crate::notify::paths::WriteGrants;
+use crate::notify::violations::Violations;
 use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
 use crate::policy::decisions::Check;
 use crate::policy::syscalls;
@@ -40,10 +43,7 @@ use crate::policy::{Policy, Toggle};
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::process::{self, SpawnError, Spawned};
 use crate::report::Layers;
-use crate::supervise::notify;
-use crate::supervise::paths::WriteGrants;
 use crate::supervise::startup::{Route, Startup, StartupError};
-use crate::supervise::violations::Violations;
 use crate::sys::{self, NotifBuf};
 
 use super::SessionShared;
@@ -592,7 +592,7 @@ impl Zygote {
 
     fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
         // The zygote's own virtual monotonic clock (`clock = "virtual"`).
-        let mut own_clock = crate::supervise::clock::Monotonic::default();
+        let mut own_clock = crate::answers::clock::Monotonic::default();
         // Whether the policy pins a session's pid (`getpid` then reaches the router).
         let pid_pinned = syscalls::number("getpid")
             .and_then(|nr| rules.decisions.get(nr))
@@ -692,7 +692,7 @@ impl Zygote {
                     }
                     if check == Some(Check::Seeded) {
                         let bytes =
-                            crate::supervise::entropy::Entropy::new(0).take(n.args[1] as usize);
+                            crate::answers::entropy::Entropy::new(0).take(n.args[1] as usize);
                         let ret = bytes.len() as i64;
                         let writes = if ret > 0 {
                             vec![(n.args[0], bytes)]
@@ -779,9 +779,9 @@ impl Zygote {
             }
             let det_now = &mut *det;
             let clock = det_now.clock;
-            let mut unarmed = crate::supervise::entropy::Entropy::new(0);
+            let mut unarmed = crate::answers::entropy::Entropy::new(0);
             // Before HELLO a spare's clock reads do not move its session's monotonic clock.
-            let mut unarmed_clock = crate::supervise::clock::Monotonic::default();
+            let mut unarmed_clock = crate::answers::clock::Monotonic::default();
             let (entropy, monotonic) = if det_now.armed {
                 (det_now.entropy.as_mut(), &mut det_now.monotonic)
             } else {
@@ -900,7 +900,7 @@ const EXEC_WITHIN: Duration = Duration::from_secs(30);
 pub fn await_exec(
     chan_fd: std::os::fd::BorrowedFd<'_>,
     pid: libc::pid_t,
-    vdso: Option<crate::supervise::vdso::Patch>,
+    vdso: Option<crate::answers::vdso::Patch>,
 ) -> Result<Execed, StartupError> {
     let mut startup = Startup::new();
     let mut listener: Option<OwnedFd> = None;
@@ -963,7 +963,7 @@ pub fn await_exec(
             match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
                 // With the vDSO patched at the exec stop: sessions inherit the patch.
                 Route::AllowExec => {
-                    if let Err(e) = crate::supervise::vdso::exec(l.as_fd(), &n, pid, vdso) {
+                    if let Err(e) = crate::answers::vdso::exec(l.as_fd(), &n, pid, vdso) {
                         eprintln!("wfjail: zygote: {e}");
                         startup.parent_failed(chan::Step::Vdso, e.errno());
                         let _ = sys::kill_pid(pid, libc::SIGKILL);

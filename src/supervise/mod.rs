@@ -8,19 +8,9 @@
 //! buffers, the stderr tail, the violations list) each has a bound; every frame from the
 //! guest is charged to `limits.output`.
 
-pub mod clock;
-pub mod decode;
 pub mod disk;
-pub mod entropy;
-pub mod filetimes;
-pub mod memory;
-pub mod notify;
-pub mod opener;
-pub mod paths;
 pub mod startup;
-pub mod vdso;
 pub mod verdict;
-pub mod violations;
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,15 +22,16 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::answers::{clock, entropy, vdso};
+use crate::notify::violations::Violations;
+use crate::notify::{self, Handled, paths};
 use crate::policy::Policy;
 use crate::process::Spawned;
 use crate::process::channel::{self, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
-use notify::Handled;
 use startup::{Route, Startup, StartupError};
-use violations::Violations;
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).

@@ -14,7 +14,7 @@ use crate::sys::Notif;
 
 use std::path::PathBuf;
 
-use super::memory::GuestMemory;
+use super::guest_memory::GuestMemory;
 use super::paths::{self, Verdict, WriteGrants};
 
 /// A decoded notification (before the supervisor decides what to do with it).
@@ -818,7 +818,7 @@ fn format_mmap_flags(flags: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::memory::MemoryImage;
+    use super::super::guest_memory::MemoryImage;
     use super::*;
 
     const BASE: u64 = 0x7f00_0000_0000;

@@ -34,7 +34,7 @@ use std::path::Path;
 
 use nix::errno::Errno;
 
-use super::memory::GuestMemory;
+use super::guest_memory::GuestMemory;
 use super::paths::{self, WriteGrants};
 use crate::sys::{self, Notif};
 

@@ -11,7 +11,7 @@
 //!
 //! * `clock_gettime`, `gettimeofday`, `time`: `mov eax, NR; syscall; ret`. The C library
 //!   still calls the vDSO, and the vDSO now makes the real syscall, which the filter routes
-//!   to the supervisor (`supervise/notify.rs` answers it with the execution's virtual time).
+//!   to the supervisor (`notify/mod.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
 //!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
 //!   supervisor answers the monotonic ones from a virtual monotonic clock (`clock.rs`); the
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::sys::{self, Notif, Traced};
 
-use super::notify;
+use crate::notify;
 
 /// What to patch in a guest's vDSO (and its auxiliary vector's random bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -9,6 +9,12 @@
 //! reading it (a decision), and after writing it (a value), so that neither a read nor a
 //! write is taken as belonging to a call that is gone.
 
+pub mod decode;
+pub mod guest_memory;
+pub mod opener;
+pub mod paths;
+pub mod violations;
+
 use std::os::fd::BorrowedFd;
 
 use crate::plan::Plan;
@@ -17,12 +23,10 @@ use crate::policy::decisions::{Check, Decisions};
 use crate::report::{Action, Violation};
 use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 
-use super::decode;
-use super::entropy::Entropy;
-use super::memory::ProcessMemory;
-use super::opener;
-use super::paths::WriteGrants;
-use super::violations::Violations;
+use crate::answers::entropy::Entropy;
+use guest_memory::ProcessMemory;
+use paths::WriteGrants;
+use violations::Violations;
 
 /// What an execution's notifications are judged by.
 #[derive(Clone, Copy)]
@@ -104,7 +108,7 @@ pub struct State<'v> {
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
     /// The virtual monotonic clock, under `clock = "virtual"` (`clock.rs`).
-    pub monotonic: &'v mut super::clock::Monotonic,
+    pub monotonic: &'v mut crate::answers::clock::Monotonic,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
     /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
     pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
@@ -228,7 +232,7 @@ fn decide(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<(i64, &mut super::clock::Monotonic)>,
+    clock: Option<(i64, &mut crate::answers::clock::Monotonic)>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -261,7 +265,10 @@ fn decide(
         // A descriptor's times (filetimes.rs).
         if d.check == Check::Stat {
             let mem = ProcessMemory { pid: n.pid };
-            return Some((super::filetimes::answer(n, &mem, d.name, now), None));
+            return Some((
+                crate::answers::filetimes::answer(n, &mem, d.name, now),
+                None,
+            ));
         }
         // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
         if d.check == Check::Usage {
@@ -277,7 +284,7 @@ fn decide(
         }
         if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
             // Another process's CPU clock: as if that pid did not exist (clock.rs).
-            if super::clock::foreign_cpu_clock(clockid, n.pid) {
+            if crate::answers::clock::foreign_cpu_clock(clockid, n.pid) {
                 return Some((Answer::Errno(libc::EINVAL), None));
             }
             return Some((Answer::Continue, None));
@@ -311,7 +318,7 @@ fn decide(
             Some(opener::Opened::Escaped) => {
                 return Some(changed_while_judged(t.syscall, &t.shown, rules));
             }
-            None if t.how == crate::supervise::paths::GrantedOpen::Refused => {
+            None if t.how == crate::notify::paths::GrantedOpen::Refused => {
                 refused_open = Some((t.syscall, t.shown));
             }
             None => {} // left to the kernel
@@ -342,7 +349,7 @@ fn decide(
             None if r
                 .paths
                 .iter()
-                .any(|(_, h)| *h == crate::supervise::paths::GrantedOpen::Refused) =>
+                .any(|(_, h)| *h == crate::notify::paths::GrantedOpen::Refused) =>
             {
                 refused_open = Some((r.syscall, shown));
             }
