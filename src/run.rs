@@ -69,14 +69,10 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         zygote: false,
         learn: opts.learn,
     };
-    let mut plan = match plan::build(policy, &req) {
+    let plan = match plan::build(policy, &req) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string(), e.exit_code()),
     };
-    if opts.learn {
-        // Learning observes network calls and metadata changes without letting them happen.
-        std::sync::Arc::make_mut(&mut plan.decisions).refuse_outside_effects();
-    }
     crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
     let io = match GuestIo::open(policy, opts) {
         Ok(io) => io,
@@ -146,9 +142,9 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         write_grants: crate::notify::paths::WriteGrants::new(&plan.write),
         stop_signals,
         seed: opts.seed,
-        decisions: plan.decisions.clone(),
+        decisions: plan.rules.decisions.clone(),
         clock: opts.clock,
-        vdso: plan.vdso,
+        vdso: plan.rules.vdso,
         learn: opts.learn,
         read_grants: plan
             .warn_files
@@ -520,7 +516,6 @@ pub fn layers(
             "none".into()
         }
     };
-    let pol = &plan.policy;
     if let Some(Err(why)) = &base.nproc_bound {
         // The guest's uid maps to host root, which the kernel exempts from RLIMIT_NPROC, and
         // no pids cgroup could bound it: with fork or threads allowed, nothing bounds its
@@ -530,17 +525,8 @@ pub fn layers(
              run wfjail as an unprivileged user, or keep process.subprocess and process.threads denied"
         ));
     }
-    if pol.time.clock == crate::policy::ClockMode::Virtual && !notify {
-        degraded.push(
-            "clock-virtual: no seccomp listener to answer wall-clock reads, so they are denied instead (time.time() and datetime.now() fail); the monotonic and CPU clocks, resource usage, process ids and a descriptor's times are the kernel's"
-                .into(),
-        );
-    }
-    if pol.random.getrandom == crate::policy::RandomMode::Seeded && !notify {
-        degraded.push(
-            "getrandom-seeded: no seccomp listener to answer getrandom, so it is denied instead (the guest gets no randomness, seeded or real)"
-                .into(),
-        );
+    if !notify {
+        degraded.extend(plan.rules.without_listener.iter().map(|&d| d.to_string()));
     }
     // Calls an outer (container) filter answers before wfjail's: never reported.
     let unseen = crate::sys::refused_by_outer_filter();

@@ -38,7 +38,7 @@ fn policies() -> &'static [Decisions] {
     P.get_or_init(|| {
         ["default", "strict", "permissive", "temporal-python"]
             .iter()
-            .map(|n| Decisions::compile(&policy::load(n).unwrap()))
+            .map(|n| Decisions::compile(&policy::load(n).unwrap(), Default::default()))
             .collect()
     })
 }

@@ -37,38 +37,7 @@ use crate::sys::{self, Notif, Traced};
 
 use crate::notify;
 
-/// What to patch in a guest's vDSO (and its auxiliary vector's random bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Patch {
-    /// The wall clock (`clock = "virtual"` or `"deny"`).
-    pub clock: bool,
-    /// `getrandom` (`getrandom = "seeded"` or `"deny"`); the 16 bytes `AT_RANDOM` points at
-    /// are then overwritten with bytes of [`entropy::at_random`] keyed by `seed`.
-    pub random: bool,
-    /// The execution's seed (`--seed`, OPEN's `seed`; 0 when there is none, and under
-    /// `getrandom = "deny"`).
-    pub seed: u64,
-}
-
-impl Patch {
-    /// The patch a policy needs, or `None` when its guests may use the vDSO as it is.
-    pub fn for_policy(policy: &crate::policy::Policy) -> Option<Patch> {
-        let p = Patch {
-            clock: policy.time.clock != crate::policy::ClockMode::Real,
-            random: policy.random.getrandom != crate::policy::RandomMode::Allow,
-            seed: 0,
-        };
-        (p.clock || p.random).then_some(p)
-    }
-
-    /// This patch for an execution with `seed` (`None`: 0).
-    pub fn seeded(self, seed: Option<u64>) -> Patch {
-        Patch {
-            seed: seed.unwrap_or(0),
-            ..self
-        }
-    }
-}
+pub use crate::policy::rules::VdsoPatch as Patch;
 
 /// How the exec stop failed (the child is then killed: its clock or randomness would leak).
 #[derive(Debug, thiserror::Error)]

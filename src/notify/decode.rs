@@ -835,7 +835,7 @@ mod tests {
     }
 
     fn default_policy() -> Decisions {
-        Decisions::compile(&crate::policy::load("default").unwrap())
+        Decisions::compile(&crate::policy::load("default").unwrap(), Default::default())
     }
 
     fn sockaddr_in(ip: [u8; 4], port: u16) -> Vec<u8> {
@@ -928,7 +928,7 @@ mod tests {
         img[0x200..0x208].copy_from_slice(&1i64.to_ne_bytes());
         img[0x208..0x210].copy_from_slice(&500_000_000i64.to_ne_bytes());
         let mem = MemoryImage::new(BASE, img);
-        let p = Decisions::compile(&crate::policy::load("strict").unwrap());
+        let p = Decisions::compile(&crate::policy::load("strict").unwrap(), Default::default());
         let at = libc::AT_FDCWD as u64;
         let d = decode(&notif(libc::SYS_openat, [at, BASE, 0, 0, 0, 0]), &mem, &p);
         assert_eq!(

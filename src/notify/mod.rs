@@ -47,7 +47,7 @@ pub struct Rules<'a> {
 impl<'a> Rules<'a> {
     pub fn new(plan: &'a Plan, grants: &'a WriteGrants) -> Self {
         Rules {
-            decisions: &plan.decisions,
+            decisions: &plan.rules.decisions,
             grants,
             late_reads: false,
             on_violation: plan.policy.on_violation,

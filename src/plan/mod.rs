@@ -181,11 +181,9 @@ pub struct Plan {
     pub landlock_missing: Option<String>,
     pub seccomp_notify: Vec<libc::sock_filter>,
     pub seccomp_fallback: Vec<libc::sock_filter>,
-    /// What the supervisor does with each notification the filter sends (compiled with it).
-    pub decisions: std::sync::Arc<policy::decisions::Decisions>,
-    /// What the supervisor patches in the guest's vDSO at its exec stop, when the policy
-    /// routes the wall clock or randomness to it (answers/vdso.rs).
-    pub vdso: Option<crate::answers::vdso::Patch>,
+    /// What the filter's knobs decided beside it: the supervisor's checks, the answers, the
+    /// vDSO patch (`policy::rules`).
+    pub rules: policy::rules::RuleSet,
     /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
     pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
@@ -601,8 +599,14 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
-        decisions: std::sync::Arc::new(policy::decisions::Decisions::compile(policy)),
-        vdso: crate::answers::vdso::Patch::for_policy(policy),
+        rules: policy::rules::RuleSet::compile(
+            policy,
+            policy::rules::Shape {
+                zygote: req.zygote,
+                watch_reads,
+                learn: req.learn,
+            },
+        ),
         policy: policy.clone(),
         command: canonical_cmd,
         argv: req.argv.clone(),

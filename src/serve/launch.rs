@@ -191,7 +191,7 @@ pub fn launch(
         ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
             Ok(mut c) => {
                 // AT_RANDOM from the session's seed (answers/vdso.rs).
-                c.plan.vdso = c.plan.vdso.map(|p| p.seeded(seed));
+                c.plan.rules.vdso = c.plan.rules.vdso.map(|p| p.seeded(seed));
                 server.children.lock().unwrap().insert(id, c.pidfd.clone());
                 let applied = Applied::of(&c.plan);
                 (Child::Exec(Box::new(c)), argv, applied)

@@ -799,7 +799,9 @@ impl Session {
             .notification(crate::supervise::is_initial_exec(&n, e.pid))
         {
             Route::AllowExec => {
-                if let Err(err) = crate::answers::vdso::exec(l.as_fd(), &n, e.pid, e.plan.vdso) {
+                if let Err(err) =
+                    crate::answers::vdso::exec(l.as_fd(), &n, e.pid, e.plan.rules.vdso)
+                {
                     eprintln!("wfjail: session {}: {err}", self.id);
                     e.startup
                         .parent_failed(crate::process::channel::Step::Vdso, err.errno());
@@ -835,7 +837,7 @@ impl Session {
         }
         if self.applied.memory.is_some()
             && let Some(peak) =
-                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.decisions)
+                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.rules.decisions)
         {
             self.vm_peak = self.vm_peak.max(Some(peak));
         }

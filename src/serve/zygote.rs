@@ -273,7 +273,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.vdso) {
+        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.rules.vdso) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
@@ -310,7 +310,7 @@ impl Zygote {
             let z = zygote.clone();
             let grants = WriteGrants::new(&plan.write);
             let late = policy.zygote.reads_after_preload == Toggle::Deny;
-            let decisions = plan.decisions.clone();
+            let decisions = plan.rules.decisions.clone();
             let on_violation = policy.on_violation;
             std::thread::Builder::new()
                 .name(format!("zygote{index}-notify"))
