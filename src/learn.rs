@@ -807,6 +807,42 @@ fn one_line(s: &str, max: usize) -> String {
     }
 }
 
+/// What the verifying run does not get of an unreviewed draft: the network, the metadata
+/// calls the base does not allow, and `warn` (a run that lets everything through verifies
+/// nothing, and writes where Landlock would have refused). Returns what was withheld, for
+/// the message when the run fails without it.
+pub fn withhold_unreviewed(
+    drafted: &mut crate::policy::Policy,
+    base: &crate::policy::Policy,
+) -> Vec<String> {
+    let mut withheld = Vec::new();
+    if drafted.network.mode != crate::policy::NetworkMode::None {
+        withheld.push("the network".to_string());
+    }
+    contain(drafted);
+    // The draft's limits.processes is twice what the learning run started (one after the
+    // other, maybe): the unreviewed run has no more tasks at once than the learning run.
+    let bound = base.limits.processes.unwrap_or(0).max(MAX_TASKS);
+    if drafted.limits.processes.is_none_or(|p| p > bound) {
+        if drafted.limits.processes.is_some() {
+            withheld.push(format!("more than {bound} tasks at once"));
+        }
+        drafted.limits.processes = Some(bound);
+    }
+    if drafted.on_violation == crate::policy::OnViolation::Warn {
+        drafted.on_violation = crate::policy::OnViolation::Deny;
+    }
+    drafted.syscalls.allow.retain(|a| {
+        let name = a.value.0.as_str();
+        if syscalls::category(name).reaches_outside() && !base.syscalls.allows(name) {
+            withheld.push(name.to_string());
+            return false;
+        }
+        true
+    });
+    withheld
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,7 +139,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         timeout,
         output_limit: policy.limits.output.0,
         memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
-        write_grants: crate::notify::paths::WriteGrants::new(&plan.write),
+        write_grants: crate::notify::paths::Grants::new(&plan.write),
         stop_signals,
         seed: opts.seed,
         decisions: plan.rules.decisions.clone(),
@@ -148,7 +148,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         learn: opts.learn,
         read_grants: plan
             .warn_files
-            .then(|| crate::notify::paths::WriteGrants::new(&plan.read)),
+            .then(|| crate::notify::paths::Grants::new(&plan.read)),
         disk,
     };
     let mut stderr = std::io::stderr();
@@ -682,7 +682,7 @@ pub fn build_report(
         guest_error: o.guest_error,
         command: plan.argv.clone(),
         seed: o.seed,
-        clock: o.clock.map(crate::answers::clock::format),
+        clock: o.clock.map(crate::answers::workflow_time::format),
         skipped_paths: plan.skipped.clone(),
         learned: plan
             .base_grants

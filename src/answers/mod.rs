@@ -2,7 +2,8 @@
 //! `[time] clock = "virtual"` and `[random] getrandom = "seeded"` (workflow time, the virtual
 //! monotonic clock, seeded entropy, file times, the vDSO patch).
 
-pub mod clock;
 pub mod entropy;
 pub mod filetimes;
+pub mod monotonic;
 pub mod vdso;
+pub mod workflow_time;

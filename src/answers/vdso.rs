@@ -14,7 +14,7 @@
 //!   to the supervisor (`notify/mod.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
 //!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
-//!   supervisor answers the monotonic ones from a virtual monotonic clock (`clock.rs`); the
+//!   supervisor answers the monotonic ones from a virtual monotonic clock (`monotonic.rs`); the
 //!   filter lets the others run.
 //! * `getrandom`: `mov rax, -ENOSYS; ret`, so the C library falls back to the syscall.
 //!

@@ -181,6 +181,8 @@ pub struct Plan {
     pub landlock_missing: Option<String>,
     pub seccomp_notify: Vec<libc::sock_filter>,
     pub seccomp_fallback: Vec<libc::sock_filter>,
+    /// Stacked on the guest's filter under `limits.disk` (`bpf::no_send_fds`).
+    pub seccomp_no_send_fds: Option<Vec<libc::sock_filter>>,
     /// What the filter's knobs decided beside it: the supervisor's checks, the answers, the
     /// vDSO patch (`policy::rules`).
     pub rules: policy::rules::RuleSet,
@@ -620,6 +622,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         landlock_missing,
         seccomp_notify,
         seccomp_fallback,
+        seccomp_no_send_fds: policy.limits.disk.is_some().then(bpf::no_send_fds),
         self_pid_slots,
         last_cap: last_cap(),
         read,

@@ -77,7 +77,7 @@ pub enum Leaf {
     /// whose flags a filter can read).
     Enosys,
     /// Answered with ENOSYS, not reported, when one of the rules matches; a violation
-    /// otherwise (glibc's malloc-key `getrandom`, see [`decisions`]).
+    /// otherwise (glibc's malloc-key `getrandom`, `rules::getrandom`).
     EnosysIf(Vec<SeccompRule>),
     /// Denied and reported.
     Violation,
@@ -213,7 +213,7 @@ pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
 /// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
 /// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
-/// (`answers/clock.rs`). The CPU-time clocks stay the kernel's.
+/// (`answers/monotonic.rs`). The CPU-time clocks stay the kernel's.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// The CPU-time clocks that are the caller's own, whichever its pid: `CLOCK_PROCESS_CPUTIME_ID`,
@@ -238,12 +238,13 @@ pub(crate) fn nr(name: &str) -> u32 {
     syscalls::number(name).unwrap_or_else(|| panic!("{name} is in the syscall table"))
 }
 
-/// The per-syscall decisions of `policy` (numbers absent from the map are violations).
+/// The filter's leaf of each syscall under `policy` (numbers absent from the map are
+/// violations): the base allowlist, then each knob's leaves (`rules/`), then the lists.
 /// `initial_exec` is the address of the guest path that the child passes to `execve`: in
 /// fallback mode that one exec is allowed by pointer (see docs/architecture.md).
 /// `zygote`: prefork mode (signals are not pinned to one pid). `watch_reads` sends every open
 /// to the supervisor (prefork, `reads_after_preload`).
-pub fn decisions(
+pub fn leaves(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
@@ -389,7 +390,7 @@ pub fn compile(
     zygote: bool,
     watch_reads: bool,
 ) -> Result<Vec<libc::sock_filter>, BpfError> {
-    let decisions = decisions(policy, mode, initial_exec, zygote, watch_reads)?;
+    let decisions = leaves(policy, mode, initial_exec, zygote, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
     let mut ranges: Vec<Range> = Vec::with_capacity(256);
@@ -525,6 +526,24 @@ fn emit_rules(rules: &[SeccompRule], on_match: u32, out: &mut Vec<libc::sock_fil
     }
 }
 
+/// Stacked on the guest's filter under `limits.disk`: `sendmsg` and `sendmmsg` fail with
+/// EPERM. A descriptor sent over the guest's own socket pair (`SCM_RIGHTS`) and closed keeps
+/// its file alive in the message in flight, where no sample of the disk account can see it;
+/// a filter cannot read a message's control data, so under `limits.disk` the guest sends with
+/// `send`/`sendto` only. Not reported (the guest's filter allowed the call; the stricter
+/// answer of the two wins). Other architectures pass here: the guest's filter refuses them.
+pub fn no_send_fds() -> Vec<libc::sock_filter> {
+    vec![
+        stmt(BPF_LD_W_ABS, 4), // seccomp_data.arch
+        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 0, 3),
+        stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
+        jump(BPF_JMP_JEQ_K, libc::SYS_sendmsg as u32, 2, 0),
+        jump(BPF_JMP_JEQ_K, libc::SYS_sendmmsg as u32, 1, 0),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, RET_ERRNO | libc::EPERM as u32),
+    ]
+}
+
 /// A classic-BPF interpreter for the subset this compiler emits; used by tests to check the
 /// program's decisions without installing it.
 pub fn evaluate(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
@@ -593,6 +612,20 @@ mod tests {
         for other in [0, 1, 7, 11, (!1 << 3) | 2, (!1234 << 3), (!3 << 3) | 3] {
             assert_eq!(clock(other), RET_USER_NOTIF, "clockid {other}");
         }
+    }
+
+    #[test]
+    fn no_send_fds_refuses_sendmsg_and_sendmmsg_only() {
+        let prog = no_send_fds();
+        let eperm = RET_ERRNO | libc::EPERM as u32;
+        assert_eq!(run(&prog, "sendmsg", [0; 6]), eperm);
+        assert_eq!(run(&prog, "sendmmsg", [0; 6]), eperm);
+        for other in ["sendto", "write", "recvmsg"] {
+            assert_eq!(run(&prog, other, [0; 6]), RET_ALLOW, "{other}");
+        }
+        // Another architecture passes: the guest's own filter refuses it.
+        let sendmsg = libc::SYS_sendmsg as u32;
+        assert_eq!(evaluate(&prog, 0x4000_0003, sendmsg, [0; 6]), RET_ALLOW);
     }
 
     #[test]
@@ -699,7 +732,7 @@ mod tests {
     #[test]
     fn every_number_is_decided_like_the_table() {
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Notify, None, false, false).unwrap();
+        let d = leaves(&p, Mode::Notify, None, false, false).unwrap();
         let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
         for n in 0..600u32 {
             let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
@@ -723,7 +756,7 @@ mod tests {
         // In fallback mode each denied syscall is its own range: the tree is big enough that
         // the root's left subtree needs an unconditional jump.
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Fallback, None, false, false).unwrap();
+        let d = leaves(&p, Mode::Fallback, None, false, false).unwrap();
         let prog = compile(&p, Mode::Fallback, None, false, false).unwrap();
         assert!(
             prog.iter().any(|i| i.code == BPF_JMP_JA),

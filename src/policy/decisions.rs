@@ -139,7 +139,7 @@ impl Decisions {
     pub fn compile(policy: &Policy, shape: Shape) -> Self {
         let by_nr = X86_64
             .iter()
-            .map(|&(name, nr)| (nr, decide(policy, shape, name)))
+            .map(|&(name, nr)| (nr, decision_for(policy, shape, name)))
             .collect();
         Decisions { by_nr }
     }
@@ -162,7 +162,7 @@ impl Decisions {
     }
 }
 
-fn decide(policy: &Policy, shape: Shape, name: &'static str) -> Decision {
+fn decision_for(policy: &Policy, shape: Shape, name: &'static str) -> Decision {
     let policy_denies = policy.syscalls.denies(name);
     let mut category = syscalls::category(name);
     let mut always_deny = syscalls::always_denied(name);

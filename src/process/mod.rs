@@ -142,7 +142,7 @@ pub fn spawn(
             // Under warn (plan.warn_files) Landlock lets every path through: only the supervisor
             // stands between the guest and a file it may not touch, so it must be there.
             seccomp_notify_required: p.requires(Layer::SeccompNotify) || plan.warn_files,
-            no_send_fds: p.limits.disk.is_some(),
+            no_send_fds: plan.seccomp_no_send_fds.as_deref(),
             exec_path: &plan.exec.path,
             argv: &plan.exec.argv_ptrs,
             envp: &plan.exec.envp_ptrs,

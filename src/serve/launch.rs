@@ -10,7 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
 
-use crate::notify::paths::WriteGrants;
+use crate::notify::paths::Grants;
 use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
@@ -88,7 +88,7 @@ pub struct ExecChild {
     pub chan: Option<OwnedFd>,
     pub listener: Option<OwnedFd>,
     pub buf: Option<NotifBuf>,
-    pub grants: WriteGrants,
+    pub grants: Grants,
     pub startup: Startup,
     pub reaped: Option<Reaped>,
     /// `limits.processes` for a guest that runs as host root; removed with the session.
@@ -255,7 +255,7 @@ fn start_exec(
     let mut base = LayersBase::of(&spawned);
     base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
     set_nonblocking(&spawned.chan);
-    let grants = WriteGrants::new(&plan.write);
+    let grants = Grants::new(&plan.write);
     Ok(ExecChild {
         base,
         pid: spawned.pid,

@@ -10,6 +10,7 @@ pub mod control;
 pub mod launch;
 pub mod metrics;
 pub mod phases;
+pub mod route;
 pub mod session;
 pub mod worker_conn;
 pub mod zygote;
@@ -187,7 +188,7 @@ pub struct Determinism {
     /// The seed it was keyed by, for the report.
     pub seed: Option<u64>,
     /// The session's virtual monotonic clock (`clock = "virtual"`).
-    pub monotonic: crate::answers::clock::Monotonic,
+    pub monotonic: crate::answers::monotonic::Monotonic,
     /// The guest has said HELLO: its `getrandom` draws from `entropy`. Before (a zygote's
     /// child between its fork and its session), fixed bytes: how much it drew then depends
     /// on timing (whether a spare was ready), which must not shift the session's stream.
@@ -201,7 +202,8 @@ impl Determinism {
         let virtual_clock = policy.time.clock == crate::policy::ClockMode::Virtual;
         let seed = seeded.then(|| seed.unwrap_or(0));
         Determinism {
-            clock: virtual_clock.then(|| time_ns.unwrap_or_else(crate::answers::clock::host_now)),
+            clock: virtual_clock
+                .then(|| time_ns.unwrap_or_else(crate::answers::workflow_time::host_now)),
             entropy: seed.map(crate::answers::entropy::Entropy::new),
             seed,
             monotonic: Default::default(),

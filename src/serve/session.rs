@@ -1132,7 +1132,7 @@ impl Session {
             guest_error: self.phases.guest_error().cloned(),
             command: self.command.clone(),
             seed,
-            clock: clock.map(crate::answers::clock::format),
+            clock: clock.map(crate::answers::workflow_time::format),
             skipped_paths: vec![],
             learned: None,
             exit_status: v.exit_status,

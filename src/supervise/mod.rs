@@ -22,7 +22,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use crate::answers::{clock, entropy, vdso};
+use crate::answers::{entropy, monotonic, vdso, workflow_time};
 use crate::notify::violations::Violations;
 use crate::notify::{self, Handled, paths};
 use crate::policy::Policy;
@@ -145,7 +145,7 @@ pub struct Config {
     /// `limits.memory` (RLIMIT_AS): the guest's peak address space is sampled as evidence.
     pub memory_limit: Option<u64>,
     /// What the policy lets the guest write (watched writes are checked against it).
-    pub write_grants: paths::WriteGrants,
+    pub write_grants: paths::Grants,
     /// SIGTERM, SIGINT and SIGHUP to wfjail, blocked and read here: the guest is killed and
     /// the report says the run was interrupted (instead of wfjail dying without one).
     pub stop_signals: Option<SignalFd>,
@@ -163,7 +163,7 @@ pub struct Config {
     pub learn: bool,
     /// Under `on_violation = "warn"` (`wfjail run`): the read grants every read is judged
     /// against (Landlock lets all through; `plan.warn_files`).
-    pub read_grants: Option<paths::WriteGrants>,
+    pub read_grants: Option<paths::Grants>,
     /// `limits.disk`: the guest's account, its baseline taken before it started.
     pub disk: Option<std::cell::RefCell<disk::DiskAccount>>,
 }
@@ -482,9 +482,9 @@ pub fn supervise(
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
-    let mut monotonic = clock::Monotonic::default();
+    let mut monotonic = monotonic::Monotonic::default();
     if policy.time.clock == crate::policy::ClockMode::Virtual {
-        o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
+        o.clock = Some(cfg.clock.unwrap_or_else(workflow_time::host_now));
     }
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;

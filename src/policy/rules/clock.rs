@@ -78,11 +78,11 @@ pub fn leaves(
     // the rest is the kernel's (run.rs lists it as degraded).
     if answered(policy) && mode == Mode::Notify {
         // The wall clock reads the workflow time, the monotonic clocks the virtual
-        // monotonic clock (answers/clock.rs), and resource usage, `times` and
+        // monotonic clock (answers/monotonic.rs), and resource usage, `times` and
         // `sysinfo` (CPU times, uptime) pinned values; the caller's own CPU-time clocks
         // run (a loop that spends a CPU budget measures it with them). Any other clock
         // reaches the supervisor: a pid-encoded CPU clock of another process (the
-        // zygote's, a sibling session's) is EINVAL there (answers/clock.rs).
+        // zygote's, a sibling session's) is EINVAL there (answers/monotonic.rs).
         map.insert(
             nr("clock_gettime"),
             Leaf::AllowElseSupervise {

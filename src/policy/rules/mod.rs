@@ -185,8 +185,7 @@ mod tests {
         let highest = X86_64.last().map_or(0, |&(_, n)| n);
         for (name, policy) in policies() {
             let leaves =
-                bpf::decisions(&policy, Mode::Notify, None, shape.zygote, shape.watch_reads)
-                    .unwrap();
+                bpf::leaves(&policy, Mode::Notify, None, shape.zygote, shape.watch_reads).unwrap();
             let rules = RuleSet::compile(&policy, shape);
             for nr in 0..=highest {
                 let leaf = leaves.get(&nr);
