@@ -848,6 +848,16 @@ mod tests {
     use super::*;
     use crate::report::Action;
 
+    /// What a learning run that read and wrote nothing granted recorded.
+    fn learned(violations: Vec<Violation>) -> Learned {
+        Learned {
+            read: vec![],
+            write: vec![],
+            violations,
+            processes: None,
+        }
+    }
+
     fn v(category: Category, syscall: &str, args: &str) -> Violation {
         Violation {
             category,
@@ -862,19 +872,14 @@ mod tests {
 
     #[test]
     fn a_draft_never_grants_the_root_a_system_directory_or_a_device_and_says_so() {
-        let learned = Learned {
-            read: vec![],
-            write: vec![],
-            violations: vec![
-                v(Category::Filesystem, "openat", "/wfjail-x (write)"),
-                v(Category::Filesystem, "openat", "/etc/wfjail-x (write)"),
-                v(Category::Filesystem, "openat", "/usr (read)"),
-                v(Category::Filesystem, "openat", "/dev/kmsg (read)"),
-                v(Category::Filesystem, "openat", "/dev/null (read)"),
-                v(Category::Filesystem, "openat", "/ (read)"),
-            ],
-            processes: None,
-        };
+        let learned = learned(vec![
+            v(Category::Filesystem, "openat", "/wfjail-x (write)"),
+            v(Category::Filesystem, "openat", "/etc/wfjail-x (write)"),
+            v(Category::Filesystem, "openat", "/usr (read)"),
+            v(Category::Filesystem, "openat", "/dev/kmsg (read)"),
+            v(Category::Filesystem, "openat", "/dev/null (read)"),
+            v(Category::Filesystem, "openat", "/ (read)"),
+        ]);
         let text = draft("default", &learned, &["x".into()]);
         crate::policy::from_source("d.toml", &text).unwrap();
         for refused in [
@@ -906,12 +911,7 @@ mod tests {
         net.action = Action::Denied;
         let mut chmod = v(Category::Filesystem, "chmod", "/tmp/f");
         chmod.action = Action::Denied;
-        let learned = Learned {
-            read: vec![],
-            write: vec![],
-            violations: vec![net, chmod],
-            processes: None,
-        };
+        let learned = learned(vec![net, chmod]);
         let text = draft("default", &learned, &["x".into()]);
         assert!(
             text.contains(
@@ -956,7 +956,7 @@ mod tests {
         let learned = Learned {
             read: vec![PathBuf::from("/usr")],
             write: vec![PathBuf::from("/dev/null")],
-            violations: vec![
+            ..learned(vec![
                 v(Category::Filesystem, "openat", "/usr/lib/os.py (read)"),
                 v(Category::Filesystem, "openat", "/etc/hostname (read)"),
                 v(Category::Filesystem, "openat", "/etc/hosts (read)"),
@@ -964,8 +964,7 @@ mod tests {
                 v(Category::Filesystem, "openat", "/tmp/x/y.txt (write)"),
                 v(Category::Sleep, "nanosleep", "0.2 s"),
                 v(Category::Other, "setpriority", "0, 0, 10"),
-            ],
-            processes: None,
+            ])
         };
         let text = draft("default", &learned, &["/usr/bin/python3".into()]);
         let p = crate::policy::from_source("learned.toml", &text).unwrap();

@@ -427,8 +427,8 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
         learn: opts.learn,
         ..Default::default()
     };
-    let plan = match wfjail::plan::build(policy, &req) {
-        Ok(p) => p,
+    let grants = match wfjail::plan::grants(policy, &req) {
+        Ok(g) => g,
         Err(e) => {
             eprintln!("wfjail: {e}");
             return Err(u8::try_from(e.exit_code()).unwrap_or(125));
@@ -438,7 +438,7 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
         .limits
         .disk
         .map_or(wfjail::learn::Throwaway::DEFAULT_SIZE, |d| d.0);
-    match wfjail::learn::Throwaway::over(&plan.write, size) {
+    match wfjail::learn::Throwaway::over(&grants.write, size) {
         Ok(t) => Ok(t),
         Err(e) => {
             eprintln!("wfjail: {e}");

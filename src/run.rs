@@ -475,7 +475,7 @@ pub fn layers(
     let degraded_step = |s: Step| degraded_steps.iter().any(|(d, _)| *d == s);
     let mut degraded: Vec<String> = Vec::new();
     for (layer, errno) in &base.clone_degraded {
-        if *layer == Layer::MountNs && !plan.policy.namespaces.pid {
+        if *layer == Layer::MountNs && !plan.namespaces.pid {
             degraded.push(
                 "mount-ns: a private /proc needs namespaces.pid = true; host pids stay visible"
                     .into(),
@@ -495,10 +495,7 @@ pub fn layers(
     }
     let landlock = match &plan.landlock {
         Some((_, info)) if !degraded_step(Step::Landlock) => {
-            if !info.tcp
-                && plan.policy.network.mode == crate::policy::NetworkMode::None
-                && info.abi < 4
-            {
+            if !info.tcp && plan.network == crate::policy::NetworkMode::None && info.abi < 4 {
                 degraded.push(format!("landlock-net: Landlock ABI {} < 4 (Linux >= 6.7); seccomp still denies sockets", info.abi));
             }
             if !info.scoped {
@@ -547,7 +544,7 @@ pub fn layers(
     };
     // Made by clone (user, pid) or by unshare in the child (net, ipc, uts, mount), in report
     // order.
-    let ns = plan.policy.namespaces;
+    let ns = plan.namespaces;
     let made = |want: bool, step: Step| want && !degraded_step(step);
     let namespaces: Vec<&str> = [
         (base.user_ns, "user"),
@@ -592,7 +589,6 @@ pub fn build_report(
     timeout: Option<Duration>,
 ) -> Report {
     let layers = layers(plan, &base, &o.degraded, o.notify);
-    let policy = &plan.policy;
     let status_word = o.reaped.as_ref().map(|r| r.status);
     let signal = status_word
         .filter(|&st| libc::WIFSIGNALED(st))
@@ -606,7 +602,7 @@ pub fn build_report(
             syscall: "unknown".into(),
             args: String::new(),
             action: Action::Killed,
-            rule: format!("on_violation = \"kill\" ({})", policy.name),
+            rule: format!("on_violation = \"kill\" ({})", plan.policy_name),
             hint: "killed by the seccomp filter (SIGSYS); seccomp user notification is unavailable here, so the syscall cannot be named (see `wfjail check`)".into(),
             count: 1,
         });
@@ -635,7 +631,7 @@ pub fn build_report(
             || o.interrupted.is_some()
             || o.channel_error.is_some(),
         cpu_ms: o.reaped.as_ref().map_or(0.0, |r| r.cpu_ms()),
-        cpu_limit: policy.limits.cpu.map(|c| c.0),
+        cpu_limit: plan.limits.cpu.map(|c| c.0),
         memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
         vm_peak: o.vm_peak,
         disk_exceeded: o.disk_exceeded,
@@ -674,7 +670,7 @@ pub fn build_report(
         duration_ms: o.duration.as_secs_f64() * 1000.0,
         cpu_ms: facts.cpu_ms,
         max_rss_kb: o.reaped.as_ref().map_or(0, |r| r.max_rss_kb()),
-        policy: policy.name.clone(),
+        policy: plan.policy_name.clone(),
         layers,
         stderr_tail: String::from_utf8_lossy(&o.stderr_tail).into_owned(),
         limit: v.limit.map(|l| l.as_str().to_string()),
@@ -691,7 +687,7 @@ pub fn build_report(
                 read,
                 write,
                 violations: o.learned.clone(),
-                processes: plan.policy.limits.processes,
+                processes: plan.limits.processes,
             }),
         exit_status: v.exit_status,
     }

@@ -50,7 +50,7 @@ impl<'a> Rules<'a> {
             decisions: &plan.rules.decisions,
             grants,
             late_reads: false,
-            on_violation: plan.policy.on_violation,
+            on_violation: plan.on_violation,
             reads: None,
         }
     }

@@ -198,8 +198,8 @@ pub struct Determinism {
 impl Determinism {
     /// What a session of `policy` opened with `seed` and `time_ns` starts with.
     pub fn new(policy: &crate::policy::Policy, seed: Option<u64>, time_ns: Option<i64>) -> Self {
-        let seeded = policy.random.getrandom == crate::policy::RandomMode::Seeded;
-        let virtual_clock = policy.time.clock == crate::policy::ClockMode::Virtual;
+        let seeded = crate::policy::rules::getrandom::answered(policy);
+        let virtual_clock = crate::policy::rules::clock::answered(policy);
         let seed = seeded.then(|| seed.unwrap_or(0));
         Determinism {
             clock: virtual_clock

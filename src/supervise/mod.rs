@@ -478,12 +478,12 @@ pub fn supervise(
     let mut violations = Violations::new(echo.then(String::new));
     let mut budget = notify::Budget::default();
     let mut startup = Startup::new();
-    if policy.random.getrandom == crate::policy::RandomMode::Seeded {
+    if crate::policy::rules::getrandom::answered(policy) {
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
     let mut monotonic = monotonic::Monotonic::default();
-    if policy.time.clock == crate::policy::ClockMode::Virtual {
+    if crate::policy::rules::clock::answered(policy) {
         o.clock = Some(cfg.clock.unwrap_or_else(workflow_time::host_now));
     }
     let mut chan = Some(child.chan);

@@ -23,10 +23,16 @@ pub fn answered(policy: &Policy) -> bool {
     policy.random.getrandom == RandomMode::Seeded
 }
 
+/// Whether the guest gets no entropy of the host's (`deny`, `seeded`): no grant may then
+/// cover `/dev/random` or `/dev/urandom`.
+pub fn withholds_entropy(policy: &Policy) -> bool {
+    policy.random.getrandom != RandomMode::Allow
+}
+
 /// Whether the guest's vDSO `getrandom` must be patched to make the syscall (and its
 /// `AT_RANDOM` bytes replaced).
 pub fn patches_vdso(policy: &Policy) -> bool {
-    policy.random.getrandom != RandomMode::Allow
+    withholds_entropy(policy)
 }
 
 /// The supervisor's check of `name` (`None`: not this knob's).
