@@ -261,10 +261,7 @@ pub fn leaves(
         learn: false,
     };
     // The knobs' leaves (each knob writes its checks beside them, `rules/`).
-    super::rules::sleep::leaves(policy, &mut map)?;
-    super::rules::cpu_count::leaves(policy, &mut map);
-    super::rules::clock::leaves(policy, mode, shape, &mut map)?;
-    super::rules::getrandom::leaves(policy, &mut map)?;
+    super::rules::knob_leaves(policy, mode, shape, &mut map)?;
     if policy.network.mode == NetworkMode::Allow {
         for n in syscalls::NETWORK.iter().chain(&["socketpair", "sendto"]) {
             map.insert(nr(n), Leaf::Allow);

@@ -14,9 +14,11 @@ pub mod getrandom;
 pub mod memory;
 pub mod sleep;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::Policy;
+use super::bpf::{BpfError, Leaf, Mode};
 use super::decisions::{Check, Decisions};
 
 /// What a plan is for, where the rules of one policy differ between plans.
@@ -109,6 +111,21 @@ impl RuleSet {
     }
 }
 
+/// Every knob's filter leaves, written over the base allowlist's (`bpf::leaves`; the
+/// `limits.memory` evidence comes after the policy's lists, `memory::leaves`). A new knob
+/// adds its leaves here and its check to [`knob_check`].
+pub fn knob_leaves(
+    policy: &Policy,
+    mode: Mode,
+    shape: Shape,
+    map: &mut BTreeMap<u32, Leaf>,
+) -> Result<(), BpfError> {
+    sleep::leaves(policy, map)?;
+    cpu_count::leaves(policy, map);
+    clock::leaves(policy, mode, shape, map)?;
+    getrandom::leaves(policy, map)
+}
+
 /// The check a knob gives `name` under `policy` (`None`: no knob's; the base decides).
 pub fn knob_check(policy: &Policy, shape: Shape, name: &str) -> Option<Check> {
     sleep::check(policy, name)
@@ -121,7 +138,7 @@ pub fn knob_check(policy: &Policy, shape: Shape, name: &str) -> Option<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::bpf::{self, Leaf, Mode};
+    use crate::policy::bpf;
     use crate::policy::syscall_table::X86_64;
 
     fn policies() -> Vec<(&'static str, Policy)> {
