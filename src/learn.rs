@@ -858,6 +858,13 @@ mod tests {
         }
     }
 
+    /// The `openat` calls a learning run recorded, one per argument text.
+    fn opens(args: &[&str]) -> Vec<Violation> {
+        args.iter()
+            .map(|a| v(Category::Filesystem, "openat", a))
+            .collect()
+    }
+
     fn v(category: Category, syscall: &str, args: &str) -> Violation {
         Violation {
             category,
@@ -872,14 +879,14 @@ mod tests {
 
     #[test]
     fn a_draft_never_grants_the_root_a_system_directory_or_a_device_and_says_so() {
-        let learned = learned(vec![
-            v(Category::Filesystem, "openat", "/wfjail-x (write)"),
-            v(Category::Filesystem, "openat", "/etc/wfjail-x (write)"),
-            v(Category::Filesystem, "openat", "/usr (read)"),
-            v(Category::Filesystem, "openat", "/dev/kmsg (read)"),
-            v(Category::Filesystem, "openat", "/dev/null (read)"),
-            v(Category::Filesystem, "openat", "/ (read)"),
-        ]);
+        let learned = learned(opens(&[
+            "/wfjail-x (write)",
+            "/etc/wfjail-x (write)",
+            "/usr (read)",
+            "/dev/kmsg (read)",
+            "/dev/null (read)",
+            "/ (read)",
+        ]));
         let text = draft("default", &learned, &["x".into()]);
         crate::policy::from_source("d.toml", &text).unwrap();
         for refused in [
@@ -956,15 +963,22 @@ mod tests {
         let learned = Learned {
             read: vec![PathBuf::from("/usr")],
             write: vec![PathBuf::from("/dev/null")],
-            ..learned(vec![
-                v(Category::Filesystem, "openat", "/usr/lib/os.py (read)"),
-                v(Category::Filesystem, "openat", "/etc/hostname (read)"),
-                v(Category::Filesystem, "openat", "/etc/hosts (read)"),
-                v(Category::Filesystem, "openat", "/proc/self/status (read)"),
-                v(Category::Filesystem, "openat", "/tmp/x/y.txt (write)"),
-                v(Category::Sleep, "nanosleep", "0.2 s"),
-                v(Category::Other, "setpriority", "0, 0, 10"),
-            ])
+            ..learned(
+                [
+                    opens(&[
+                        "/usr/lib/os.py (read)",
+                        "/etc/hostname (read)",
+                        "/etc/hosts (read)",
+                        "/proc/self/status (read)",
+                        "/tmp/x/y.txt (write)",
+                    ]),
+                    vec![
+                        v(Category::Sleep, "nanosleep", "0.2 s"),
+                        v(Category::Other, "setpriority", "0, 0, 10"),
+                    ],
+                ]
+                .concat(),
+            )
         };
         let text = draft("default", &learned, &["/usr/bin/python3".into()]);
         let p = crate::policy::from_source("learned.toml", &text).unwrap();
