@@ -140,3 +140,66 @@ pub fn leaves(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::bpf::leaves;
+
+    fn policy(clock: &str) -> Policy {
+        crate::policy::from_source(
+            "c.toml",
+            &format!("extends = \"strict\"\n[time]\nclock = \"{clock}\"\n"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn virtual_sends_the_clocks_to_the_supervisor_which_answers_them() {
+        let p = policy("virtual");
+        let map = leaves(&p, Mode::Notify, None, false, false).unwrap();
+        for name in ["gettimeofday", "time", "getrusage", "sysinfo", "fstat"] {
+            assert!(
+                matches!(map.get(&nr(name)), Some(Leaf::AllowElseSupervise { .. })),
+                "{name}"
+            );
+        }
+        assert_eq!(check(&p, Shape::default(), "time"), Some(Check::Clock));
+        assert_eq!(check(&p, Shape::default(), "times"), Some(Check::Usage));
+        assert_eq!(check(&p, Shape::default(), "statx"), Some(Check::Stat));
+        assert!(answered(&p) && patches_vdso(&p));
+    }
+
+    #[test]
+    fn a_sessions_pid_is_pinned_only_in_a_zygote() {
+        let p = policy("virtual");
+        let zygote = Shape {
+            zygote: true,
+            ..Shape::default()
+        };
+        assert_eq!(check(&p, zygote, "getpid"), Some(Check::Pid));
+        assert_eq!(check(&p, Shape::default(), "getpid"), None);
+        let map = leaves(&p, Mode::Notify, None, false, false).unwrap();
+        assert!(!matches!(
+            map.get(&nr("getpid")),
+            Some(Leaf::AllowElseSupervise { .. })
+        ));
+    }
+
+    #[test]
+    fn virtual_without_a_listener_is_deny() {
+        let virt = leaves(&policy("virtual"), Mode::Fallback, None, false, false).unwrap();
+        let deny = leaves(&policy("deny"), Mode::Fallback, None, false, false).unwrap();
+        for name in ["clock_gettime", "gettimeofday", "time", "getrusage"] {
+            assert_eq!(virt.get(&nr(name)), deny.get(&nr(name)), "{name}");
+        }
+        assert_eq!(virt.get(&nr("gettimeofday")), None, "a violation");
+    }
+
+    #[test]
+    fn real_leaves_the_clocks_to_the_kernel() {
+        let p = policy("real");
+        assert!(!answered(&p) && !patches_vdso(&p));
+        assert_eq!(check(&p, Shape::default(), "clock_gettime"), None);
+    }
+}

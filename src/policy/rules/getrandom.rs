@@ -78,3 +78,49 @@ pub fn leaves(policy: &Policy, map: &mut BTreeMap<u32, Leaf>) -> Result<(), BpfE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::bpf::{Mode, leaves};
+
+    fn policy(mode: &str) -> Policy {
+        crate::policy::from_source(
+            "r.toml",
+            &format!("extends = \"strict\"\n[random]\ngetrandom = \"{mode}\"\n"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn seeded_sends_every_getrandom_and_answers_it() {
+        let p = policy("seeded");
+        let map = leaves(&p, Mode::Notify, None, false, false).unwrap();
+        assert_eq!(
+            map.get(&nr("getrandom")),
+            Some(&Leaf::AllowElseSupervise {
+                allow: vec![],
+                supervise: None
+            })
+        );
+        assert_eq!(check(&p, "getrandom"), Some(Check::Seeded));
+        assert!(answered(&p) && patches_vdso(&p));
+    }
+
+    #[test]
+    fn deny_answers_only_glibcs_malloc_key_with_enosys() {
+        let p = policy("deny");
+        let map = leaves(&p, Mode::Notify, None, false, false).unwrap();
+        assert!(matches!(map.get(&nr("getrandom")), Some(Leaf::EnosysIf(_))));
+        assert_eq!(check(&p, "getrandom"), None);
+        assert!(!answered(&p) && withholds_entropy(&p));
+    }
+
+    #[test]
+    fn allow_lets_it_run_and_patches_nothing() {
+        let p = policy("allow");
+        let map = leaves(&p, Mode::Notify, None, false, false).unwrap();
+        assert_eq!(map.get(&nr("getrandom")), Some(&Leaf::Allow));
+        assert!(!withholds_entropy(&p) && !patches_vdso(&p));
+    }
+}

@@ -93,3 +93,44 @@ pub fn leaves(policy: &Policy, map: &mut BTreeMap<u32, Leaf>) -> Result<(), BpfE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(extra: &str) -> Policy {
+        crate::policy::from_source(
+            "s.toml",
+            &format!("extends = \"strict\"\n[time]\nsleep = \"deny\"\n{extra}"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_wait_with_a_timeout_is_judged_under_sleep_deny() {
+        let p = policy("");
+        assert_eq!(check(&p, "poll"), Some(Check::TimedWait));
+        assert_eq!(check(&p, "futex"), Some(Check::TimedWait));
+        let mut map = BTreeMap::new();
+        leaves(&p, &mut map).unwrap();
+        assert!(matches!(
+            map.get(&nr("poll")),
+            Some(Leaf::AllowElseSupervise { .. })
+        ));
+    }
+
+    #[test]
+    fn futex_waits_are_not_judged_where_threads_run() {
+        let p = policy("[process]\nthreads = \"allow\"\n");
+        assert_eq!(check(&p, "futex"), None);
+        let mut map = BTreeMap::new();
+        leaves(&p, &mut map).unwrap();
+        assert_eq!(map.get(&nr("futex")), None);
+    }
+
+    #[test]
+    fn a_call_the_policy_denies_is_not_judged() {
+        let p = policy("[syscalls]\ndeny = [\"poll\"]\n");
+        assert_eq!(check(&p, "poll"), None);
+    }
+}
