@@ -297,7 +297,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     }
 
     // The exec stop (workflow time, seeded randomness): a child traced across its exec.
-    let needs_stop = crate::supervise::vdso::Patch::for_policy(policy).is_some();
+    let needs_stop = crate::answers::vdso::Patch::for_policy(policy).is_some();
     let stop = probe_exec_stop();
     rows.push(Row {
         layer: "exec-stop",

@@ -13,7 +13,8 @@
 
 use serde::Serialize;
 
-use crate::policy::{ClockMode, Policy, RandomMode, Toggle};
+use crate::policy::rules;
+use crate::policy::{Policy, Toggle};
 use crate::report::{Report, Status};
 use crate::run::{RunOptions, run};
 
@@ -55,12 +56,12 @@ pub fn plan(policy: &Policy, runs: usize, opts: &RunOptions) -> Vec<Perturbation
         },
         |_, _| Perturbation::AddressLayout,
     ];
-    if policy.random.getrandom == RandomMode::Seeded {
+    if rules::getrandom::answered(policy) {
         kinds.push(|i, o| Perturbation::Seed {
             value: o.seed.unwrap_or(0).wrapping_add(1 + i as u64),
         });
     }
-    if policy.time.clock == ClockMode::Virtual {
+    if rules::clock::answered(policy) {
         kinds.push(|i, _| Perturbation::Clock {
             offset_s: 3600 * (1 + i as i64),
         });
@@ -128,9 +129,9 @@ impl CheckReport {
 pub fn check(policy: &Policy, opts: &RunOptions, runs: usize) -> CheckReport {
     let mut opts = opts.clone();
     opts.echo = false;
-    if policy.time.clock == ClockMode::Virtual && opts.clock.is_none() {
+    if rules::clock::answered(policy) && opts.clock.is_none() {
         // Every run reads the same workflow time unless that is the perturbation.
-        opts.clock = Some(crate::supervise::clock::host_now());
+        opts.clock = Some(crate::answers::workflow_time::host_now());
     }
     let mut out: Vec<CheckRun> = Vec::new();
     let mut first: Option<Vec<u8>> = None;

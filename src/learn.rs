@@ -807,10 +807,63 @@ fn one_line(s: &str, max: usize) -> String {
     }
 }
 
+/// What the verifying run does not get of an unreviewed draft: the network, the metadata
+/// calls the base does not allow, and `warn` (a run that lets everything through verifies
+/// nothing, and writes where Landlock would have refused). Returns what was withheld, for
+/// the message when the run fails without it.
+pub fn withhold_unreviewed(
+    drafted: &mut crate::policy::Policy,
+    base: &crate::policy::Policy,
+) -> Vec<String> {
+    let mut withheld = Vec::new();
+    if drafted.network.mode != crate::policy::NetworkMode::None {
+        withheld.push("the network".to_string());
+    }
+    contain(drafted);
+    // The draft's limits.processes is twice what the learning run started (one after the
+    // other, maybe): the unreviewed run has no more tasks at once than the learning run.
+    let bound = base.limits.processes.unwrap_or(0).max(MAX_TASKS);
+    if drafted.limits.processes.is_none_or(|p| p > bound) {
+        if drafted.limits.processes.is_some() {
+            withheld.push(format!("more than {bound} tasks at once"));
+        }
+        drafted.limits.processes = Some(bound);
+    }
+    if drafted.on_violation == crate::policy::OnViolation::Warn {
+        drafted.on_violation = crate::policy::OnViolation::Deny;
+    }
+    drafted.syscalls.allow.retain(|a| {
+        let name = a.value.0.as_str();
+        if syscalls::category(name).reaches_outside() && !base.syscalls.allows(name) {
+            withheld.push(name.to_string());
+            return false;
+        }
+        true
+    });
+    withheld
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::Action;
+
+    /// What a learning run that read and wrote nothing granted recorded.
+    fn learned(violations: Vec<Violation>) -> Learned {
+        Learned {
+            read: vec![],
+            write: vec![],
+            violations,
+            processes: None,
+        }
+    }
+
+    /// The `openat` calls a learning run recorded, one per argument text.
+    fn opens(args: &[&str]) -> Vec<Violation> {
+        args.iter()
+            .map(|a| v(Category::Filesystem, "openat", a))
+            .collect()
+    }
 
     fn v(category: Category, syscall: &str, args: &str) -> Violation {
         Violation {
@@ -826,19 +879,14 @@ mod tests {
 
     #[test]
     fn a_draft_never_grants_the_root_a_system_directory_or_a_device_and_says_so() {
-        let learned = Learned {
-            read: vec![],
-            write: vec![],
-            violations: vec![
-                v(Category::Filesystem, "openat", "/wfjail-x (write)"),
-                v(Category::Filesystem, "openat", "/etc/wfjail-x (write)"),
-                v(Category::Filesystem, "openat", "/usr (read)"),
-                v(Category::Filesystem, "openat", "/dev/kmsg (read)"),
-                v(Category::Filesystem, "openat", "/dev/null (read)"),
-                v(Category::Filesystem, "openat", "/ (read)"),
-            ],
-            processes: None,
-        };
+        let learned = learned(opens(&[
+            "/wfjail-x (write)",
+            "/etc/wfjail-x (write)",
+            "/usr (read)",
+            "/dev/kmsg (read)",
+            "/dev/null (read)",
+            "/ (read)",
+        ]));
         let text = draft("default", &learned, &["x".into()]);
         crate::policy::from_source("d.toml", &text).unwrap();
         for refused in [
@@ -870,12 +918,7 @@ mod tests {
         net.action = Action::Denied;
         let mut chmod = v(Category::Filesystem, "chmod", "/tmp/f");
         chmod.action = Action::Denied;
-        let learned = Learned {
-            read: vec![],
-            write: vec![],
-            violations: vec![net, chmod],
-            processes: None,
-        };
+        let learned = learned(vec![net, chmod]);
         let text = draft("default", &learned, &["x".into()]);
         assert!(
             text.contains(
@@ -920,16 +963,22 @@ mod tests {
         let learned = Learned {
             read: vec![PathBuf::from("/usr")],
             write: vec![PathBuf::from("/dev/null")],
-            violations: vec![
-                v(Category::Filesystem, "openat", "/usr/lib/os.py (read)"),
-                v(Category::Filesystem, "openat", "/etc/hostname (read)"),
-                v(Category::Filesystem, "openat", "/etc/hosts (read)"),
-                v(Category::Filesystem, "openat", "/proc/self/status (read)"),
-                v(Category::Filesystem, "openat", "/tmp/x/y.txt (write)"),
-                v(Category::Sleep, "nanosleep", "0.2 s"),
-                v(Category::Other, "setpriority", "0, 0, 10"),
-            ],
-            processes: None,
+            ..learned(
+                [
+                    opens(&[
+                        "/usr/lib/os.py (read)",
+                        "/etc/hostname (read)",
+                        "/etc/hosts (read)",
+                        "/proc/self/status (read)",
+                        "/tmp/x/y.txt (write)",
+                    ]),
+                    vec![
+                        v(Category::Sleep, "nanosleep", "0.2 s"),
+                        v(Category::Other, "setpriority", "0, 0, 10"),
+                    ],
+                ]
+                .concat(),
+            )
         };
         let text = draft("default", &learned, &["/usr/bin/python3".into()]);
         let p = crate::policy::from_source("learned.toml", &text).unwrap();

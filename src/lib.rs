@@ -13,11 +13,13 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod answers;
 pub mod check;
 pub mod cli;
 pub mod confine;
 pub mod determinism;
 pub mod learn;
+pub mod notify;
 pub mod plan;
 pub mod policy;
 pub mod process;

@@ -99,7 +99,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
     };
     wfjail::timing::mark("load policy");
     if let Some(seed) = args.seed
-        && policy.random.getrandom != policy::RandomMode::Seeded
+        && !policy::rules::getrandom::answered(&policy)
     {
         eprintln!(
             "wfjail: --seed {seed}: policy {} has [random] getrandom = \"{}\", where a seed has no effect; \
@@ -112,7 +112,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
     }
     let clock = match &args.clock {
         None => None,
-        Some(_) if policy.time.clock != policy::ClockMode::Virtual => {
+        Some(_) if !policy::rules::clock::answered(&policy) => {
             eprintln!(
                 "wfjail: --clock: policy {} has [time] clock = \"{}\", where a workflow time has no effect; \
                  use a policy with clock = \"virtual\" (extend {} and set it)",
@@ -122,7 +122,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
             );
             return Ok(2);
         }
-        Some(text) => match wfjail::supervise::clock::parse(text) {
+        Some(text) => match wfjail::answers::workflow_time::parse(text) {
             Ok(ns) => Some(ns),
             Err(e) => {
                 eprintln!("wfjail: --clock: {e}");
@@ -363,7 +363,7 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     };
     // The draft is not reviewed yet: its run gets neither the network nor the metadata calls
     // (chmod, utimensat, setxattr...) it learned, and is judged, not merely watched.
-    let withheld = withhold_unreviewed(&mut drafted, &base);
+    let withheld = wfjail::learn::withhold_unreviewed(&mut drafted, &base);
     opts.learn = false;
     opts.echo = false;
     let check = {
@@ -427,8 +427,8 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
         learn: opts.learn,
         ..Default::default()
     };
-    let plan = match wfjail::plan::build(policy, &req) {
-        Ok(p) => p,
+    let grants = match wfjail::plan::grants(policy, &req) {
+        Ok(g) => g,
         Err(e) => {
             eprintln!("wfjail: {e}");
             return Err(u8::try_from(e.exit_code()).unwrap_or(125));
@@ -438,51 +438,13 @@ fn throwaway(policy: &policy::Policy, opts: &RunOptions) -> Result<wfjail::learn
         .limits
         .disk
         .map_or(wfjail::learn::Throwaway::DEFAULT_SIZE, |d| d.0);
-    match wfjail::learn::Throwaway::over(&plan.write, size) {
+    match wfjail::learn::Throwaway::over(&grants.write, size) {
         Ok(t) => Ok(t),
         Err(e) => {
             eprintln!("wfjail: {e}");
             Err(125)
         }
     }
-}
-
-/// What the verifying run does not get of an unreviewed draft: the network, the metadata
-/// calls the base does not allow, and `warn` (a run that lets everything through verifies
-/// nothing, and writes where Landlock would have refused). Returns what was withheld, for
-/// the message when the run fails without it.
-fn withhold_unreviewed(drafted: &mut policy::Policy, base: &policy::Policy) -> Vec<String> {
-    use wfjail::policy::syscalls;
-    let mut withheld = Vec::new();
-    if drafted.network.mode != policy::NetworkMode::None {
-        withheld.push("the network".to_string());
-    }
-    wfjail::learn::contain(drafted);
-    // The draft's limits.processes is twice what the learning run started (one after the
-    // other, maybe): the unreviewed run has no more tasks at once than the learning run.
-    let bound = base
-        .limits
-        .processes
-        .unwrap_or(0)
-        .max(wfjail::learn::MAX_TASKS);
-    if drafted.limits.processes.is_none_or(|p| p > bound) {
-        if drafted.limits.processes.is_some() {
-            withheld.push(format!("more than {bound} tasks at once"));
-        }
-        drafted.limits.processes = Some(bound);
-    }
-    if drafted.on_violation == policy::OnViolation::Warn {
-        drafted.on_violation = policy::OnViolation::Deny;
-    }
-    drafted.syscalls.allow.retain(|a| {
-        let name = a.value.0.as_str();
-        if syscalls::category(name).reaches_outside() && !base.syscalls.allows(name) {
-            withheld.push(name.to_string());
-            return false;
-        }
-        true
-    });
-    withheld
 }
 
 /// Removes a file of ours when dropped.

@@ -69,14 +69,10 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         zygote: false,
         learn: opts.learn,
     };
-    let mut plan = match plan::build(policy, &req) {
+    let plan = match plan::build(policy, &req) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string(), e.exit_code()),
     };
-    if opts.learn {
-        // Learning observes network calls and metadata changes without letting them happen.
-        std::sync::Arc::make_mut(&mut plan.decisions).refuse_outside_effects();
-    }
     crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
     let io = match GuestIo::open(policy, opts) {
         Ok(io) => io,
@@ -143,16 +139,16 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         timeout,
         output_limit: policy.limits.output.0,
         memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
-        write_grants: supervise::paths::WriteGrants::new(&plan.write),
+        write_grants: crate::notify::paths::Grants::new(&plan.write),
         stop_signals,
         seed: opts.seed,
-        decisions: plan.decisions.clone(),
+        decisions: plan.rules.decisions.clone(),
         clock: opts.clock,
-        vdso: plan.vdso,
+        vdso: plan.rules.vdso,
         learn: opts.learn,
         read_grants: plan
             .warn_files
-            .then(|| supervise::paths::WriteGrants::new(&plan.read)),
+            .then(|| crate::notify::paths::Grants::new(&plan.read)),
         disk,
     };
     let mut stderr = std::io::stderr();
@@ -479,7 +475,7 @@ pub fn layers(
     let degraded_step = |s: Step| degraded_steps.iter().any(|(d, _)| *d == s);
     let mut degraded: Vec<String> = Vec::new();
     for (layer, errno) in &base.clone_degraded {
-        if *layer == Layer::MountNs && !plan.policy.namespaces.pid {
+        if *layer == Layer::MountNs && !plan.namespaces.pid {
             degraded.push(
                 "mount-ns: a private /proc needs namespaces.pid = true; host pids stay visible"
                     .into(),
@@ -499,10 +495,7 @@ pub fn layers(
     }
     let landlock = match &plan.landlock {
         Some((_, info)) if !degraded_step(Step::Landlock) => {
-            if !info.tcp
-                && plan.policy.network.mode == crate::policy::NetworkMode::None
-                && info.abi < 4
-            {
+            if !info.tcp && plan.network == crate::policy::NetworkMode::None && info.abi < 4 {
                 degraded.push(format!("landlock-net: Landlock ABI {} < 4 (Linux >= 6.7); seccomp still denies sockets", info.abi));
             }
             if !info.scoped {
@@ -520,7 +513,6 @@ pub fn layers(
             "none".into()
         }
     };
-    let pol = &plan.policy;
     if let Some(Err(why)) = &base.nproc_bound {
         // The guest's uid maps to host root, which the kernel exempts from RLIMIT_NPROC, and
         // no pids cgroup could bound it: with fork or threads allowed, nothing bounds its
@@ -530,17 +522,8 @@ pub fn layers(
              run wfjail as an unprivileged user, or keep process.subprocess and process.threads denied"
         ));
     }
-    if pol.time.clock == crate::policy::ClockMode::Virtual && !notify {
-        degraded.push(
-            "clock-virtual: no seccomp listener to answer wall-clock reads, so they are denied instead (time.time() and datetime.now() fail); the monotonic and CPU clocks, resource usage, process ids and a descriptor's times are the kernel's"
-                .into(),
-        );
-    }
-    if pol.random.getrandom == crate::policy::RandomMode::Seeded && !notify {
-        degraded.push(
-            "getrandom-seeded: no seccomp listener to answer getrandom, so it is denied instead (the guest gets no randomness, seeded or real)"
-                .into(),
-        );
+    if !notify {
+        degraded.extend(plan.rules.without_listener.iter().map(|&d| d.to_string()));
     }
     // Calls an outer (container) filter answers before wfjail's: never reported.
     let unseen = crate::sys::refused_by_outer_filter();
@@ -561,7 +544,7 @@ pub fn layers(
     };
     // Made by clone (user, pid) or by unshare in the child (net, ipc, uts, mount), in report
     // order.
-    let ns = plan.policy.namespaces;
+    let ns = plan.namespaces;
     let made = |want: bool, step: Step| want && !degraded_step(step);
     let namespaces: Vec<&str> = [
         (base.user_ns, "user"),
@@ -606,7 +589,6 @@ pub fn build_report(
     timeout: Option<Duration>,
 ) -> Report {
     let layers = layers(plan, &base, &o.degraded, o.notify);
-    let policy = &plan.policy;
     let status_word = o.reaped.as_ref().map(|r| r.status);
     let signal = status_word
         .filter(|&st| libc::WIFSIGNALED(st))
@@ -620,7 +602,7 @@ pub fn build_report(
             syscall: "unknown".into(),
             args: String::new(),
             action: Action::Killed,
-            rule: format!("on_violation = \"kill\" ({})", policy.name),
+            rule: format!("on_violation = \"kill\" ({})", plan.policy_name),
             hint: "killed by the seccomp filter (SIGSYS); seccomp user notification is unavailable here, so the syscall cannot be named (see `wfjail check`)".into(),
             count: 1,
         });
@@ -649,7 +631,7 @@ pub fn build_report(
             || o.interrupted.is_some()
             || o.channel_error.is_some(),
         cpu_ms: o.reaped.as_ref().map_or(0.0, |r| r.cpu_ms()),
-        cpu_limit: policy.limits.cpu.map(|c| c.0),
+        cpu_limit: plan.limits.cpu.map(|c| c.0),
         memory_limit: applied_rlimit(plan, libc::RLIMIT_AS),
         vm_peak: o.vm_peak,
         disk_exceeded: o.disk_exceeded,
@@ -688,7 +670,7 @@ pub fn build_report(
         duration_ms: o.duration.as_secs_f64() * 1000.0,
         cpu_ms: facts.cpu_ms,
         max_rss_kb: o.reaped.as_ref().map_or(0, |r| r.max_rss_kb()),
-        policy: policy.name.clone(),
+        policy: plan.policy_name.clone(),
         layers,
         stderr_tail: String::from_utf8_lossy(&o.stderr_tail).into_owned(),
         limit: v.limit.map(|l| l.as_str().to_string()),
@@ -696,7 +678,7 @@ pub fn build_report(
         guest_error: o.guest_error,
         command: plan.argv.clone(),
         seed: o.seed,
-        clock: o.clock.map(crate::supervise::clock::format),
+        clock: o.clock.map(crate::answers::workflow_time::format),
         skipped_paths: plan.skipped.clone(),
         learned: plan
             .base_grants
@@ -705,7 +687,7 @@ pub fn build_report(
                 read,
                 write,
                 violations: o.learned.clone(),
-                processes: plan.policy.limits.processes,
+                processes: plan.limits.processes,
             }),
         exit_status: v.exit_status,
     }

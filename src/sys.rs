@@ -803,7 +803,7 @@ pub fn openat2(
 }
 
 /// One of the path operations the supervisor makes for a guest beneath a grant
-/// (`supervise/opener.rs`), each relative to a directory descriptor; a name is one
+/// (`notify/opener.rs`), each relative to a directory descriptor; a name is one
 /// component.
 pub enum PathOp<'a> {
     Mkdir {
@@ -1101,7 +1101,7 @@ pub fn write_process_memory(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Res
 
 // ---------------------------------------------------------------------------------------------
 // The exec stop (parent side): a child traced from its initial exec until its new image is
-// patched (supervise/vdso.rs), then let go.
+// patched (answers/vdso.rs), then let go.
 
 /// Traces `pid` (which must not run yet: it waits on its `execve` notification) so that its
 /// exec stops it before the new image runs (`PTRACE_O_TRACEEXEC`), and kills it should wfjail

@@ -1,4 +1,4 @@
-//! Seccomp notification decoding (`supervise::decode::decode`): a notification of any syscall
+//! Seccomp notification decoding (`notify::decode::decode`): a notification of any syscall
 //! number and arguments, the guest's memory a byte image at an address (`MemoryImage`, through
 //! the `GuestMemory` trait the supervisor reads a live guest with).
 //!
@@ -24,8 +24,8 @@ use libfuzzer_sys::fuzz_target;
 use wfjail::policy::bpf::{AUDIT_ARCH_X86_64, X32_SYSCALL_BIT};
 use wfjail::policy;
 use wfjail::policy::decisions::Decisions;
-use wfjail::supervise::decode::{MAX_ARGS_TEXT, decode};
-use wfjail::supervise::memory::MemoryImage;
+use wfjail::notify::decode::{MAX_ARGS_TEXT, decode};
+use wfjail::notify::guest_memory::MemoryImage;
 use wfjail::sys::Notif;
 
 const AUDIT_ARCH_I386: u32 = 0x4000_0003;
@@ -38,7 +38,7 @@ fn policies() -> &'static [Decisions] {
     P.get_or_init(|| {
         ["default", "strict", "permissive", "temporal-python"]
             .iter()
-            .map(|n| Decisions::compile(&policy::load(n).unwrap()))
+            .map(|n| Decisions::compile(&policy::load(n).unwrap(), Default::default()))
             .collect()
     })
 }

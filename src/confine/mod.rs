@@ -73,8 +73,9 @@ pub struct ChildSpec<'a> {
     pub self_pid_slots: (&'a [usize], &'a [usize]),
     pub seccomp_required: bool,
     pub seccomp_notify_required: bool,
-    /// `limits.disk`: once the listener has gone to the parent, [`NO_SEND_FDS`] is stacked.
-    pub no_send_fds: bool,
+    /// `limits.disk`: stacked once the listener has gone to the parent
+    /// (`bpf::no_send_fds`).
+    pub no_send_fds: Option<&'a [libc::sock_filter]>,
     pub exec_path: &'a CStr,
     pub argv: &'a [*const libc::c_char],
     pub envp: &'a [*const libc::c_char],
@@ -230,11 +231,11 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
             Err(e) => degrade(chan, Step::Seccomp, e, spec.seccomp_required),
         }
     }
-    // Under limits.disk, no descriptor may travel in a message (see NO_SEND_FDS). Only now:
+    // Under limits.disk, no descriptor may travel in a message (bpf::no_send_fds). Only now:
     // the listener itself went to the parent with sendmsg.
-    if spec.no_send_fds
+    if let Some(prog) = spec.no_send_fds
         && installed
-        && let Err(e) = sys::seccomp_install(&NO_SEND_FDS, 0)
+        && let Err(e) = sys::seccomp_install(prog, 0)
     {
         fatal(chan, Step::Seccomp, e);
     }
@@ -250,30 +251,6 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
     );
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
 }
-
-/// Stacked on the guest's filter under `limits.disk`: `sendmsg` and `sendmmsg` fail with
-/// EPERM. A descriptor sent over the guest's own socket pair (`SCM_RIGHTS`) and closed keeps
-/// its file alive in the message in flight, where no sample of the disk account can see it;
-/// a filter cannot read a message's control data, so under `limits.disk` the guest sends with
-/// `send`/`sendto` only. Not reported (the guest's filter allowed the call; the stricter
-/// answer of the two wins). Other architectures pass here: the guest's filter refuses them.
-const NO_SEND_FDS: [libc::sock_filter; 7] = {
-    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    const fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
-        libc::sock_filter { code, jt, jf, k }
-    }
-    [
-        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        op(JEQ_K, 0, 3, crate::policy::bpf::AUDIT_ARCH_X86_64),
-        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        op(JEQ_K, 2, 0, libc::SYS_sendmsg as u32),
-        op(JEQ_K, 1, 0, libc::SYS_sendmmsg as u32),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-    ]
-};
 
 /// A step that must succeed failed: report it and exit.
 fn fatal(chan: RawFd, step: Step, errno: Errno) -> ! {

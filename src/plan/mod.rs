@@ -165,7 +165,16 @@ impl ExecImage {
 
 /// The prepared confinement of one execution.
 pub struct Plan {
-    pub policy: Policy,
+    /// The policy's name (reports, hints).
+    pub policy_name: String,
+    pub on_violation: OnViolation,
+    pub namespaces: policy::NamespaceRules,
+    /// The layers the policy requires (`namespaces` standing for each namespace).
+    pub required: Vec<Layer>,
+    /// `[process] address_randomization = "deny"`: the child pins its layout.
+    pub no_aslr: bool,
+    pub network: NetworkMode,
+    pub limits: policy::Limits,
     /// The command as resolved (absolute path) and its arguments.
     pub command: PathBuf,
     pub argv: Vec<String>,
@@ -181,11 +190,11 @@ pub struct Plan {
     pub landlock_missing: Option<String>,
     pub seccomp_notify: Vec<libc::sock_filter>,
     pub seccomp_fallback: Vec<libc::sock_filter>,
-    /// What the supervisor does with each notification the filter sends (compiled with it).
-    pub decisions: std::sync::Arc<policy::decisions::Decisions>,
-    /// What the supervisor patches in the guest's vDSO at its exec stop, when the policy
-    /// routes the wall clock or randomness to it (supervise/vdso.rs).
-    pub vdso: Option<crate::supervise::vdso::Patch>,
+    /// Stacked on the guest's filter under `limits.disk` (`bpf::no_send_fds`).
+    pub seccomp_no_send_fds: Option<Vec<libc::sock_filter>>,
+    /// What the filter's knobs decided beside it: the supervisor's checks, the answers, the
+    /// vDSO patch (`policy::rules`).
+    pub rules: policy::rules::RuleSet,
     /// Where each program holds `bpf::SELF_PID`, for the child to write its pid over.
     pub self_pid_slots: (Vec<usize>, Vec<usize>),
     pub last_cap: u32,
@@ -203,6 +212,13 @@ pub struct Plan {
     /// Arguments of the command that name files the guest may not read (a script given to
     /// an interpreter outside the grants): named in the report if the guest fails.
     pub unreadable_args: Vec<PathBuf>,
+}
+
+impl Plan {
+    /// Whether the policy requires `layer`.
+    pub fn requires(&self, layer: Layer) -> bool {
+        self.required.contains(&layer)
+    }
 }
 
 /// The hostname a guest sees in its UTS namespace.
@@ -428,14 +444,32 @@ fn last_cap() -> u32 {
         )
 }
 
-/// Prepares one execution of `req.argv` under `policy`.
-pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
+/// The paths one execution may read and write: the policy's grants expanded for its command,
+/// and the command line's (`--ro`/`--rw`).
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    pub read: Vec<PathBuf>,
+    pub write: Vec<PathBuf>,
+    /// Policy paths that do not exist on this host.
+    pub skipped: Vec<String>,
+}
+
+/// The grants of `req` under `policy`, without the rest of a plan (what `wfjail learn`'s
+/// throwaway copy of the write grants needs).
+pub fn grants(policy: &Policy, req: &PlanRequest) -> Result<Grants, PlanError> {
     let cmd = req.argv.first().ok_or(PlanError::NoCommand)?;
     let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
     let command = resolve_command(cmd, &path_env)?;
     let canonical_cmd = std::fs::canonicalize(&command).unwrap_or_else(|_| command.clone());
-    let interpreter = script_interpreter(&canonical_cmd);
+    grants_of(policy, req, &command, &canonical_cmd)
+}
 
+fn grants_of(
+    policy: &Policy,
+    req: &PlanRequest,
+    command: &Path,
+    canonical_cmd: &Path,
+) -> Result<Grants, PlanError> {
     let ctx = VarContext {
         cwd: std::env::current_dir()
             .ok()
@@ -443,10 +477,10 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         home: std::env::var("HOME").ok(),
         // Not canonical: a virtualenv's bin/python is a symlink to the system interpreter,
         // and its prefix (bin/..) is the virtualenv, not /usr.
-        exe_dir: std::path::absolute(&command)
+        exe_dir: std::path::absolute(command)
             .ok()
             .and_then(|c| c.parent().map(|p| p.display().to_string())),
-        exe_dir_also: exe_dirs_also(&command, &canonical_cmd),
+        exe_dir_also: exe_dirs_also(command, canonical_cmd),
     };
     let mut read = Vec::new();
     let mut write = Vec::new();
@@ -455,7 +489,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     expand_grants(&policy.filesystem.write, &ctx, &mut write, &mut skipped)?;
     // A virtualenv's interpreter reads `pyvenv.cfg` before anything else (site.py): without
     // it, it cannot start at all. Reading it tells the guest nothing it does not run with.
-    if let Some(cfg) = venv_config(&command)
+    if let Some(cfg) = venv_config(command)
         && !read.contains(&cfg)
     {
         read.push(cfg);
@@ -467,7 +501,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             path: g.path.display().to_string(),
             source,
         })?;
-        if policy.random.getrandom != policy::RandomMode::Allow
+        if policy::rules::getrandom::withholds_entropy(policy)
             && policy::covers_random_device(&c.to_string_lossy())
         {
             return Err(PlanError::MissingGrant {
@@ -483,6 +517,26 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             list.push(c);
         }
     }
+    Ok(Grants {
+        read,
+        write,
+        skipped,
+    })
+}
+
+/// Prepares one execution of `req.argv` under `policy`.
+pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let cmd = req.argv.first().ok_or(PlanError::NoCommand)?;
+    let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    let command = resolve_command(cmd, &path_env)?;
+    let canonical_cmd = std::fs::canonicalize(&command).unwrap_or_else(|_| command.clone());
+    let interpreter = script_interpreter(&canonical_cmd);
+
+    let Grants {
+        mut read,
+        write,
+        skipped,
+    } = grants_of(policy, req, &command, &canonical_cmd)?;
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
     // say so now, with the fix, instead of after a fork.
     let landlock_abi = crate::sys::landlock_abi();
@@ -601,9 +655,24 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     Ok(Plan {
-        decisions: std::sync::Arc::new(policy::decisions::Decisions::compile(policy)),
-        vdso: crate::supervise::vdso::Patch::for_policy(policy),
-        policy: policy.clone(),
+        rules: policy::rules::RuleSet::compile(
+            policy,
+            policy::rules::Shape {
+                zygote: req.zygote,
+                watch_reads,
+                learn: req.learn,
+            },
+        ),
+        policy_name: policy.name.clone(),
+        on_violation: policy.on_violation,
+        namespaces: policy.namespaces,
+        required: Layer::ALL
+            .into_iter()
+            .filter(|&l| policy.requires(l))
+            .collect(),
+        no_aslr: policy.process.address_randomization == Toggle::Deny,
+        network: policy.network.mode,
+        limits: policy.limits.clone(),
         command: canonical_cmd,
         argv: req.argv.clone(),
         script_interpreter: interpreter,
@@ -616,6 +685,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         landlock_missing,
         seccomp_notify,
         seccomp_fallback,
+        seccomp_no_send_fds: policy.limits.disk.is_some().then(bpf::no_send_fds),
         self_pid_slots,
         last_cap: last_cap(),
         read,

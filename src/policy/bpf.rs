@@ -22,7 +22,7 @@ use seccompiler::{
 };
 
 use super::syscalls::{self, ArgRule, Category};
-use super::{ClockMode, NetworkMode, OnViolation, Policy, RandomMode, Toggle};
+use super::{NetworkMode, OnViolation, Policy, Toggle};
 
 pub const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// Syscall numbers at or above this are the x32 ABI on x86_64.
@@ -43,7 +43,7 @@ const BPF_RET_K: u16 = 0x06;
 /// `MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE` live in the low nibble of mmap's flags.
 const MAP_TYPE: u64 = 0x0f;
 /// Set in both `MAP_SHARED` (1) and `MAP_SHARED_VALIDATE` (3), clear in `MAP_PRIVATE` (2).
-const MAP_SHARED_BIT: u64 = 0x01;
+pub(crate) const MAP_SHARED_BIT: u64 = 0x01;
 
 /// A placeholder for the guest's own pid in the program (above any pid_max); the child writes
 /// its pid over it before installing the filter, at the slots [`self_pid_slots`] finds.
@@ -77,7 +77,7 @@ pub enum Leaf {
     /// whose flags a filter can read).
     Enosys,
     /// Answered with ENOSYS, not reported, when one of the rules matches; a violation
-    /// otherwise (glibc's malloc-key `getrandom`, see [`decisions`]).
+    /// otherwise (glibc's malloc-key `getrandom`, `rules::getrandom`).
     EnosysIf(Vec<SeccompRule>),
     /// Denied and reported.
     Violation,
@@ -107,12 +107,12 @@ pub enum BpfError {
     TooLarge(usize),
 }
 
-fn cond(arg: u8, len: Len, op: Op, value: u64) -> Cond {
+pub(crate) fn cond(arg: u8, len: Len, op: Op, value: u64) -> Cond {
     // Only fails for arg > 5, which callers here never pass.
     Cond::new(arg, len, op, value).expect("argument index is at most 5")
 }
 
-fn rule(conds: Vec<Cond>, syscall: &'static str) -> Result<SeccompRule, BpfError> {
+pub(crate) fn rule(conds: Vec<Cond>, syscall: &'static str) -> Result<SeccompRule, BpfError> {
     SeccompRule::new(conds).map_err(|source| BpfError::Rule { syscall, source })
 }
 
@@ -207,20 +207,13 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
     })
 }
 
-/// `futex` commands that never wait (`FUTEX_WAKE`, `FUTEX_FD`, `FUTEX_REQUEUE`,
-/// `FUTEX_CMP_REQUEUE`, `FUTEX_WAKE_OP`, `FUTEX_UNLOCK_PI`, `FUTEX_TRYLOCK_PI`,
-/// `FUTEX_WAKE_BITSET`, `FUTEX_CMP_REQUEUE_PI`), and the mask that takes the command out of
-/// the operation (dropping `FUTEX_PRIVATE_FLAG` and `FUTEX_CLOCK_REALTIME`).
-const FUTEX_NO_WAIT: [u64; 9] = [1, 2, 3, 4, 5, 7, 8, 10, 12];
-const FUTEX_CMD_MASK: u64 = 0x7f;
-
 /// The clocks that read the wall clock: `CLOCK_REALTIME`, `CLOCK_REALTIME_COARSE`,
 /// `CLOCK_REALTIME_ALARM`, `CLOCK_TAI` (which is the wall clock plus a constant).
 pub const REALTIME_CLOCKS: [u64; 4] = [0, 5, 8, 11];
 
 /// The monotonic clocks (`CLOCK_MONOTONIC`, `_RAW`, `_COARSE`, `CLOCK_BOOTTIME`,
 /// `_BOOTTIME_ALARM`): read from the virtual monotonic clock under `clock = "virtual"`
-/// (`supervise/clock.rs`). The CPU-time clocks stay the kernel's.
+/// (`answers/monotonic.rs`). The CPU-time clocks stay the kernel's.
 pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 
 /// The CPU-time clocks that are the caller's own, whichever its pid: `CLOCK_PROCESS_CPUTIME_ID`,
@@ -228,26 +221,6 @@ pub const MONOTONIC_CLOCKS: [u64; 5] = [1, 4, 6, 7, 9];
 /// thread clocks (the kernel refuses a thread outside the caller's process). A process clock
 /// naming a pid is left out: the kernel lets any process of the namespace be read.
 pub const OWN_CPU_CLOCKS: [u64; 5] = [2, 3, 0xffff_fff8, 0xffff_fff9, 0xffff_fffa];
-
-fn own_cpu_clock_rules() -> Result<Vec<SeccompRule>, BpfError> {
-    let mut rules = OWN_CPU_CLOCKS
-        .iter()
-        .map(|&c| rule(vec![cond(0, Len::Dword, Op::Eq, c)], "clock_gettime"))
-        .collect::<Result<Vec<_>, _>>()?;
-    // A thread clock: negative, bit 2 set (CPUCLOCK_PERTHREAD), type PROF, VIRT or SCHED.
-    for kind in [4, 5, 6] {
-        rules.push(rule(
-            vec![cond(
-                0,
-                Len::Dword,
-                Op::MaskedEq(0x8000_0007),
-                0x8000_0000 | kind,
-            )],
-            "clock_gettime",
-        )?);
-    }
-    Ok(rules)
-}
 
 /// One rule per value: argument `arg` (an `unsigned int` to the kernel) equals one of `values`.
 fn one_of(
@@ -261,16 +234,17 @@ fn one_of(
         .collect()
 }
 
-fn nr(name: &str) -> u32 {
+pub(crate) fn nr(name: &str) -> u32 {
     syscalls::number(name).unwrap_or_else(|| panic!("{name} is in the syscall table"))
 }
 
-/// The per-syscall decisions of `policy` (numbers absent from the map are violations).
+/// The filter's leaf of each syscall under `policy` (numbers absent from the map are
+/// violations): the base allowlist, then each knob's leaves (`rules/`), then the lists.
 /// `initial_exec` is the address of the guest path that the child passes to `execve`: in
 /// fallback mode that one exec is allowed by pointer (see docs/architecture.md).
 /// `zygote`: prefork mode (signals are not pinned to one pid). `watch_reads` sends every open
 /// to the supervisor (prefork, `reads_after_preload`).
-pub fn decisions(
+pub fn leaves(
     policy: &Policy,
     mode: Mode,
     initial_exec: Option<u64>,
@@ -281,168 +255,13 @@ pub fn decisions(
     for a in syscalls::BASE_ALLOWLIST {
         map.insert(nr(a.name), arg_rules(a.name, a.rule, zygote)?);
     }
-    if policy.time.sleep == Toggle::Allow {
-        for n in syscalls::SLEEP {
-            map.insert(nr(n), Leaf::Allow);
-        }
-    }
-    if policy.process.cpu_count.is_some() && !policy.syscalls.denies("sched_getaffinity") {
-        // The supervisor answers with the pinned count (`notify::cpu_answer`).
-        map.insert(
-            nr("sched_getaffinity"),
-            Leaf::AllowElseSupervise {
-                allow: vec![],
-                supervise: None,
-            },
-        );
-    }
-    if policy.time.sleep == Toggle::Deny {
-        // Waits with a timeout block like a sleep. Allowed without one (and with a zero
-        // one); otherwise the supervisor reads the timeout (`decode.rs`).
-        for &(name, timeout) in syscalls::TIMED_WAITS {
-            if policy.syscalls.denies(name) {
-                continue;
-            }
-            if name.starts_with("futex") && policy.process.threads == Toggle::Allow {
-                // With threads, a timed futex wait is how threads wait for each other
-                // (CPython's GIL waits 5 ms at a time whenever two threads contend): it is
-                // not told apart from `Lock.acquire(timeout=...)`, so it is not judged.
-                continue;
-            }
-            let mut allow = match timeout {
-                // 0, or negative (no timeout).
-                syscalls::Timeout::Millis(a) => vec![
-                    rule(vec![cond(a as u8, Len::Dword, Op::Eq, 0)], name)?,
-                    rule(
-                        vec![cond(
-                            a as u8,
-                            Len::Dword,
-                            Op::MaskedEq(0x8000_0000),
-                            0x8000_0000,
-                        )],
-                        name,
-                    )?,
-                ],
-                syscalls::Timeout::Timespec(a) | syscalls::Timeout::Timeval(a) => {
-                    vec![rule(vec![cond(a as u8, Len::Qword, Op::Eq, 0)], name)?]
-                }
-            };
-            if name == "futex" {
-                // Only the wait commands take a timeout worth judging.
-                for cmd in FUTEX_NO_WAIT {
-                    allow.push(rule(
-                        vec![cond(1, Len::Dword, Op::MaskedEq(FUTEX_CMD_MASK), cmd)],
-                        name,
-                    )?);
-                }
-            }
-            map.insert(
-                nr(name),
-                Leaf::AllowElseSupervise {
-                    allow,
-                    supervise: None,
-                },
-            );
-        }
-    }
-    if policy.time.clock != ClockMode::Real {
-        // The clocks (the vDSO is patched to make these syscalls, supervise/vdso.rs). Without
-        // a supervisor (fall-back mode) `virtual` is `deny`: the wall clock is refused, and
-        // the rest is the kernel's (run.rs lists it as degraded).
-        if policy.time.clock == ClockMode::Virtual && mode == Mode::Notify {
-            // The wall clock reads the workflow time, the monotonic clocks the virtual
-            // monotonic clock (supervise/clock.rs), and resource usage, `times` and
-            // `sysinfo` (CPU times, uptime) pinned values; the caller's own CPU-time clocks
-            // run (a loop that spends a CPU budget measures it with them). Any other clock
-            // reaches the supervisor: a pid-encoded CPU clock of another process (the
-            // zygote's, a sibling session's) is EINVAL there (supervise/clock.rs).
-            let own_cpu_clocks = own_cpu_clock_rules()?;
-            map.insert(
-                nr("clock_gettime"),
-                Leaf::AllowElseSupervise {
-                    allow: own_cpu_clocks,
-                    supervise: None,
-                },
-            );
-            // The wall clock, resource usage and a descriptor's stat (a pipe's or a /proc
-            // file's times are the clock's: supervise/filetimes.rs).
-            let mut supervised = vec!["gettimeofday", "time", "getrusage", "times", "sysinfo"];
-            supervised.push("fstat");
-            if zygote {
-                // A session's pid and thread id are pinned (its siblings share the zygote's
-                // namespace).
-                supervised.extend(["getpid", "gettid"]);
-            }
-            for n in supervised {
-                map.insert(
-                    nr(n),
-                    Leaf::AllowElseSupervise {
-                        allow: vec![],
-                        supervise: None,
-                    },
-                );
-            }
-            // newfstatat and statx reach the supervisor only for a descriptor
-            // (AT_EMPTY_PATH): by path they stay in the kernel.
-            let empty_path = libc::AT_EMPTY_PATH as u64;
-            for (n, flags) in [("newfstatat", 3u8), ("statx", 2)] {
-                map.insert(
-                    nr(n),
-                    Leaf::AllowElseSupervise {
-                        allow: vec![rule(
-                            vec![cond(flags, Len::Dword, Op::MaskedEq(empty_path), 0)],
-                            n,
-                        )?],
-                        supervise: None,
-                    },
-                );
-            }
-        } else {
-            // Deny (or virtual without a supervisor): a wall-clock read (`clock_gettime` of a
-            // realtime clock, `gettimeofday`, `time`) is a violation; the monotonic and CPU
-            // clocks run.
-            let not_realtime = rule(
-                REALTIME_CLOCKS
-                    .iter()
-                    .map(|&c| cond(0, Len::Dword, Op::Ne, c))
-                    .collect(),
-                "clock_gettime",
-            )?;
-            map.insert(nr("clock_gettime"), Leaf::AllowIf(vec![not_realtime]));
-            map.remove(&nr("gettimeofday"));
-            map.remove(&nr("time"));
-        }
-    }
-    if policy.random.getrandom == RandomMode::Allow {
-        for n in syscalls::RANDOM {
-            map.insert(nr(n), Leaf::Allow);
-        }
-    } else if policy.random.getrandom == RandomMode::Seeded {
-        // Every getrandom is answered by the supervisor from the execution's seed (glibc's
-        // malloc key included); without a listener to answer, none gets real entropy.
-        map.insert(
-            nr("getrandom"),
-            Leaf::AllowElseSupervise {
-                allow: vec![],
-                supervise: None,
-            },
-        );
-    } else {
-        // glibc >= 2.26 asks for 8 bytes with GRND_NONBLOCK once, to key its malloc
-        // double-free check, and falls back to a clock-derived key when that fails. Answer it
-        // ENOSYS without a report: it is the C library's, not the workflow's, randomness.
-        // Every other getrandom (os.urandom, random's seeding) is a violation.
-        map.insert(
-            nr("getrandom"),
-            Leaf::EnosysIf(vec![rule(
-                vec![
-                    cond(1, Len::Qword, Op::Eq, 8),
-                    cond(2, Len::Dword, Op::Eq, libc::GRND_NONBLOCK as u64),
-                ],
-                "getrandom",
-            )?]),
-        );
-    }
+    let shape = super::rules::Shape {
+        zygote,
+        watch_reads,
+        learn: false,
+    };
+    // The knobs' leaves (each knob writes its checks beside them, `rules/`).
+    super::rules::knob_leaves(policy, mode, shape, &mut map)?;
     if policy.network.mode == NetworkMode::Allow {
         for n in syscalls::NETWORK.iter().chain(&["socketpair", "sendto"]) {
             map.insert(nr(n), Leaf::Allow);
@@ -500,40 +319,7 @@ pub fn decisions(
     for d in &policy.syscalls.deny {
         map.remove(&nr(&d.value.0));
     }
-    if let (Some(limit), false, Mode::Notify) = (policy.limits.memory, zygote, mode) {
-        // Evidence for the memory limit: a private mapping (or a growth) of at least a
-        // sixteenth of RLIMIT_AS goes to the supervisor, which compares it with the room left
-        // and lets it run (the kernel applies the limit). Small and shared mappings stay in
-        // the kernel. Prefork plans keep their own mmap rule (no shared anonymous memory).
-        let big = (limit.0 / 16).max(1 << 20);
-        let shared = MAP_SHARED_BIT;
-        if !policy.syscalls.denies("mmap") {
-            map.insert(
-                nr("mmap"),
-                Leaf::AllowIfElseWatch(vec![
-                    rule(vec![cond(1, Len::Qword, Op::Lt, big)], "mmap")?,
-                    rule(
-                        vec![cond(3, Len::Dword, Op::MaskedEq(shared), shared)],
-                        "mmap",
-                    )?,
-                ]),
-            );
-        }
-        if !policy.syscalls.denies("mremap") {
-            map.insert(
-                nr("mremap"),
-                Leaf::AllowIfElseWatch(vec![rule(
-                    vec![cond(2, Len::Qword, Op::Lt, big)],
-                    "mremap",
-                )?]),
-            );
-        }
-        // And the guest's end: its peak address space is read before the kernel frees it,
-        // so that a guest that failed and exited between two samples still shows it.
-        if !policy.syscalls.denies("exit_group") {
-            map.insert(nr("exit_group"), Leaf::Watch);
-        }
-    }
+    super::rules::memory::leaves(policy, mode, shape, &mut map)?;
     if watch_reads {
         // Prefork with `reads_after_preload = "deny"`: every open goes to the supervisor, which
         // lets the zygote's through and stops a session child's (a late import).
@@ -601,7 +387,7 @@ pub fn compile(
     zygote: bool,
     watch_reads: bool,
 ) -> Result<Vec<libc::sock_filter>, BpfError> {
-    let decisions = decisions(policy, mode, initial_exec, zygote, watch_reads)?;
+    let decisions = leaves(policy, mode, initial_exec, zygote, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
     let mut ranges: Vec<Range> = Vec::with_capacity(256);
@@ -737,6 +523,24 @@ fn emit_rules(rules: &[SeccompRule], on_match: u32, out: &mut Vec<libc::sock_fil
     }
 }
 
+/// Stacked on the guest's filter under `limits.disk`: `sendmsg` and `sendmmsg` fail with
+/// EPERM. A descriptor sent over the guest's own socket pair (`SCM_RIGHTS`) and closed keeps
+/// its file alive in the message in flight, where no sample of the disk account can see it;
+/// a filter cannot read a message's control data, so under `limits.disk` the guest sends with
+/// `send`/`sendto` only. Not reported (the guest's filter allowed the call; the stricter
+/// answer of the two wins). Other architectures pass here: the guest's filter refuses them.
+pub fn no_send_fds() -> Vec<libc::sock_filter> {
+    vec![
+        stmt(BPF_LD_W_ABS, 4), // seccomp_data.arch
+        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 0, 3),
+        stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
+        jump(BPF_JMP_JEQ_K, libc::SYS_sendmsg as u32, 2, 0),
+        jump(BPF_JMP_JEQ_K, libc::SYS_sendmmsg as u32, 1, 0),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, RET_ERRNO | libc::EPERM as u32),
+    ]
+}
+
 /// A classic-BPF interpreter for the subset this compiler emits; used by tests to check the
 /// program's decisions without installing it.
 pub fn evaluate(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
@@ -779,7 +583,7 @@ pub fn evaluate(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy;
+    use crate::policy::{self, ClockMode};
 
     fn run(prog: &[libc::sock_filter], name: &str, args: [u64; 6]) -> u32 {
         evaluate(prog, AUDIT_ARCH_X86_64, nr(name), args)
@@ -805,6 +609,20 @@ mod tests {
         for other in [0, 1, 7, 11, (!1 << 3) | 2, (!1234 << 3), (!3 << 3) | 3] {
             assert_eq!(clock(other), RET_USER_NOTIF, "clockid {other}");
         }
+    }
+
+    #[test]
+    fn no_send_fds_refuses_sendmsg_and_sendmmsg_only() {
+        let prog = no_send_fds();
+        let eperm = RET_ERRNO | libc::EPERM as u32;
+        assert_eq!(run(&prog, "sendmsg", [0; 6]), eperm);
+        assert_eq!(run(&prog, "sendmmsg", [0; 6]), eperm);
+        for other in ["sendto", "write", "recvmsg"] {
+            assert_eq!(run(&prog, other, [0; 6]), RET_ALLOW, "{other}");
+        }
+        // Another architecture passes: the guest's own filter refuses it.
+        let sendmsg = libc::SYS_sendmsg as u32;
+        assert_eq!(evaluate(&prog, 0x4000_0003, sendmsg, [0; 6]), RET_ALLOW);
     }
 
     #[test]
@@ -911,7 +729,7 @@ mod tests {
     #[test]
     fn every_number_is_decided_like_the_table() {
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Notify, None, false, false).unwrap();
+        let d = leaves(&p, Mode::Notify, None, false, false).unwrap();
         let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
         for n in 0..600u32 {
             let got = evaluate(&prog, AUDIT_ARCH_X86_64, n, [0; 6]);
@@ -935,7 +753,7 @@ mod tests {
         // In fallback mode each denied syscall is its own range: the tree is big enough that
         // the root's left subtree needs an unconditional jump.
         let p = policy::load("default").unwrap();
-        let d = decisions(&p, Mode::Fallback, None, false, false).unwrap();
+        let d = leaves(&p, Mode::Fallback, None, false, false).unwrap();
         let prog = compile(&p, Mode::Fallback, None, false, false).unwrap();
         assert!(
             prog.iter().any(|i| i.code == BPF_JMP_JA),

@@ -4,14 +4,15 @@
 //! For every syscall of the table: how a notification of it is checked ([`Check`]), and, if
 //! it turns out to be a violation, its category, the rule the report quotes, the hint, and
 //! whether it is denied whatever `on_violation` says. The supervisor's decoder
-//! (`supervise/decode.rs`) looks these up; it only refines what depends on the arguments
+//! (`notify/decode.rs`) looks these up; it only refines what depends on the arguments
 //! (`clone` with or without `CLONE_THREAD`, the `ioctl` request, the `fcntl` command).
 
 use std::collections::HashMap;
 
+use super::rules::{self, Shape};
 use super::syscall_table::X86_64;
 use super::syscalls::{self, Args, Category};
-use super::{ClockMode, NetworkMode, Policy, RandomMode, Toggle};
+use super::{NetworkMode, Policy, Toggle};
 
 /// How the supervisor checks a notification of one syscall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +40,20 @@ pub enum Check {
     /// time, the monotonic clocks with its virtual monotonic clock.
     Clock,
     /// `getrusage`, `times`, `sysinfo` under `clock = "virtual"`: answered with pinned values
-    /// (no CPU time, no load, a virtual uptime; `supervise/notify.rs`).
+    /// (no CPU time, no load, a virtual uptime; `notify/mod.rs`).
     Usage,
     /// A descriptor's stat (`fstat`, `newfstatat`/`statx` with `AT_EMPTY_PATH`) under
     /// `clock = "virtual"`: a pipe's, socket's, device's or `/proc` file's times read the
-    /// workflow time (`supervise/filetimes.rs`).
+    /// workflow time (`answers/filetimes.rs`).
     Stat,
     /// `getpid`, `gettid` under `clock = "virtual"`, sent by prefork plans only: a session reads a
     /// fixed pid (`serve/zygote.rs`); elsewhere the call runs (the guest is pid 1 of its own
     /// PID namespace).
     Pid,
+    /// A signal in a prefork plan, where the filter cannot pin the caller's pid: one to the
+    /// caller itself is sent for it by the zygote's router (`serve/route.rs`), any other is a
+    /// violation.
+    Signal,
     /// `sched_getaffinity` under `[process] cpu_count = N`: answered with N CPUs.
     CpuCount(u32),
     /// A wait under `sleep = "deny"` (`syscalls::TIMED_WAITS`): its timeout is read; a
@@ -122,7 +127,6 @@ const SYSV_IPC: &[&str] = &[
 ];
 
 const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
-const TIMED_WAIT_HINT: &str = "a wait with a timeout (select, poll, Event.wait, Lock.acquire(timeout=...)) blocks the worker like time.sleep; use workflow.sleep(), workflow.wait_condition() or asyncio.sleep() (durable timers)";
 const ARCH_PRCTL_HINT: &str = "only the thread pointer, CPU feature and shadow-stack codes of arch_prctl are allowed; ARCH_MAP_VDSO would map a fresh vDSO that reads the real clock without a syscall (use workflow.now())";
 const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
 const IPC_HINT: &str =
@@ -130,11 +134,12 @@ const IPC_HINT: &str =
 const SHARED_MAP_HINT: &str = "shared memory is not allowed in prefork (zygote) mode: a mapping made before a fork would carry one session's data to the next; use ordinary objects";
 
 impl Decisions {
-    /// Compiles the decision for every syscall of the table under `policy`.
-    pub fn compile(policy: &Policy) -> Self {
+    /// Compiles the decision for every syscall of the table under `policy`, for a plan of
+    /// `shape` (`rules::RuleSet::compile` keeps it beside the filter's leaves).
+    pub fn compile(policy: &Policy, shape: Shape) -> Self {
         let by_nr = X86_64
             .iter()
-            .map(|&(name, nr)| (nr, decide(policy, name)))
+            .map(|&(name, nr)| (nr, decision_for(policy, shape, name)))
             .collect();
         Decisions { by_nr }
     }
@@ -157,7 +162,7 @@ impl Decisions {
     }
 }
 
-fn decide(policy: &Policy, name: &'static str) -> Decision {
+fn decision_for(policy: &Policy, shape: Shape, name: &'static str) -> Decision {
     let policy_denies = policy.syscalls.denies(name);
     let mut category = syscalls::category(name);
     let mut always_deny = syscalls::always_denied(name);
@@ -179,9 +184,9 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
         "clone" => "process.subprocess = \"deny\"".into(),
         "fork" | "vfork" => "process.subprocess = \"deny\"".into(),
         "execve" | "execveat" => "process.exec = \"deny\"".into(),
-        "nanosleep" | "clock_nanosleep" | "alarm" => "time.sleep = \"deny\"".into(),
-        "getrandom" => "random.getrandom = \"deny\"".into(),
-        "clock_gettime" | "gettimeofday" | "time" if guarded => "time.clock = \"deny\"".into(),
+        "nanosleep" | "clock_nanosleep" | "alarm" => rules::sleep::DENY_RULE.into(),
+        "getrandom" => rules::getrandom::DENY_RULE.into(),
+        "clock_gettime" | "gettimeofday" | "time" if guarded => rules::clock::DENY_RULE.into(),
         "ioctl" if guarded => {
             always_deny = true;
             hint = Some(IOCTL_HINT);
@@ -237,13 +242,12 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
     } else {
         rule
     };
-    let timed_wait =
-        !policy_denies && policy.time.sleep == Toggle::Deny && syscalls::timed_wait(name).is_some();
+    let timed_wait = rules::sleep::judges_timeout(policy, name);
     let (category, rule, hint) = if timed_wait {
         (
             Category::Sleep,
-            "time.sleep = \"deny\": a wait with a timeout sleeps".to_string(),
-            Some(TIMED_WAIT_HINT),
+            rules::sleep::TIMED_WAIT_RULE.to_string(),
+            Some(rules::sleep::TIMED_WAIT_HINT),
         )
     } else {
         (category, rule, hint)
@@ -259,28 +263,8 @@ fn decide(policy: &Policy, name: &'static str) -> Decision {
             "flock" => Check::Lock,
             "fcntl" => Check::Fcntl,
             "mmap" | "mremap" => Check::Mapping,
-            "exit_group" => Check::Exit,
-            "getrandom" if policy.random.getrandom == RandomMode::Seeded => Check::Seeded,
-            "sched_getaffinity" if policy.process.cpu_count.is_some() => Check::CpuCount(
-                policy
-                    .process
-                    .cpu_count
-                    .as_ref()
-                    .map_or(1, |c| c.value as u32),
-            ),
-            "clock_gettime" | "gettimeofday" | "time"
-                if policy.time.clock == ClockMode::Virtual =>
-            {
-                Check::Clock
-            }
-            "getrusage" | "times" | "sysinfo" if policy.time.clock == ClockMode::Virtual => {
-                Check::Usage
-            }
-            "getpid" | "gettid" if policy.time.clock == ClockMode::Virtual => Check::Pid,
-            "fstat" | "newfstatat" | "statx" if policy.time.clock == ClockMode::Virtual => {
-                Check::Stat
-            }
-            _ => Check::Violation,
+            "kill" | "tkill" | "tgkill" if shape.zygote => Check::Signal,
+            _ => rules::knob_check(policy, shape, name).unwrap_or(Check::Violation),
         }
     };
     let args = match syscalls::args(name) {
@@ -316,7 +300,7 @@ fn generic_rule(policy: &Policy, name: &str, always_deny: bool) -> String {
     } else if policy.syscalls.denies(name) {
         format!("syscalls.deny = [\"{name}\"]")
     } else if syscalls::SLEEP.contains(&name) && policy.time.sleep == Toggle::Deny {
-        "time.sleep = \"deny\"".into()
+        rules::sleep::DENY_RULE.into()
     } else {
         "not on the allowlist".into()
     }
@@ -332,7 +316,7 @@ mod tests {
 
     #[test]
     fn every_named_syscall_has_a_decision() {
-        let d = Decisions::compile(&crate::policy::load("default").unwrap());
+        let d = Decisions::compile(&crate::policy::load("default").unwrap(), Shape::default());
         for &(name, n) in X86_64 {
             assert_eq!(d.get(n).map(|d| d.name), Some(name));
         }
@@ -341,7 +325,7 @@ mod tests {
     #[test]
     fn checks_follow_the_policy() {
         let p = crate::policy::load("default").unwrap();
-        let d = Decisions::compile(&p);
+        let d = Decisions::compile(&p, Shape::default());
         assert_eq!(d.get(nr("openat")).unwrap().check, Check::Writes);
         assert_eq!(d.get(nr("flock")).unwrap().check, Check::Lock);
         assert_eq!(d.get(nr("fcntl")).unwrap().check, Check::Fcntl);
@@ -362,7 +346,7 @@ mod tests {
             "extends = \"strict\"\n[syscalls]\ndeny = [\"openat\", \"uname\"]\n[random]\ngetrandom = \"seeded\"\n",
         )
         .unwrap();
-        let d = Decisions::compile(&p);
+        let d = Decisions::compile(&p, Shape::default());
         let openat = d.get(nr("openat")).unwrap();
         assert_eq!(openat.check, Check::Violation);
         assert_eq!(openat.rule, "syscalls.deny = [\"openat\"]");

@@ -10,6 +10,7 @@ pub mod bpf;
 pub mod decisions;
 mod error;
 mod model;
+pub mod rules;
 pub mod syscall_table;
 pub mod syscalls;
 mod values;

@@ -115,7 +115,7 @@ pub enum Toggle {
 
 /// `[time] clock`: what the guest's wall clock (`CLOCK_REALTIME` and its kin, `gettimeofday`,
 /// `time`) reads. Under `virtual` the monotonic clocks read a virtual clock too
-/// (`supervise/clock.rs`); the CPU-time clocks are always real.
+/// (`answers/monotonic.rs`); the CPU-time clocks are always real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClockMode {

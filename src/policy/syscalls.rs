@@ -108,7 +108,7 @@ pub fn closest(wrong: &str, n: usize) -> Vec<&'static str> {
     scored.into_iter().take(n).map(|(_, name)| name).collect()
 }
 
-/// How a denied call's arguments are shown in a report (decoded by `supervise/decode.rs`;
+/// How a denied call's arguments are shown in a report (decoded by `notify/decode.rs`;
 /// argument indexes are the syscall's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Args {
@@ -346,7 +346,7 @@ pub enum ArgRule {
     SelfPid,
     /// `arch_prctl` with one of [`ARCH_PRCTL_ALLOWED`] only: what a C library and a runtime
     /// ask at start-up. `ARCH_MAP_VDSO_*` maps a fresh vDSO, whose clock functions read the
-    /// real time without a syscall (undoing the exec stop's patch, `supervise/vdso.rs`).
+    /// real time without a syscall (undoing the exec stop's patch, `answers/vdso.rs`).
     ArchPrctlAllowlist,
     /// A call that changes the file system. Landlock decides; the supervisor also sees it
     /// (user notification) so that a write outside the policy is reported with its path.

@@ -35,7 +35,7 @@ pub enum Step {
     SeccompNotify = 14,
     Exec = 15,
     MountNs = 16,
-    /// Parent-side: the exec stop that patches the guest's vDSO (supervise/vdso.rs).
+    /// Parent-side: the exec stop that patches the guest's vDSO (answers/vdso.rs).
     Vdso = 17,
     Personality = 18,
 }

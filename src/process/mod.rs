@@ -75,7 +75,7 @@ pub fn spawn(
     )
     .map_err(SpawnError::Channel)?;
 
-    let p = &plan.policy;
+    let p = plan;
     let ns = p.namespaces;
     let mut unshare = Vec::with_capacity(3);
     if ns.net {
@@ -129,7 +129,7 @@ pub fn spawn(
                 .map_or(&[], |(_, info)| &info.proc_rules),
             fd_targets,
             rlimits: &plan.rlimits,
-            no_aslr: p.process.address_randomization == crate::policy::Toggle::Deny,
+            no_aslr: p.no_aslr,
             last_cap: plan.last_cap,
             capabilities_required: p.requires(Layer::Capabilities),
             no_new_privs_required: p.requires(Layer::NoNewPrivs),
@@ -142,7 +142,7 @@ pub fn spawn(
             // Under warn (plan.warn_files) Landlock lets every path through: only the supervisor
             // stands between the guest and a file it may not touch, so it must be there.
             seccomp_notify_required: p.requires(Layer::SeccompNotify) || plan.warn_files,
-            no_send_fds: p.limits.disk.is_some(),
+            no_send_fds: plan.seccomp_no_send_fds.as_deref(),
             exec_path: &plan.exec.path,
             argv: &plan.exec.argv_ptrs,
             envp: &plan.exec.envp_ptrs,

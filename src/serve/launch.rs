@@ -10,12 +10,12 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
 
+use crate::notify::paths::Grants;
 use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
 use crate::protocol::worker::OpenRequest;
 use crate::run::{Applied, LayersBase};
-use crate::supervise::paths::WriteGrants;
 use crate::supervise::set_nonblocking;
 use crate::supervise::startup::Startup;
 use crate::sys::{NotifBuf, Reaped};
@@ -88,7 +88,7 @@ pub struct ExecChild {
     pub chan: Option<OwnedFd>,
     pub listener: Option<OwnedFd>,
     pub buf: Option<NotifBuf>,
-    pub grants: WriteGrants,
+    pub grants: Grants,
     pub startup: Startup,
     pub reaped: Option<Reaped>,
     /// `limits.processes` for a guest that runs as host root; removed with the session.
@@ -190,8 +190,8 @@ pub fn launch(
             },
         ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
             Ok(mut c) => {
-                // AT_RANDOM from the session's seed (supervise/vdso.rs).
-                c.plan.vdso = c.plan.vdso.map(|p| p.seeded(seed));
+                // AT_RANDOM from the session's seed (answers/vdso.rs).
+                c.plan.rules.vdso = c.plan.rules.vdso.map(|p| p.seeded(seed));
                 server.children.lock().unwrap().insert(id, c.pidfd.clone());
                 let applied = Applied::of(&c.plan);
                 (Child::Exec(Box::new(c)), argv, applied)
@@ -255,7 +255,7 @@ fn start_exec(
     let mut base = LayersBase::of(&spawned);
     base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
     set_nonblocking(&spawned.chan);
-    let grants = WriteGrants::new(&plan.write);
+    let grants = Grants::new(&plan.write);
     Ok(ExecChild {
         base,
         pid: spawned.pid,

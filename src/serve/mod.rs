@@ -10,6 +10,7 @@ pub mod control;
 pub mod launch;
 pub mod metrics;
 pub mod phases;
+pub mod route;
 pub mod session;
 pub mod worker_conn;
 pub mod zygote;
@@ -27,10 +28,10 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::notify::violations::Violations;
 use crate::plan::ExtraGrant;
 use crate::policy::Policy;
 use crate::supervise::LineEcho;
-use crate::supervise::violations::Violations;
 use crate::sys;
 use zygote::{ChildExit, Zygote, ZygoteConfig, ZygoteError};
 
@@ -169,7 +170,7 @@ pub struct SessionShared {
     pub determinism: Mutex<Determinism>,
     /// The supervisor's work for this session, bounded (`notify::Budget`): charged by whoever
     /// answers its notifications.
-    pub budget: Mutex<crate::supervise::notify::Budget>,
+    pub budget: Mutex<crate::notify::Budget>,
     exit: Mutex<Option<ChildExit>>,
     killed: AtomicBool,
     /// Written when `exit` is set; the session thread polls the other end.
@@ -183,11 +184,11 @@ pub struct Determinism {
     /// The workflow time (nanoseconds since the epoch): OPEN's `time_ns`, then each TIME's.
     pub clock: Option<i64>,
     /// The stream keyed by OPEN's `seed`.
-    pub entropy: Option<crate::supervise::entropy::Entropy>,
+    pub entropy: Option<crate::answers::entropy::Entropy>,
     /// The seed it was keyed by, for the report.
     pub seed: Option<u64>,
     /// The session's virtual monotonic clock (`clock = "virtual"`).
-    pub monotonic: crate::supervise::clock::Monotonic,
+    pub monotonic: crate::answers::monotonic::Monotonic,
     /// The guest has said HELLO: its `getrandom` draws from `entropy`. Before (a zygote's
     /// child between its fork and its session), fixed bytes: how much it drew then depends
     /// on timing (whether a spare was ready), which must not shift the session's stream.
@@ -197,12 +198,13 @@ pub struct Determinism {
 impl Determinism {
     /// What a session of `policy` opened with `seed` and `time_ns` starts with.
     pub fn new(policy: &crate::policy::Policy, seed: Option<u64>, time_ns: Option<i64>) -> Self {
-        let seeded = policy.random.getrandom == crate::policy::RandomMode::Seeded;
-        let virtual_clock = policy.time.clock == crate::policy::ClockMode::Virtual;
+        let seeded = crate::policy::rules::getrandom::answered(policy);
+        let virtual_clock = crate::policy::rules::clock::answered(policy);
         let seed = seeded.then(|| seed.unwrap_or(0));
         Determinism {
-            clock: virtual_clock.then(|| time_ns.unwrap_or_else(crate::supervise::clock::host_now)),
-            entropy: seed.map(crate::supervise::entropy::Entropy::new),
+            clock: virtual_clock
+                .then(|| time_ns.unwrap_or_else(crate::answers::workflow_time::host_now)),
+            entropy: seed.map(crate::answers::entropy::Entropy::new),
             seed,
             monotonic: Default::default(),
             armed: false,

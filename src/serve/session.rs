@@ -25,13 +25,13 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, Shutdown, recvmsg, shutdown};
 use serde_json::json;
 
+use crate::notify::{self, Handled};
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::Report;
 use crate::run::Applied;
-use crate::supervise::notify::{self, Handled};
 use crate::supervise::startup::{Next, Route, StartupError};
 use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 use crate::supervise::{
@@ -799,7 +799,9 @@ impl Session {
             .notification(crate::supervise::is_initial_exec(&n, e.pid))
         {
             Route::AllowExec => {
-                if let Err(err) = crate::supervise::vdso::exec(l.as_fd(), &n, e.pid, e.plan.vdso) {
+                if let Err(err) =
+                    crate::answers::vdso::exec(l.as_fd(), &n, e.pid, e.plan.rules.vdso)
+                {
                     eprintln!("wfjail: session {}: {err}", self.id);
                     e.startup
                         .parent_failed(crate::process::channel::Step::Vdso, err.errno());
@@ -835,7 +837,7 @@ impl Session {
         }
         if self.applied.memory.is_some()
             && let Some(peak) =
-                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.decisions)
+                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.rules.decisions)
         {
             self.vm_peak = self.vm_peak.max(Some(peak));
         }
@@ -1130,7 +1132,7 @@ impl Session {
             guest_error: self.phases.guest_error().cloned(),
             command: self.command.clone(),
             seed,
-            clock: clock.map(crate::supervise::clock::format),
+            clock: clock.map(crate::answers::workflow_time::format),
             skipped_paths: vec![],
             learned: None,
             exit_status: v.exit_status,

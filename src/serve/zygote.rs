@@ -33,6 +33,9 @@ use nix::sys::socket::{
     AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair,
 };
 
+use crate::notify;
+use crate::notify::paths::Grants;
+use crate::notify::violations::Violations;
 use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
 use crate::policy::decisions::Check;
 use crate::policy::syscalls;
@@ -40,16 +43,14 @@ use crate::policy::{Policy, Toggle};
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::process::{self, SpawnError, Spawned};
 use crate::report::Layers;
-use crate::supervise::notify;
-use crate::supervise::paths::WriteGrants;
 use crate::supervise::startup::{Route, Startup, StartupError};
-use crate::supervise::violations::Violations;
 use crate::sys::{self, NotifBuf};
 
 use super::SessionShared;
 use super::control::{
     self, CONTROL_VERSION, Control, ControlError, Exited, Fork, ForkOutcome, NoDomain, Ready,
 };
+use super::route;
 
 /// How long a zygote may take to preload.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -273,7 +274,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::run::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.vdso) {
+        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.rules.vdso) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
@@ -308,9 +309,9 @@ impl Zygote {
         }
         if let Some(listener) = listener {
             let z = zygote.clone();
-            let grants = WriteGrants::new(&plan.write);
+            let grants = Grants::new(&plan.write);
             let late = policy.zygote.reads_after_preload == Toggle::Deny;
-            let decisions = plan.decisions.clone();
+            let decisions = plan.rules.decisions.clone();
             let on_violation = policy.on_violation;
             std::thread::Builder::new()
                 .name(format!("zygote{index}-notify"))
@@ -592,7 +593,7 @@ impl Zygote {
 
     fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
         // The zygote's own virtual monotonic clock (`clock = "virtual"`).
-        let mut own_clock = crate::supervise::clock::Monotonic::default();
+        let mut own_clock = crate::answers::monotonic::Monotonic::default();
         // Whether the policy pins a session's pid (`getpid` then reaches the router).
         let pid_pinned = syscalls::number("getpid")
             .and_then(|nr| rules.decisions.get(nr))
@@ -614,57 +615,72 @@ impl Zygote {
                 continue;
             };
             let name = syscalls::name(n.nr as u32).unwrap_or("");
-            // Signals: each process may signal itself only (its pid in the namespace).
-            if matches!(name, "kill" | "tkill" | "tgkill")
-                && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
-                    || ns_tgid_of(n.pid) == Some(n.args[0] as i32))
-            {
-                // A session's signal to itself costs the router like any answer: a loop of
-                // them is a flood its budget stops (the zygote and spares have none).
-                if let Some(session) = self.session_for(n.pid)
-                    && !session.budget.lock().unwrap().take()
-                {
-                    notify::over_budget(listener.as_fd(), &n, || {
-                        // The task waits on this notification: its pid cannot have been reused.
-                        let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
-                    });
-                    session.mark_killed();
+            let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
+            let signal = matches!(name, "kill" | "tkill" | "tgkill");
+            let call = route::Call {
+                native,
+                check: rules.decisions.get(n.nr as u32).map(|d| d.check),
+                forks: matches!(name, "fork" | "vfork")
+                    || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0),
+                signals_itself: signal
+                    && native
+                    && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
+                        || ns_tgid_of(n.pid) == Some(n.args[0] as i32)),
+                // Its pid, once it runs its session: the same in every session, and a signal
+                // to that pid is a signal to itself, sent for it.
+                signals_session_pid: signal
+                    && pid_pinned
+                    && n.args[0] as i32 == SESSION_PID
+                    && (name != "tgkill"
+                        || n.args[1] as i32 == SESSION_PID
+                        || ns_pid_of(n.pid) == Some(n.args[1] as i32)),
+            };
+            let mut found = None;
+            let asker = || {
+                if n.pid == self.pid as u32 {
+                    return route::Asker::Zygote;
+                }
+                found = self
+                    .session_for(n.pid)
+                    .or_else(|| self.await_session(n.pid));
+                match found {
+                    Some(_) => route::Asker::Session,
+                    None => route::Asker::Unknown,
+                }
+            };
+            let session = match route::route(call, asker) {
+                route::Routed::Continue => {
+                    notify::allow(listener.as_fd(), &n);
                     continue;
                 }
-                notify::allow(listener.as_fd(), &n);
-                continue;
-            }
-            if n.pid == self.pid as u32 {
-                // The zygote itself: it forks (only it may), and reads while preloading.
-                let fork = matches!(name, "fork" | "vfork")
-                    || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0);
-                if fork && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
+                route::Routed::SignalItself => {
+                    // A session's signal to itself costs the router like any answer: a loop
+                    // of them is a flood its budget stops (the zygote and spares have none).
+                    if let Some(session) = self.session_for(n.pid)
+                        && !session.budget.lock().unwrap().take()
+                    {
+                        notify::over_budget(listener.as_fd(), &n, || {
+                            // The task waits on this notification: its pid cannot have been
+                            // reused.
+                            let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+                        });
+                        session.mark_killed();
+                        continue;
+                    }
                     notify::allow(listener.as_fd(), &n);
-                } else {
-                    // Never kill the zygote for its own violation: deny it and say so.
+                    continue;
+                }
+                route::Routed::ZygoteHandles => {
+                    // Never kill the zygote for its own violation: deny it and say so. Under
+                    // `clock = "virtual"` what preloading reads of the wall clock is
+                    // [`PRELOAD_INSTANT`], and its monotonic clock is a virtual one of its
+                    // own: a module-level `time.time()` in preloaded code gives the same
+                    // value in every zygote, as a replay needs.
                     let rules = notify::Rules {
                         on_violation: crate::policy::OnViolation::Deny,
                         late_reads: false,
                         ..rules
                     };
-                    // While preloading it reads real entropy (the SDK needs randomness at
-                    // import), and it waits with a timeout between sessions; sessions get
-                    // theirs after the fork. Its clocks read a fixed instant (below).
-                    let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
-                    if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                        && matches!(
-                            check,
-                            Some(Check::Seeded | Check::Usage | Check::Pid | Check::TimedWait)
-                        )
-                    {
-                        notify::allow(listener.as_fd(), &n);
-                        continue;
-                    }
-                    // Under `clock = "virtual"` what preloading reads of the wall clock is
-                    // [`PRELOAD_INSTANT`], and its monotonic clock is a virtual one of its
-                    // own: a module-level `time.time()` in preloaded code gives the same
-                    // value in every zygote, as a replay needs.
                     let state = notify::State {
                         violations: &mut own,
                         entropy: None,
@@ -673,57 +689,31 @@ impl Zygote {
                         learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
+                    continue;
                 }
-                continue;
-            }
-            let Some(session) = self
-                .session_for(n.pid)
-                .or_else(|| self.await_session(n.pid))
-            else {
-                // A spare, before it has a session: Python reseeds `random` in every forked
-                // child. It gets fixed bytes (its session reseeds from its own seed, `_child`
-                // in zygote.py) and the real clock; a failing getrandom would make CPython
-                // give up on it for the life of the process.
-                let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
-                if n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64 {
-                    if check == Some(Check::Seeded) && !notify::getrandom_flags_valid(n.args[2]) {
-                        notify::refuse(listener.as_fd(), &n, libc::EINVAL);
-                        continue;
-                    }
-                    if check == Some(Check::Seeded) {
-                        let bytes =
-                            crate::supervise::entropy::Entropy::new(0).take(n.args[1] as usize);
-                        let ret = bytes.len() as i64;
-                        let writes = if ret > 0 {
-                            vec![(n.args[0], bytes)]
-                        } else {
-                            vec![]
-                        };
-                        notify::respond(
-                            listener.as_fd(),
-                            &n,
-                            notify::Answer::Value { ret, writes },
-                        );
-                        continue;
-                    }
-                    if matches!(
-                        check,
-                        Some(Check::Clock | Check::Usage | Check::Pid | Check::Stat)
-                    ) {
-                        notify::allow(listener.as_fd(), &n);
-                        continue;
-                    }
-                    if let Some(Check::CpuCount(cpus)) = check {
-                        notify::respond(listener.as_fd(), &n, notify::cpu_answer(&n.args, cpus));
-                        continue;
-                    }
+                route::Routed::SpareSeeded => {
+                    // A spare before its session gets fixed bytes (its session reseeds from its
+                    // own seed, `_child` in zygote.py).
+                    let mut fixed = crate::answers::entropy::Entropy::new(0);
+                    notify::respond(listener.as_fd(), &n, notify::seeded_answer(&n, &mut fixed));
+                    continue;
                 }
-                eprintln!(
-                    "wfjail: zygote {}: call from unknown pid {} refused",
-                    self.index, n.pid
-                );
-                notify::refuse(listener.as_fd(), &n, libc::EPERM);
-                continue;
+                route::Routed::SpareCpuCount(cpus) => {
+                    notify::respond(listener.as_fd(), &n, notify::cpu_answer(&n.args, cpus));
+                    continue;
+                }
+                route::Routed::RefuseUnknown => {
+                    eprintln!(
+                        "wfjail: zygote {}: call from unknown pid {} refused",
+                        self.index, n.pid
+                    );
+                    notify::refuse(listener.as_fd(), &n, libc::EPERM);
+                    continue;
+                }
+                route::Routed::Session => match found.take() {
+                    Some(session) => session,
+                    None => continue,
+                },
             };
             // The router's work for a session is bounded (notify::Budget): a flooding session
             // is killed before it starves its siblings.
@@ -737,51 +727,41 @@ impl Zygote {
             }
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
-            // Its pid, once it runs its session: the same in every session (`getpid` reaches
-            // the supervisor only when the policy pins it), and a signal to that pid is a
-            // signal to itself, sent for it.
-            let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
-            let check = rules.decisions.get(n.nr as u32).map(|d| d.check);
-            if native && det.armed && check == Some(Check::Pid) {
-                drop((v, det));
-                let answer = notify::Answer::Value {
-                    ret: SESSION_PID as i64,
-                    writes: vec![],
-                };
-                notify::respond(listener.as_fd(), &n, answer);
-                continue;
-            }
-            if native
-                && det.armed
-                && matches!(name, "kill" | "tkill" | "tgkill")
-                && pid_pinned
-                && n.args[0] as i32 == SESSION_PID
-                && (name != "tgkill"
-                    || n.args[1] as i32 == SESSION_PID
-                    || ns_pid_of(n.pid) == Some(n.args[1] as i32))
-            {
-                drop((v, det));
-                let sig = if name == "tgkill" {
-                    n.args[2]
-                } else {
-                    n.args[1]
-                };
-                // The caller waits on this notification: its pid cannot have been reused.
-                let answer = match sys::kill_pid(n.pid as libc::pid_t, sig as i32) {
-                    Ok(()) => notify::Answer::Value {
-                        ret: 0,
+            match route::route_session(call, det.armed) {
+                route::SessionRouted::Pid => {
+                    drop((v, det));
+                    let answer = notify::Answer::Value {
+                        ret: SESSION_PID as i64,
                         writes: vec![],
-                    },
-                    Err(e) => notify::Answer::Errno(e.raw_os_error().unwrap_or(libc::EINVAL)),
-                };
-                notify::respond(listener.as_fd(), &n, answer);
-                continue;
+                    };
+                    notify::respond(listener.as_fd(), &n, answer);
+                    continue;
+                }
+                route::SessionRouted::SignalForIt => {
+                    drop((v, det));
+                    let sig = if name == "tgkill" {
+                        n.args[2]
+                    } else {
+                        n.args[1]
+                    };
+                    // The caller waits on this notification: its pid cannot have been reused.
+                    let answer = match sys::kill_pid(n.pid as libc::pid_t, sig as i32) {
+                        Ok(()) => notify::Answer::Value {
+                            ret: 0,
+                            writes: vec![],
+                        },
+                        Err(e) => notify::Answer::Errno(e.raw_os_error().unwrap_or(libc::EINVAL)),
+                    };
+                    notify::respond(listener.as_fd(), &n, answer);
+                    continue;
+                }
+                route::SessionRouted::Handle => {}
             }
             let det_now = &mut *det;
             let clock = det_now.clock;
-            let mut unarmed = crate::supervise::entropy::Entropy::new(0);
+            let mut unarmed = crate::answers::entropy::Entropy::new(0);
             // Before HELLO a spare's clock reads do not move its session's monotonic clock.
-            let mut unarmed_clock = crate::supervise::clock::Monotonic::default();
+            let mut unarmed_clock = crate::answers::monotonic::Monotonic::default();
             let (entropy, monotonic) = if det_now.armed {
                 (det_now.entropy.as_mut(), &mut det_now.monotonic)
             } else {
@@ -900,7 +880,7 @@ const EXEC_WITHIN: Duration = Duration::from_secs(30);
 pub fn await_exec(
     chan_fd: std::os::fd::BorrowedFd<'_>,
     pid: libc::pid_t,
-    vdso: Option<crate::supervise::vdso::Patch>,
+    vdso: Option<crate::answers::vdso::Patch>,
 ) -> Result<Execed, StartupError> {
     let mut startup = Startup::new();
     let mut listener: Option<OwnedFd> = None;
@@ -963,7 +943,7 @@ pub fn await_exec(
             match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
                 // With the vDSO patched at the exec stop: sessions inherit the patch.
                 Route::AllowExec => {
-                    if let Err(e) = crate::supervise::vdso::exec(l.as_fd(), &n, pid, vdso) {
+                    if let Err(e) = crate::answers::vdso::exec(l.as_fd(), &n, pid, vdso) {
                         eprintln!("wfjail: zygote: {e}");
                         startup.parent_failed(chan::Step::Vdso, e.errno());
                         let _ = sys::kill_pid(pid, libc::SIGKILL);

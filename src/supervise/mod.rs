@@ -8,19 +8,9 @@
 //! buffers, the stderr tail, the violations list) each has a bound; every frame from the
 //! guest is charged to `limits.output`.
 
-pub mod clock;
-pub mod decode;
 pub mod disk;
-pub mod entropy;
-pub mod filetimes;
-pub mod memory;
-pub mod notify;
-pub mod opener;
-pub mod paths;
 pub mod startup;
-pub mod vdso;
 pub mod verdict;
-pub mod violations;
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,15 +22,16 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::answers::{entropy, monotonic, vdso, workflow_time};
+use crate::notify::violations::Violations;
+use crate::notify::{self, Handled, paths};
 use crate::policy::Policy;
 use crate::process::Spawned;
 use crate::process::channel::{self, ChildMsg, Received, Step};
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, NotifBuf, Reaped};
-use notify::Handled;
 use startup::{Route, Startup, StartupError};
-use violations::Violations;
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
@@ -154,7 +145,7 @@ pub struct Config {
     /// `limits.memory` (RLIMIT_AS): the guest's peak address space is sampled as evidence.
     pub memory_limit: Option<u64>,
     /// What the policy lets the guest write (watched writes are checked against it).
-    pub write_grants: paths::WriteGrants,
+    pub write_grants: paths::Grants,
     /// SIGTERM, SIGINT and SIGHUP to wfjail, blocked and read here: the guest is killed and
     /// the report says the run was interrupted (instead of wfjail dying without one).
     pub stop_signals: Option<SignalFd>,
@@ -172,7 +163,7 @@ pub struct Config {
     pub learn: bool,
     /// Under `on_violation = "warn"` (`wfjail run`): the read grants every read is judged
     /// against (Landlock lets all through; `plan.warn_files`).
-    pub read_grants: Option<paths::WriteGrants>,
+    pub read_grants: Option<paths::Grants>,
     /// `limits.disk`: the guest's account, its baseline taken before it started.
     pub disk: Option<std::cell::RefCell<disk::DiskAccount>>,
 }
@@ -487,13 +478,13 @@ pub fn supervise(
     let mut violations = Violations::new(echo.then(String::new));
     let mut budget = notify::Budget::default();
     let mut startup = Startup::new();
-    if policy.random.getrandom == crate::policy::RandomMode::Seeded {
+    if crate::policy::rules::getrandom::answered(policy) {
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
     let mut entropy = o.seed.map(entropy::Entropy::new);
-    let mut monotonic = clock::Monotonic::default();
-    if policy.time.clock == crate::policy::ClockMode::Virtual {
-        o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
+    let mut monotonic = monotonic::Monotonic::default();
+    if crate::policy::rules::clock::answered(policy) {
+        o.clock = Some(cfg.clock.unwrap_or_else(workflow_time::host_now));
     }
     let mut chan = Some(child.chan);
     let mut listener: Option<OwnedFd> = None;

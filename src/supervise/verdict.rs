@@ -268,8 +268,8 @@ pub fn classify(f: &Facts) -> Verdict {
             "the guest asked the supervisor for more than {} answers at once, or {} a second \
              sustained (wall-clock reads under the virtual clock, seeded getrandom, watched \
              calls): killed",
-            crate::supervise::notify::BUDGET_BURST,
-            crate::supervise::notify::BUDGET_RATE
+            crate::notify::BUDGET_BURST,
+            crate::notify::BUDGET_RATE
         );
         verdict(Status::Limit, Some(Limit::Notifications), Some(error))
     } else if cpu_hit {

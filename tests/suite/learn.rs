@@ -688,7 +688,7 @@ fn a_fork_bomb_while_learning_meets_a_bound() {
 /// Each call the learning run records is kept for the draft, up to 100 000 of them, with its
 /// arguments: a run that opened that many paths of 4 KiB each made wfjail hold about 1 GiB of
 /// the host's memory. What is kept is now bounded in bytes too
-/// (`supervise::notify::MAX_LEARNED_BYTES`): past it, calls are not learned (the draft lacks
+/// (`notify::MAX_LEARNED_BYTES`): past it, calls are not learned (the draft lacks
 /// them, and its run is not verified).
 #[test]
 fn what_learn_keeps_of_a_run_is_bounded_in_bytes() {
@@ -704,7 +704,7 @@ fn what_learn_keeps_of_a_run_is_bounded_in_bytes() {
         .unwrap_or_else(|| panic!("{err}"));
     let kept = 3800 * recorded;
     assert!(
-        kept <= wfjail::supervise::notify::MAX_LEARNED_BYTES + (1 << 20),
+        kept <= wfjail::notify::MAX_LEARNED_BYTES + (1 << 20),
         "{recorded} calls of about 3.8 KiB kept"
     );
 }

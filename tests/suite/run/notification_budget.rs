@@ -1,7 +1,7 @@
 //! The supervisor's work for one guest is bounded (issue 16, part B, fairness): a guest that
 //! floods it with notifications (wall-clock reads under the virtual clock, seeded
 //! `getrandom`) is killed, and the report says `limit`, limit `notifications`
-//! (`supervise::notify::Budget`). `wfjail serve` sessions: tests/hostile_serve.rs.
+//! (`notify::Budget`). `wfjail serve` sessions: tests/hostile_serve.rs.
 
 use crate::common::py;
 

@@ -14,8 +14,8 @@ use crate::sys::Notif;
 
 use std::path::PathBuf;
 
-use super::memory::GuestMemory;
-use super::paths::{self, Verdict, WriteGrants};
+use super::guest_memory::GuestMemory;
+use super::paths::{self, Grants, PathJudgement};
 
 /// A decoded notification (before the supervisor decides what to do with it).
 #[derive(Debug, Clone, PartialEq)]
@@ -105,12 +105,7 @@ pub fn open_args(name: &str, a: &[u64; 6], mem: &dyn GuestMemory) -> Option<Open
 /// its path is outside them. Only `wfjail run` under `on_violation = "warn"` asks (there
 /// Landlock lets everything through, so that a read the policy would deny runs and is
 /// reported).
-pub fn check_read(
-    n: &Notif,
-    mem: &dyn GuestMemory,
-    name: &str,
-    reads: &WriteGrants,
-) -> Option<Decoded> {
+pub fn check_read(n: &Notif, mem: &dyn GuestMemory, name: &str, reads: &Grants) -> Option<Decoded> {
     let a = &n.args;
     let flags = open_args(name, a, mem)?.flags;
     if flags & OPEN_WRITE_BITS != 0 {
@@ -122,9 +117,9 @@ pub fn check_read(
     let full = paths::guest_path(dirfd, &raw);
     let follow = flags & libc::O_NOFOLLOW as u64 == 0;
     let shown = match reads.judge(n.pid, &full, follow, true) {
-        Verdict::Granted => return None,
-        Verdict::Outside(p) => p.display().to_string(),
-        Verdict::CannotJudge(_) => paths::display(n.pid, &full).display().to_string(),
+        PathJudgement::Granted => return None,
+        PathJudgement::Outside(p) => p.display().to_string(),
+        PathJudgement::CannotJudge(_) => paths::display(n.pid, &full).display().to_string(),
     };
     Some(Decoded {
         category: Category::Filesystem,
@@ -146,7 +141,7 @@ fn check_writes(
     n: &Notif,
     mem: &dyn GuestMemory,
     name: &str,
-    grants: &WriteGrants,
+    grants: &Grants,
     late_reads: bool,
 ) -> Option<Decoded> {
     let a = &n.args;
@@ -205,15 +200,15 @@ fn check_writes(
         let dirfd = dirfd_arg.map_or(libc::AT_FDCWD, |i| a[i] as i32);
         let full = paths::guest_path(dirfd, &raw);
         match grants.judge(n.pid, &full, follow, true) {
-            Verdict::Granted => {}
-            Verdict::Outside(p) => {
+            PathJudgement::Granted => {}
+            PathJudgement::Outside(p) => {
                 return Some(fs_violation(
                     name,
                     format!("{} (write)", p.display()),
                     OUTSIDE_RULE,
                 ));
             }
-            Verdict::CannotJudge(why) => {
+            PathJudgement::CannotJudge(why) => {
                 return Some(fs_violation(
                     name,
                     format!(
@@ -236,7 +231,7 @@ fn in_root_write(
     n: &Notif,
     mem: &dyn GuestMemory,
     name: &str,
-    grants: &WriteGrants,
+    grants: &Grants,
 ) -> Option<Option<Decoded>> {
     let dir = paths::guest_dir(n.args[0] as i32);
     if let paths::GrantedOpen::Beneath(..) = grants.granted_target(n.pid, &dir, true) {
@@ -263,12 +258,7 @@ fn in_root_write(
 
 /// `fcntl` record locks and `flock`: allowed on files under the write grants (and always to
 /// unlock), else a violation — a lock on a host file is held against host processes.
-fn check_lock(
-    n: &Notif,
-    mem: &dyn GuestMemory,
-    name: &str,
-    grants: &WriteGrants,
-) -> Option<Decoded> {
+fn check_lock(n: &Notif, mem: &dyn GuestMemory, name: &str, grants: &Grants) -> Option<Decoded> {
     let a = &n.args;
     let fd = a[0] as i32;
     let (what, unlock) = if name == "flock" {
@@ -298,10 +288,10 @@ fn check_lock(
     };
     let path = PathBuf::from(format!("/proc/self/fd/{fd}"));
     let on = match grants.judge(n.pid, &path, true, false) {
-        Verdict::Granted => return None,
+        PathJudgement::Granted => return None,
         _ if unlock => return None,
-        Verdict::Outside(p) => p.display().to_string(),
-        Verdict::CannotJudge(why) => format!("fd {fd} ({why})"),
+        PathJudgement::Outside(p) => p.display().to_string(),
+        PathJudgement::CannotJudge(why) => format!("fd {fd} ({why})"),
     };
     Some(Decoded {
         category: Category::Filesystem,
@@ -519,7 +509,7 @@ pub fn classify(
     n: &Notif,
     mem: &dyn GuestMemory,
     decisions: &Decisions,
-    grants: &WriteGrants,
+    grants: &Grants,
     late_reads: bool,
 ) -> Option<Decoded> {
     classify_unbounded(n, mem, decisions, grants, late_reads).map(bounded)
@@ -529,7 +519,7 @@ fn classify_unbounded(
     n: &Notif,
     mem: &dyn GuestMemory,
     decisions: &Decisions,
-    grants: &WriteGrants,
+    grants: &Grants,
     late_reads: bool,
 ) -> Option<Decoded> {
     let native = n.arch == bpf::AUDIT_ARCH_X86_64 && (n.nr as u32) & bpf::X32_SYSCALL_BIT == 0;
@@ -818,7 +808,7 @@ fn format_mmap_flags(flags: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::memory::MemoryImage;
+    use super::super::guest_memory::MemoryImage;
     use super::*;
 
     const BASE: u64 = 0x7f00_0000_0000;
@@ -835,7 +825,7 @@ mod tests {
     }
 
     fn default_policy() -> Decisions {
-        Decisions::compile(&crate::policy::load("default").unwrap())
+        Decisions::compile(&crate::policy::load("default").unwrap(), Default::default())
     }
 
     fn sockaddr_in(ip: [u8; 4], port: u16) -> Vec<u8> {
@@ -899,7 +889,7 @@ mod tests {
             ),
             &mem,
             &default_policy(),
-            &WriteGrants::default(),
+            &Grants::default(),
             false,
         )
         .unwrap();
@@ -928,7 +918,7 @@ mod tests {
         img[0x200..0x208].copy_from_slice(&1i64.to_ne_bytes());
         img[0x208..0x210].copy_from_slice(&500_000_000i64.to_ne_bytes());
         let mem = MemoryImage::new(BASE, img);
-        let p = Decisions::compile(&crate::policy::load("strict").unwrap());
+        let p = Decisions::compile(&crate::policy::load("strict").unwrap(), Default::default());
         let at = libc::AT_FDCWD as u64;
         let d = decode(&notif(libc::SYS_openat, [at, BASE, 0, 0, 0, 0]), &mem, &p);
         assert_eq!(

@@ -34,8 +34,8 @@ use std::path::Path;
 
 use nix::errno::Errno;
 
-use super::memory::GuestMemory;
-use super::paths::{self, WriteGrants};
+use super::guest_memory::GuestMemory;
+use super::paths::{self, Grants};
 use crate::sys::{self, Notif};
 
 /// What the guest asked to open, as read once from its memory and judged granted.
@@ -80,12 +80,7 @@ pub enum Opened {
 
 /// The open that notification `n` asks for, when it is one the supervisor makes: a write-open
 /// (`open`, `openat`, `creat`) of a path inside the grants. Reads the path once.
-pub fn candidate(
-    n: &Notif,
-    mem: &dyn GuestMemory,
-    name: &str,
-    grants: &WriteGrants,
-) -> Option<Target> {
+pub fn candidate(n: &Notif, mem: &dyn GuestMemory, name: &str, grants: &Grants) -> Option<Target> {
     let a = &n.args;
     let (syscall, dirfd, path_addr) = match name {
         "open" => ("open", libc::AT_FDCWD, a[0]),
@@ -132,7 +127,7 @@ fn within_dir(
     flags: u64,
     mode: u64,
     resolve: u64,
-    grants: &WriteGrants,
+    grants: &Grants,
 ) -> Option<Target> {
     if resolve & (libc::RESOLVE_BENEATH | libc::RESOLVE_IN_ROOT) == 0 {
         return None;
@@ -240,7 +235,7 @@ pub fn candidate_op(
     n: &Notif,
     mem: &dyn GuestMemory,
     name: &str,
-    grants: &WriteGrants,
+    grants: &Grants,
 ) -> Option<PathRequest> {
     let a = &n.args;
     let (syscall, extra): (&'static str, u64) = match name {

@@ -2,12 +2,18 @@
 //! sessions and the zygote router all call (the start-up's initial exec aside, see
 //! `startup.rs`).
 //!
-//! A notification is decided ([`decide`]) and then answered ([`respond`]). An answer is one
+//! A notification is judged ([`answer_for`]) and then answered ([`respond`]). An answer is one
 //! of: let the call continue; fail it with an errno; kill the guest and fail it; or return a
 //! value without running it, with bytes written into the guest's memory first. Guest memory
 //! is trusted only once `SECCOMP_IOCTL_NOTIF_ID_VALID` says the call is still pending: after
 //! reading it (a decision), and after writing it (a value), so that neither a read nor a
 //! write is taken as belonging to a call that is gone.
+
+pub mod decode;
+pub mod guest_memory;
+pub mod opener;
+pub mod paths;
+pub mod violations;
 
 use std::os::fd::BorrowedFd;
 
@@ -17,19 +23,17 @@ use crate::policy::decisions::{Check, Decisions};
 use crate::report::{Action, Violation};
 use crate::sys::{self, Notif, NotifAnswer, NotifBuf};
 
-use super::decode;
-use super::entropy::Entropy;
-use super::memory::ProcessMemory;
-use super::opener;
-use super::paths::WriteGrants;
-use super::violations::Violations;
+use crate::answers::entropy::Entropy;
+use guest_memory::ProcessMemory;
+use paths::Grants;
+use violations::Violations;
 
 /// What an execution's notifications are judged by.
 #[derive(Clone, Copy)]
 pub struct Rules<'a> {
     /// The plan's compiled decisions (policy/decisions.rs).
     pub decisions: &'a Decisions,
-    pub grants: &'a WriteGrants,
+    pub grants: &'a Grants,
     /// Read-only opens are violations (a prefork session child after preload).
     pub late_reads: bool,
     /// What a violation does: the policy's `on_violation`, or `deny` where the guest must not
@@ -37,16 +41,16 @@ pub struct Rules<'a> {
     pub on_violation: OnViolation,
     /// The read grants reads are judged against (`wfjail run` under `warn`, where Landlock
     /// lets every path through: a read the policy would refuse runs and is reported).
-    pub reads: Option<&'a WriteGrants>,
+    pub reads: Option<&'a Grants>,
 }
 
 impl<'a> Rules<'a> {
-    pub fn new(plan: &'a Plan, grants: &'a WriteGrants) -> Self {
+    pub fn new(plan: &'a Plan, grants: &'a Grants) -> Self {
         Rules {
-            decisions: &plan.decisions,
+            decisions: &plan.rules.decisions,
             grants,
             late_reads: false,
-            on_violation: plan.policy.on_violation,
+            on_violation: plan.on_violation,
             reads: None,
         }
     }
@@ -103,8 +107,8 @@ pub struct State<'v> {
     pub entropy: Option<&'v mut Entropy>,
     /// The workflow time (nanoseconds since the Unix epoch), under `clock = "virtual"`.
     pub clock: Option<i64>,
-    /// The virtual monotonic clock, under `clock = "virtual"` (`clock.rs`).
-    pub monotonic: &'v mut super::clock::Monotonic,
+    /// The virtual monotonic clock, under `clock = "virtual"` (`monotonic.rs`).
+    pub monotonic: &'v mut crate::answers::monotonic::Monotonic,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
     /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
     pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
@@ -193,7 +197,7 @@ pub fn handle(
     kill: impl FnOnce(),
 ) -> Handled {
     let clock = state.clock.map(|now| (now, state.monotonic));
-    let Some((answer, violation)) = decide(listener, n, rules, state.entropy, clock) else {
+    let Some((answer, violation)) = answer_for(listener, n, rules, state.entropy, clock) else {
         return Handled::Quiet; // the call is gone: what was read may not be its own
     };
     let handled = match violation {
@@ -223,12 +227,12 @@ pub fn handle(
 
 /// The answer to `n` and the violation to record, if any; `None` when the call stopped
 /// being pending while it was decided.
-fn decide(
+fn answer_for(
     listener: BorrowedFd<'_>,
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<(i64, &mut super::clock::Monotonic)>,
+    clock: Option<(i64, &mut crate::answers::monotonic::Monotonic)>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -236,17 +240,7 @@ fn decide(
     if let (Some(d), Some(e)) = (decision, entropy)
         && d.check == Check::Seeded
     {
-        if !getrandom_flags_valid(n.args[2]) {
-            return Some((Answer::Errno(libc::EINVAL), None)); // as the kernel, before any byte
-        }
-        let bytes = e.take(n.args[1] as usize);
-        let ret = bytes.len() as i64;
-        let writes = if ret > 0 {
-            vec![(n.args[0], bytes)]
-        } else {
-            vec![]
-        };
-        return Some((Answer::Value { ret, writes }, None));
+        return Some((seeded_answer(n, e), None));
     }
     // A pinned CPU count: the affinity mask of that many CPUs.
     if let Some(d) = decision
@@ -261,14 +255,17 @@ fn decide(
         // A descriptor's times (filetimes.rs).
         if d.check == Check::Stat {
             let mem = ProcessMemory { pid: n.pid };
-            return Some((super::filetimes::answer(n, &mem, d.name, now), None));
+            return Some((
+                crate::answers::filetimes::answer(n, &mem, d.name, now),
+                None,
+            ));
         }
         // Resource usage, `times`, `sysinfo`: pinned (no CPU time, a virtual uptime).
         if d.check == Check::Usage {
             let mono = monotonic.read(now);
             return Some((usage_answer(d.name, &n.args, mono), None));
         }
-        // A monotonic clock reads the virtual monotonic clock (clock.rs); the filter lets
+        // A monotonic clock reads the virtual monotonic clock (monotonic.rs); the filter lets
         // the CPU-time clocks run, so any other clock here is the kernel's to answer.
         let clockid = n.args[0] & 0xffff_ffff;
         if d.name == "clock_gettime" && crate::policy::bpf::MONOTONIC_CLOCKS.contains(&clockid) {
@@ -276,8 +273,8 @@ fn decide(
             return Some((clock_answer(d.name, &n.args, mono), None));
         }
         if d.name == "clock_gettime" && !crate::policy::bpf::REALTIME_CLOCKS.contains(&clockid) {
-            // Another process's CPU clock: as if that pid did not exist (clock.rs).
-            if super::clock::foreign_cpu_clock(clockid, n.pid) {
+            // Another process's CPU clock: as if that pid did not exist (monotonic.rs).
+            if crate::answers::monotonic::foreign_cpu_clock(clockid, n.pid) {
                 return Some((Answer::Errno(libc::EINVAL), None));
             }
             return Some((Answer::Continue, None));
@@ -311,7 +308,7 @@ fn decide(
             Some(opener::Opened::Escaped) => {
                 return Some(changed_while_judged(t.syscall, &t.shown, rules));
             }
-            None if t.how == crate::supervise::paths::GrantedOpen::Refused => {
+            None if t.how == crate::notify::paths::GrantedOpen::Refused => {
                 refused_open = Some((t.syscall, t.shown));
             }
             None => {} // left to the kernel
@@ -342,7 +339,7 @@ fn decide(
             None if r
                 .paths
                 .iter()
-                .any(|(_, h)| *h == crate::supervise::paths::GrantedOpen::Refused) =>
+                .any(|(_, h)| *h == crate::notify::paths::GrantedOpen::Refused) =>
             {
                 refused_open = Some((r.syscall, shown));
             }
@@ -446,6 +443,22 @@ pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
         }
     };
     let _ = sys::notif_send(listener, n.id, reply);
+}
+
+/// The answer to a seeded `getrandom` (`n`): the stream's next bytes, or EINVAL for flags
+/// the kernel refuses (as it does, before any byte).
+pub fn seeded_answer(n: &Notif, entropy: &mut Entropy) -> Answer {
+    if !getrandom_flags_valid(n.args[2]) {
+        return Answer::Errno(libc::EINVAL);
+    }
+    let bytes = entropy.take(n.args[1] as usize);
+    let ret = bytes.len() as i64;
+    let writes = if ret > 0 {
+        vec![(n.args[0], bytes)]
+    } else {
+        vec![]
+    };
+    Answer::Value { ret, writes }
 }
 
 /// Whether the kernel accepts `flags` of `getrandom`: only `GRND_NONBLOCK`, `GRND_RANDOM`

@@ -20,13 +20,14 @@ use std::path::{Component, Path, PathBuf};
 /// Symlinks followed in one resolution before it is ELOOP (the kernel's limit).
 pub const MAX_SYMLINKS: u32 = 40;
 
-/// The write grants of one execution.
+/// The granted directories of one execution, by (device, inode): its write grants, and under
+/// `warn` its read grants too (a path is judged against them the way Landlock would).
 #[derive(Debug, Clone, Default)]
-pub struct WriteGrants {
+pub struct Grants {
     ids: HashSet<(u64, u64)>,
 }
 
-/// An open inside the grants, as the supervisor makes it ([`WriteGrants::granted_target`]).
+/// An open inside the grants, as the supervisor makes it ([`Grants::granted_target`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GrantedOpen {
     /// Open resolved path `.1` beneath granted directory (or granted file) `.0`.
@@ -41,7 +42,7 @@ pub enum GrantedOpen {
 
 /// How a write to one path is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum PathJudgement {
     /// Inside the grants, or bound to fail in the kernel below a granted directory.
     Granted,
     /// Outside the grants: the path as resolved.
@@ -241,9 +242,9 @@ fn resolve(pid: u32, path: &Path, follow: bool) -> Resolved {
     Resolved::Full(cur, id)
 }
 
-impl WriteGrants {
+impl Grants {
     pub fn new(paths: &[PathBuf]) -> Self {
-        WriteGrants {
+        Grants {
             ids: paths.iter().filter_map(|p| id_of(p)).collect(),
         }
     }
@@ -262,27 +263,27 @@ impl WriteGrants {
     /// Judges a write to `path` (absolute; `/proc/self` means guest `pid`). `follow`: the call
     /// follows a final symlink (open does; unlink does not). `pseudo`: the verdict when the
     /// path is a descriptor without a path (a pipe reopened through `/proc/self/fd/N`).
-    pub fn judge(&self, pid: u32, path: &Path, follow: bool, pseudo: bool) -> Verdict {
+    pub fn judge(&self, pid: u32, path: &Path, follow: bool, pseudo: bool) -> PathJudgement {
         match resolve(pid, path, follow) {
-            Resolved::Pseudo if pseudo => Verdict::Granted,
-            Resolved::Pseudo => Verdict::CannotJudge("not a file (a pipe or socket)".into()),
+            Resolved::Pseudo if pseudo => PathJudgement::Granted,
+            Resolved::Pseudo => PathJudgement::CannotJudge("not a file (a pipe or socket)".into()),
             Resolved::Full(p, id) => {
                 // The file itself (a granted device such as /dev/null), then each ancestor.
                 let granted = id.is_some_and(|id| self.ids.contains(&id))
                     || p.parent().is_some_and(|d| self.covers_dir(d));
                 if granted {
-                    Verdict::Granted
+                    PathJudgement::Granted
                 } else {
-                    Verdict::Outside(as_guest_sees(pid, p))
+                    PathJudgement::Outside(as_guest_sees(pid, p))
                 }
             }
             // The kernel stops where we stopped: below a granted directory it is its call.
-            Resolved::Partial(at, _, _) if self.covers_dir(&at) => Verdict::Granted,
-            Resolved::Partial(_, why, _) => Verdict::CannotJudge(why),
+            Resolved::Partial(at, _, _) if self.covers_dir(&at) => PathJudgement::Granted,
+            Resolved::Partial(_, why, _) => PathJudgement::CannotJudge(why),
         }
     }
 
-    /// For an open of `path` that [`WriteGrants::judge`] grants: the granted directory (or
+    /// For an open of `path` that [`Grants::judge`] grants: the granted directory (or
     /// the granted file itself) it lies under and the path as resolved, both as the
     /// supervisor names them, so that the supervisor can open it without leaving the grant
     /// (`opener.rs`); or the error the open meets where the path stops resolving below a
@@ -322,15 +323,15 @@ impl WriteGrants {
         }
     }
 
-    /// Whether writing `path` is granted (see [`WriteGrants::judge`]); a path that cannot be
+    /// Whether writing `path` is granted (see [`Grants::judge`]); a path that cannot be
     /// judged is not.
     pub fn covers(&self, path: &Path, follow: bool) -> bool {
-        self.judge(std::process::id(), path, follow, true) == Verdict::Granted
+        self.judge(std::process::id(), path, follow, true) == PathJudgement::Granted
     }
 }
 
 /// The absolute path the guest names with `path` relative to `dirfd`: through its cwd or
-/// descriptor in `/proc/self`, which [`WriteGrants::judge`] resolves as the guest's.
+/// descriptor in `/proc/self`, which [`Grants::judge`] resolves as the guest's.
 pub fn guest_path(dirfd: i32, path: &[u8]) -> PathBuf {
     let path = Path::new(OsStr::from_bytes(path));
     if path.is_absolute() {
@@ -388,7 +389,7 @@ mod tests {
         let dir = scratch("id");
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         symlink(&dir, dir.with_extension("link")).ok();
-        let g = WriteGrants::new(std::slice::from_ref(&dir));
+        let g = Grants::new(std::slice::from_ref(&dir));
         assert!(g.covers(&dir.join("new-file"), true));
         assert!(g.covers(&dir.join("sub/x"), true));
         assert!(
@@ -396,7 +397,7 @@ mod tests {
             "through a symlink"
         );
         assert!(!g.covers(Path::new("/etc/passwd-new"), true));
-        let null = WriteGrants::new(&[PathBuf::from("/dev/null")]);
+        let null = Grants::new(&[PathBuf::from("/dev/null")]);
         assert!(null.covers(Path::new("/dev/null"), true));
         assert!(!null.covers(Path::new("/dev/zero"), true));
         std::fs::remove_file(dir.with_extension("link")).ok();
@@ -413,26 +414,32 @@ mod tests {
         symlink("../out/missing", rw.join("rel")).unwrap();
         symlink("inside-missing", rw.join("in")).unwrap();
         symlink("loop", rw.join("loop")).unwrap();
-        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let g = Grants::new(std::slice::from_ref(&rw));
         let me = std::process::id();
         for l in ["abs", "rel"] {
             assert_eq!(
                 g.judge(me, &rw.join(l), true, true),
-                Verdict::Outside(out.join("missing")),
+                PathJudgement::Outside(out.join("missing")),
                 "{l}"
             );
             // unlink/rename do not follow: the link itself is in the grants.
-            assert_eq!(g.judge(me, &rw.join(l), false, true), Verdict::Granted);
+            assert_eq!(
+                g.judge(me, &rw.join(l), false, true),
+                PathJudgement::Granted
+            );
         }
-        assert_eq!(g.judge(me, &rw.join("in"), true, true), Verdict::Granted);
+        assert_eq!(
+            g.judge(me, &rw.join("in"), true, true),
+            PathJudgement::Granted
+        );
         assert!(matches!(
             g.judge(me, &rw.join("loop/x"), true, true),
-            Verdict::Granted // ELOOP below a granted directory: the kernel's call
+            PathJudgement::Granted // ELOOP below a granted directory: the kernel's call
         ));
-        let g_out = WriteGrants::new(std::slice::from_ref(&out));
+        let g_out = Grants::new(std::slice::from_ref(&out));
         assert!(matches!(
             g_out.judge(me, &rw.join("loop"), true, true),
-            Verdict::CannotJudge(w) if w.contains("too many symlinks")
+            PathJudgement::CannotJudge(w) if w.contains("too many symlinks")
         ));
         std::fs::remove_dir_all(&root).ok();
     }
@@ -443,28 +450,28 @@ mod tests {
         let rw = root.join("rw");
         std::fs::create_dir_all(&rw).unwrap();
         std::fs::write(root.join("file"), "").unwrap();
-        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let g = Grants::new(std::slice::from_ref(&rw));
         let me = std::process::id();
         assert_eq!(
             g.judge(me, &rw.join("no/such/x"), true, true),
-            Verdict::Granted
+            PathJudgement::Granted
         );
         assert_eq!(
             g.judge(me, &rw.join("no/../../escape"), true, true),
-            Verdict::Granted,
+            PathJudgement::Granted,
             "the kernel stops at rw/no (ENOENT)"
         );
         assert!(matches!(
             g.judge(me, &root.join("no/x"), true, true),
-            Verdict::CannotJudge(_)
+            PathJudgement::CannotJudge(_)
         ));
         assert!(matches!(
             g.judge(me, &root.join("file/x"), true, true),
-            Verdict::CannotJudge(w) if w.contains("not a directory")
+            PathJudgement::CannotJudge(w) if w.contains("not a directory")
         ));
         assert_eq!(
             g.judge(me, &rw.join("../x"), true, true),
-            Verdict::Outside(root.join("x"))
+            PathJudgement::Outside(root.join("x"))
         );
         std::fs::remove_dir_all(&root).ok();
     }
@@ -478,15 +485,15 @@ mod tests {
         std::fs::create_dir_all(&odd).unwrap();
         // A lossy copy of the name ("caf\u{fffd}") does not exist; the real one does.
         symlink(&rw, odd.join("to-rw")).unwrap();
-        let g = WriteGrants::new(std::slice::from_ref(&rw));
+        let g = Grants::new(std::slice::from_ref(&rw));
         let me = std::process::id();
         assert_eq!(
             g.judge(me, &odd.join("to-rw/x"), true, true),
-            Verdict::Granted
+            PathJudgement::Granted
         );
         assert_eq!(
             g.judge(me, &odd.join("x"), true, true),
-            Verdict::Outside(odd.join("x"))
+            PathJudgement::Outside(odd.join("x"))
         );
         std::fs::remove_dir_all(&root).ok();
     }
@@ -494,14 +501,14 @@ mod tests {
     #[test]
     fn proc_self_is_the_guest() {
         let root = scratch("proc");
-        let g = WriteGrants::new(std::slice::from_ref(&root));
+        let g = Grants::new(std::slice::from_ref(&root));
         // Our own cwd is not granted; "the guest" (this process, by pid) is checked through
         // /proc/PID, which must give the same answer as /proc/self.
         let me = std::process::id();
         let cwd = std::env::current_dir().unwrap();
         assert_eq!(
             g.judge(me, Path::new("/proc/self/cwd/x"), true, true),
-            Verdict::Outside(cwd.join("x"))
+            PathJudgement::Outside(cwd.join("x"))
         );
         // A pipe behind /proc/self/fd/N has no path: reopening it is the pseudo verdict.
         let (r, w) = nix::unistd::pipe().unwrap();
@@ -509,10 +516,10 @@ mod tests {
             "/proc/self/fd/{}",
             std::os::fd::AsRawFd::as_raw_fd(&w)
         ));
-        assert_eq!(g.judge(me, &p, true, true), Verdict::Granted);
+        assert_eq!(g.judge(me, &p, true, true), PathJudgement::Granted);
         assert!(matches!(
             g.judge(me, &p, true, false),
-            Verdict::CannotJudge(_)
+            PathJudgement::CannotJudge(_)
         ));
         drop((r, w));
         assert_eq!(

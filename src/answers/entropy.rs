@@ -57,7 +57,7 @@ impl Entropy {
 
 /// The 16 bytes a guest's auxiliary vector points at (`AT_RANDOM`) under a seeded or denied
 /// `getrandom`, keyed by `seed` (0 under deny): a stream of its own, so that the bytes
-/// `getrandom` answers are the same as before this was written (`supervise/vdso.rs`).
+/// `getrandom` answers are the same as before this was written (`answers/vdso.rs`).
 pub fn at_random(seed: u64) -> [u8; 16] {
     // "AT_RANDO" as a key: another seed's stream never starts with these 16 bytes.
     let mut e = Entropy::new(seed ^ 0x4154_5f52_414e_444f);

@@ -11,10 +11,10 @@
 //!
 //! * `clock_gettime`, `gettimeofday`, `time`: `mov eax, NR; syscall; ret`. The C library
 //!   still calls the vDSO, and the vDSO now makes the real syscall, which the filter routes
-//!   to the supervisor (`supervise/notify.rs` answers it with the execution's virtual time).
+//!   to the supervisor (`notify/mod.rs` answers it with the execution's virtual time).
 //!   A program that calls the vDSO directly (Go, or C looking it up in the auxiliary vector)
 //!   gets the same. Monotonic and CPU clocks become real syscalls too: under `virtual` the
-//!   supervisor answers the monotonic ones from a virtual monotonic clock (`clock.rs`); the
+//!   supervisor answers the monotonic ones from a virtual monotonic clock (`monotonic.rs`); the
 //!   filter lets the others run.
 //! * `getrandom`: `mov rax, -ENOSYS; ret`, so the C library falls back to the syscall.
 //!
@@ -35,40 +35,9 @@ use std::time::{Duration, Instant};
 
 use crate::sys::{self, Notif, Traced};
 
-use super::notify;
+use crate::notify;
 
-/// What to patch in a guest's vDSO (and its auxiliary vector's random bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Patch {
-    /// The wall clock (`clock = "virtual"` or `"deny"`).
-    pub clock: bool,
-    /// `getrandom` (`getrandom = "seeded"` or `"deny"`); the 16 bytes `AT_RANDOM` points at
-    /// are then overwritten with bytes of [`entropy::at_random`] keyed by `seed`.
-    pub random: bool,
-    /// The execution's seed (`--seed`, OPEN's `seed`; 0 when there is none, and under
-    /// `getrandom = "deny"`).
-    pub seed: u64,
-}
-
-impl Patch {
-    /// The patch a policy needs, or `None` when its guests may use the vDSO as it is.
-    pub fn for_policy(policy: &crate::policy::Policy) -> Option<Patch> {
-        let p = Patch {
-            clock: policy.time.clock != crate::policy::ClockMode::Real,
-            random: policy.random.getrandom != crate::policy::RandomMode::Allow,
-            seed: 0,
-        };
-        (p.clock || p.random).then_some(p)
-    }
-
-    /// This patch for an execution with `seed` (`None`: 0).
-    pub fn seeded(self, seed: Option<u64>) -> Patch {
-        Patch {
-            seed: seed.unwrap_or(0),
-            ..self
-        }
-    }
-}
+pub use crate::policy::rules::VdsoPatch as Patch;
 
 /// How the exec stop failed (the child is then killed: its clock or randomness would leak).
 #[derive(Debug, thiserror::Error)]

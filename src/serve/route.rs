@@ -1,0 +1,246 @@
+//! The zygote's notification router as a pure function: what to do with one notification
+//! given what the rule set says of its call ([`Call`]) and who asks ([`Asker`]). The
+//! router's loop (`zygote.rs`) gathers those facts, asks [`route`] (and, for a session's
+//! call past its budget, [`route_session`]), and carries the answer out; the answers
+//! themselves are the one handler's (`notify/`), never a copy.
+
+use crate::policy::decisions::Check;
+
+/// What the router knows of a call before routing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// The native ABI (x86_64): only those calls are answered; any other goes to the handler.
+    pub native: bool,
+    /// The supervisor's check of the call's number, from the rule set.
+    pub check: Option<Check>,
+    /// `fork`, `vfork`, or `clone` without `CLONE_THREAD`.
+    pub forks: bool,
+    /// A signal (`kill`, `tkill`, `tgkill`) to the caller's own pid or thread group in the
+    /// namespace.
+    pub signals_itself: bool,
+    /// A signal to the pinned session pid (`SESSION_PID`, for `tgkill` with a thread of the
+    /// caller), under a policy that pins it.
+    pub signals_session_pid: bool,
+}
+
+/// Who asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// The zygote itself (preloading, forking, waiting between sessions).
+    Zygote,
+    /// A session's guest (its budget is charged before [`route_session`]).
+    Session,
+    /// A spare before it has a session, or a pid the router does not know.
+    Unknown,
+}
+
+/// What the router does with a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Let it run.
+    Continue,
+    /// A signal to itself: let it run, charged to the session's budget when a session asks.
+    SignalItself,
+    /// The zygote's own call: the handler judges it, with violations denied (never killed)
+    /// and its clocks read from the preload instant.
+    ZygoteHandles,
+    /// A spare's `getrandom`: the handler's seeded answer from a stream of seed 0 (the
+    /// session reseeds from its own).
+    SpareSeeded,
+    /// A spare's `sched_getaffinity` under a pinned CPU count.
+    SpareCpuCount(u32),
+    /// An unknown caller's call: refused with EPERM, and said.
+    RefuseUnknown,
+    /// A session's call: charge its budget, then [`route_session`].
+    Session,
+}
+
+/// What the router does with a session's call once its budget is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRouted {
+    /// Answered with the pinned session pid.
+    Pid,
+    /// The signal is sent for it (to the caller's real pid).
+    SignalForIt,
+    /// The one handler, with the session's state.
+    Handle,
+}
+
+/// Routes a notification of `call` from whoever `asker` finds: it is asked only when the
+/// call is not a signal to itself (finding a session may wait for it to be registered).
+pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
+    // Signals: each process may signal itself only (its pid in the namespace).
+    if call.native && call.signals_itself {
+        return Routed::SignalItself;
+    }
+    match asker() {
+        Asker::Zygote if call.native && call.forks => Routed::Continue,
+        // While preloading it reads real entropy (the SDK needs randomness at import), and it
+        // waits with a timeout between sessions; sessions get theirs after the fork.
+        Asker::Zygote
+            if call.native
+                && matches!(
+                    call.check,
+                    Some(Check::Seeded | Check::Usage | Check::Pid | Check::TimedWait)
+                ) =>
+        {
+            Routed::Continue
+        }
+        Asker::Zygote => Routed::ZygoteHandles,
+        Asker::Unknown if call.native => match call.check {
+            // Python reseeds `random` in every forked child; a failing getrandom would make
+            // CPython give up on it for the life of the process.
+            Some(Check::Seeded) => Routed::SpareSeeded,
+            // The real clock, until its session.
+            Some(Check::Clock | Check::Usage | Check::Pid | Check::Stat) => Routed::Continue,
+            Some(Check::CpuCount(cpus)) => Routed::SpareCpuCount(cpus),
+            _ => Routed::RefuseUnknown,
+        },
+        Asker::Unknown => Routed::RefuseUnknown,
+        Asker::Session => Routed::Session,
+    }
+}
+
+/// Routes a session's call (its budget charged); `armed`: its guest has said HELLO.
+pub fn route_session(call: Call, armed: bool) -> SessionRouted {
+    if call.native && armed && call.check == Some(Check::Pid) {
+        SessionRouted::Pid
+    } else if call.native && armed && call.signals_session_pid {
+        SessionRouted::SignalForIt
+    } else {
+        SessionRouted::Handle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(check: Option<Check>) -> Call {
+        Call {
+            native: true,
+            check,
+            forks: false,
+            signals_itself: false,
+            signals_session_pid: false,
+        }
+    }
+
+    #[test]
+    fn a_signal_to_itself_runs_whoever_sends_it() {
+        let c = Call {
+            signals_itself: true,
+            ..call(Some(Check::Signal))
+        };
+        for asker in [Asker::Zygote, Asker::Session, Asker::Unknown] {
+            assert_eq!(route(c, || asker), Routed::SignalItself);
+        }
+        // Who asks is not looked up (a session's look-up may wait).
+        assert_eq!(
+            route(c, || panic!("who asks was looked up")),
+            Routed::SignalItself
+        );
+        let foreign = Call { native: false, ..c };
+        assert_eq!(route(foreign, || Asker::Zygote), Routed::ZygoteHandles);
+    }
+
+    #[test]
+    fn only_the_zygote_forks() {
+        let fork = Call {
+            forks: true,
+            ..call(Some(Check::Violation))
+        };
+        assert_eq!(route(fork, || Asker::Zygote), Routed::Continue);
+        assert_eq!(route(fork, || Asker::Session), Routed::Session);
+        assert_eq!(route(fork, || Asker::Unknown), Routed::RefuseUnknown);
+        let foreign = Call {
+            native: false,
+            ..fork
+        };
+        assert_eq!(route(foreign, || Asker::Zygote), Routed::ZygoteHandles);
+    }
+
+    #[test]
+    fn the_zygote_reads_real_entropy_usage_and_pid_and_waits() {
+        for check in [Check::Seeded, Check::Usage, Check::Pid, Check::TimedWait] {
+            assert_eq!(route(call(Some(check)), || Asker::Zygote), Routed::Continue);
+        }
+    }
+
+    #[test]
+    fn the_zygotes_clock_reads_and_violations_go_to_the_handler() {
+        for check in [
+            Some(Check::Clock),
+            Some(Check::Stat),
+            Some(Check::Violation),
+            None,
+        ] {
+            assert_eq!(route(call(check), || Asker::Zygote), Routed::ZygoteHandles);
+        }
+    }
+
+    #[test]
+    fn a_spare_draws_seed_zero_and_reads_the_real_clock() {
+        assert_eq!(
+            route(call(Some(Check::Seeded)), || Asker::Unknown),
+            Routed::SpareSeeded
+        );
+        for check in [Check::Clock, Check::Usage, Check::Pid, Check::Stat] {
+            assert_eq!(
+                route(call(Some(check)), || Asker::Unknown),
+                Routed::Continue
+            );
+        }
+        assert_eq!(
+            route(call(Some(Check::CpuCount(3))), || Asker::Unknown),
+            Routed::SpareCpuCount(3)
+        );
+    }
+
+    #[test]
+    fn any_other_call_of_an_unknown_pid_is_refused() {
+        for check in [
+            Some(Check::Violation),
+            Some(Check::Writes),
+            Some(Check::TimedWait),
+            None,
+        ] {
+            assert_eq!(route(call(check), || Asker::Unknown), Routed::RefuseUnknown);
+        }
+        let foreign = Call {
+            native: false,
+            ..call(Some(Check::Seeded))
+        };
+        assert_eq!(route(foreign, || Asker::Unknown), Routed::RefuseUnknown);
+    }
+
+    #[test]
+    fn a_sessions_calls_are_charged_then_routed() {
+        for check in [
+            Some(Check::Seeded),
+            Some(Check::Clock),
+            Some(Check::Violation),
+            None,
+        ] {
+            assert_eq!(route(call(check), || Asker::Session), Routed::Session);
+        }
+    }
+
+    #[test]
+    fn an_armed_session_reads_the_pinned_pid_and_signals_it() {
+        let pid = call(Some(Check::Pid));
+        assert_eq!(route_session(pid, true), SessionRouted::Pid);
+        assert_eq!(route_session(pid, false), SessionRouted::Handle);
+        let signal = Call {
+            signals_session_pid: true,
+            ..call(Some(Check::Signal))
+        };
+        assert_eq!(route_session(signal, true), SessionRouted::SignalForIt);
+        assert_eq!(route_session(signal, false), SessionRouted::Handle);
+        let foreign = Call {
+            native: false,
+            ..pid
+        };
+        assert_eq!(route_session(foreign, true), SessionRouted::Handle);
+    }
+}
