@@ -14,7 +14,7 @@ use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
 use crate::protocol::worker::OpenRequest;
-use crate::run::{Applied, LayersBase};
+use crate::supervise::assemble::{Applied, LayersBase};
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::set_nonblocking;
 use crate::supervise::startup::Startup;
@@ -224,7 +224,7 @@ fn start_exec(
     log: OwnedFd,
 ) -> Result<ExecChild, ExecError> {
     let policy = &server.policy;
-    let mut extra_env = crate::run::protocol_env(policy);
+    let mut extra_env = crate::protocol::guest::protocol_env(policy);
     if let Some(init) = init {
         extra_env.push(("WFJAIL_INIT".into(), init.to_string()));
     }

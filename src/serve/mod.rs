@@ -27,9 +27,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::echo::LineEcho;
 use crate::plan::ExtraGrant;
 use crate::policy::Policy;
-use crate::supervise::LineEcho;
 use crate::supervise::violations::Violations;
 use crate::sys;
 use zygote::{ChildExit, Zygote, ZygoteConfig, ZygoteError};

@@ -25,18 +25,18 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, Shutdown, recvmsg, shutdown};
 use serde_json::json;
 
+use crate::echo::{LineEcho, escape_guest_text};
 use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::Report;
-use crate::run::Applied;
+use crate::supervise::assemble::{self, Account, Applied};
 use crate::supervise::notify::{self, Handled};
 use crate::supervise::startup::{Next, Route, StartupError};
 use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 use crate::supervise::{
-    LineEcho, VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT, escape_guest_text,
-    level_name, poll_timeout,
+    VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT, level_name, poll_timeout,
 };
 use crate::sys::{self, NotifBuf};
 
@@ -813,11 +813,11 @@ impl Session {
             Route::Guest => {}
         }
         // The supervisor's work for the session is bounded (notify::Budget).
-        if !self.shared.budget.lock().unwrap().take() {
-            let pidfd = e.pidfd.clone();
-            notify::over_budget(l.as_fd(), &n, || {
-                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            });
+        let pidfd = e.pidfd.clone();
+        let kill = || {
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        };
+        if !notify::charge(&mut self.shared.budget.lock().unwrap(), l.as_fd(), &n, kill) {
             self.shared.mark_killed();
             return;
         }
@@ -839,7 +839,6 @@ impl Session {
         {
             self.vm_peak = self.vm_peak.max(Some(peak));
         }
-        let pidfd = e.pidfd.clone();
         let mut v = self.shared.violations.lock().unwrap();
         let mut det = self.shared.determinism.lock().unwrap();
         let det = &mut *det;
@@ -1041,7 +1040,7 @@ impl Session {
                 )
             }
             Child::Exec(e) => {
-                let layers = crate::run::layers(
+                let layers = assemble::layers(
                     &e.plan,
                     &e.base,
                     e.startup.degraded(),
@@ -1103,38 +1102,24 @@ impl Session {
             stopped: self.phases.failure().map(ToString::to_string),
             ..Facts::default()
         };
-        let v = verdict::classify(&facts);
-        let signal = status_word
-            .filter(|&st| libc::WIFSIGNALED(st))
-            .map(|st| crate::report::signal_name(libc::WTERMSIG(st)));
-        // One lock, taken apart from the report: a struct literal keeps its temporaries.
+        // One lock, taken apart from the account: a struct literal keeps its temporaries.
         let (seed, clock) = {
             let det = self.shared.determinism.lock().unwrap();
             (det.seed, det.clock)
         };
-        Report {
-            status: v.status,
-            exit_code: status_word
-                .filter(|&st| libc::WIFEXITED(st))
-                .map(|st| libc::WEXITSTATUS(st)),
-            signal,
-            violations: list,
-            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-            cpu_ms,
-            max_rss_kb,
+        let account = Account {
             policy: self.server.policy.name.clone(),
-            layers,
-            stderr_tail: String::new(),
-            limit: v.limit.map(|l| l.as_str().to_string()),
-            error: v.error,
-            guest_error: self.phases.guest_error().cloned(),
             command: self.command.clone(),
+            layers,
+            violations: list,
+            duration: self.started.elapsed(),
+            max_rss_kb,
+            guest_error: self.phases.guest_error().cloned(),
             seed,
-            clock: clock.map(crate::supervise::clock::format),
-            skipped_paths: vec![],
-            learned: None,
-            exit_status: v.exit_status,
-        }
+            clock,
+            ..Account::default()
+        };
+        assemble::report(&facts, account)
     }
 }
 

@@ -196,7 +196,7 @@ pub struct Zygote {
     pub layers: Layers,
     /// The zygote's rlimits and write grants, every session child's too: what a child's end
     /// is judged against.
-    pub applied: crate::run::Applied,
+    pub applied: crate::supervise::assemble::Applied,
     pending: Mutex<HashMap<u64, PendingFork>>,
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
@@ -272,7 +272,7 @@ impl Zygote {
         let spawned = process::spawn(&plan, &targets, None)?;
         drop((null, theirs, log));
         let pid = spawned.pid;
-        let base = crate::run::LayersBase::of(&spawned);
+        let base = crate::supervise::assemble::LayersBase::of(&spawned);
         let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.vdso) {
             Ok(x) => x,
             Err(e) => {
@@ -281,7 +281,8 @@ impl Zygote {
                 return Err(e.into());
             }
         };
-        let layers = crate::run::layers(&plan, &base, &degraded, listener.is_some());
+        let layers =
+            crate::supervise::assemble::layers(&plan, &base, &degraded, listener.is_some());
         let Spawned { pidfd, .. } = spawned;
         let reader = ours.try_clone().map_err(ZygoteError::ControlSocket)?;
         let (ready_tx, ready_rx) = channel();
@@ -291,7 +292,7 @@ impl Zygote {
             pidfd,
             ctl: Mutex::new(ours),
             layers,
-            applied: crate::run::Applied::of(&plan),
+            applied: crate::supervise::assemble::Applied::of(&plan),
             pending: Mutex::new(HashMap::new()),
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),
@@ -457,7 +458,7 @@ impl Zygote {
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid)).ok()?;
         list.split_whitespace()
             .filter_map(|p| p.parse::<libc::pid_t>().ok())
-            .find(|&p| ns_pid_of(p as u32) == Some(ns_pid))
+            .find(|&p| crate::procfs::ns_pid(p as u32) == Some(ns_pid))
     }
 
     fn read_control(
@@ -617,8 +618,8 @@ impl Zygote {
             // Signals: each process may signal itself only (its pid in the namespace).
             if matches!(name, "kill" | "tkill" | "tgkill")
                 && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-                && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
-                    || ns_tgid_of(n.pid) == Some(n.args[0] as i32))
+                && (crate::procfs::ns_pid(n.pid) == Some(n.args[0] as i32)
+                    || crate::procfs::ns_tgid(n.pid) == Some(n.args[0] as i32))
             {
                 // A session's signal to itself costs the router like any answer: a loop of
                 // them is a flood its budget stops (the zygote and spares have none).
@@ -758,7 +759,7 @@ impl Zygote {
                 && n.args[0] as i32 == SESSION_PID
                 && (name != "tgkill"
                     || n.args[1] as i32 == SESSION_PID
-                    || ns_pid_of(n.pid) == Some(n.args[1] as i32))
+                    || crate::procfs::ns_pid(n.pid) == Some(n.args[1] as i32))
             {
                 drop((v, det));
                 let sig = if name == "tgkill" {
@@ -844,36 +845,18 @@ pub const PRELOAD_INSTANT: i64 = 946_684_800_000_000_000;
 /// namespace.
 pub const SESSION_PID: i32 = 4_194_303;
 
-/// The pid of global `pid` in its own (innermost) PID namespace.
-fn ns_pid_of(pid: u32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
-}
-
 /// How many parents up from a caller a session's process is looked for (a session's
 /// processes are bounded by `limits.processes`; a deeper chain is no session's).
 const MAX_SESSION_DEPTH: usize = 64;
 
-/// The process id (thread group) of global task `tid` in its own PID namespace.
-fn ns_tgid_of(tid: u32) -> Option<i32> {
-    ns_tgid_and_parent(tid).map(|(ns, _)| ns)
-}
-
 /// The process id of global task `tid` in its own PID namespace (`NStgid`), and the global
 /// pid of its parent process (`PPid`).
 fn ns_tgid_and_parent(tid: u32) -> Option<(i32, u32)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let field = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))?
-            .split_whitespace()
-            .last()?
-            .parse::<i64>()
-            .ok()
-    };
-    Some((field("NStgid:")? as i32, field("PPid:")? as u32))
+    let status = crate::procfs::Status::of(tid)?;
+    Some((
+        status.innermost("NStgid")? as i32,
+        status.innermost("PPid")? as u32,
+    ))
 }
 
 /// "exit 1", "killed by SIGKILL".

@@ -8,6 +8,7 @@
 //! buffers, the stderr tail, the violations list) each has a bound; every frame from the
 //! guest is charged to `limits.output`.
 
+pub mod assemble;
 pub mod clock;
 pub mod decode;
 pub mod disk;
@@ -42,6 +43,8 @@ use notify::Handled;
 use startup::{Route, Startup, StartupError};
 use violations::Violations;
 
+use crate::echo::{GUEST_PREFIX, LineEcho};
+
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
@@ -55,85 +58,6 @@ pub const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 pub const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
 /// The poll timeout while sampling, so that an idle guest is still sampled.
 pub const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
-
-/// What starts every line of guest text echoed on wfjail's stderr. wfjail's own lines start
-/// with `wfjail: `, so a guest cannot print one of them (docs/security.md).
-pub const GUEST_PREFIX: &str = "[guest] ";
-/// The longest guest line echoed as one line; a longer one is cut into several, so a guest
-/// that never writes a newline does not grow the buffer.
-pub const MAX_ECHO_LINE: usize = 4096;
-
-/// Guest text made safe for a terminal: invalid UTF-8 replaced, and control characters
-/// (C0 except tab, DEL, C1) written as `\xNN` so that the guest cannot move the cursor,
-/// erase a line or start a new one.
-pub fn escape_guest_text(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if (c.is_control() && c != '\t') || c == '\u{7f}' {
-            out.push_str(&format!("\\x{:02x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Guest output echoed line by line, each line behind a prefix and escaped
-/// ([`escape_guest_text`]); at most [`MAX_ECHO_LINE`] bytes are held.
-#[derive(Debug)]
-pub struct LineEcho {
-    prefix: String,
-    buf: Vec<u8>,
-}
-
-impl LineEcho {
-    pub fn new(prefix: impl Into<String>) -> Self {
-        LineEcho {
-            prefix: prefix.into(),
-            buf: Vec::new(),
-        }
-    }
-
-    /// The lines `data` completes, rendered (prefix, escaped text, newline), ready to write.
-    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for piece in data.split_inclusive(|&b| b == b'\n') {
-            let (body, ends) = match piece.split_last() {
-                Some((b'\n', body)) => (body, true),
-                _ => (piece, false),
-            };
-            let mut body = body;
-            while self.buf.len() + body.len() >= MAX_ECHO_LINE {
-                let take = MAX_ECHO_LINE - self.buf.len();
-                self.buf.extend_from_slice(&body[..take]);
-                body = &body[take..];
-                self.render(&mut out);
-            }
-            self.buf.extend_from_slice(body);
-            if ends {
-                self.render(&mut out);
-            }
-        }
-        out
-    }
-
-    /// A last line without its newline, rendered.
-    pub fn finish(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        if !self.buf.is_empty() {
-            self.render(&mut out);
-        }
-        out
-    }
-
-    fn render(&mut self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.prefix.as_bytes());
-        out.extend_from_slice(escape_guest_text(&self.buf).as_bytes());
-        out.push(b'\n');
-        self.buf.clear();
-    }
-}
 
 /// Where the guest's output goes.
 pub struct Sinks<'a> {
@@ -262,27 +186,18 @@ pub struct Outcome {
     pub memory_refused: Option<u64>,
 }
 
-/// The guest's current address space in bytes (`VmSize`), if readable.
-fn vm_size(pid: libc::pid_t) -> Option<u64> {
-    proc_status_kb(pid, "VmSize:").map(|kb| kb * 1024)
-}
-
-/// A `kB` field of /proc/PID/status.
-fn proc_status_kb(pid: libc::pid_t, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status_field(&status, field)
-}
-
-/// The number in the line of /proc/PID/status text `status` that starts with `field`
-/// (without a `kB` unit).
-fn status_field(status: &str, field: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
+impl Outcome {
+    /// Whether wfjail itself stopped the guest (deadline, violation, output bound, broken
+    /// protocol or set-up channel, or wfjail's own stop signal): a SIGKILL it did not send is
+    /// the kernel's (a CPU limit).
+    pub fn killed_by_supervisor(&self) -> bool {
+        self.timed_out
+            || self.killed_for_violation
+            || self.output_exceeded
+            || self.protocol_error.is_some()
+            || self.interrupted.is_some()
+            || self.channel_error.is_some()
+    }
 }
 
 /// The name of the mapping call `n` (for the policy's deny list).
@@ -322,7 +237,7 @@ pub fn mapping_beyond_limit(
 ) -> Option<u64> {
     let grow = memory_request(n)?;
     (!policy.syscalls.denies(mapping_call_name(n))
-        && vm_size(pid).is_some_and(|s| s.saturating_add(grow) > limit)
+        && crate::procfs::vm_size(pid as u32).is_some_and(|s| s.saturating_add(grow) > limit)
         && sys::notif_id_valid(listener, n.id))
     .then_some(grow)
 }
@@ -345,15 +260,15 @@ pub fn peak_at_exit(
     if !exit {
         return None;
     }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).ok()?;
-    let tgid = status_field(&status, "Tgid:")?;
-    let peak = status_field(&status, "VmPeak:")? * 1024;
+    let status = crate::procfs::Status::of(n.pid)?;
+    let tgid = status.number("Tgid")?;
+    let peak = status.bytes("VmPeak")?;
     (tgid == guest as u64 && sys::notif_id_valid(listener, n.id)).then_some(peak)
 }
 
 /// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
 pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
-    proc_status_kb(pid, "VmPeak:").map(|kb| kb * 1024)
+    crate::procfs::vm_peak(pid as u32)
 }
 
 /// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
@@ -753,9 +668,8 @@ pub fn supervise(
                         Route::Guest => {}
                     }
                     // The supervisor's work for the guest is bounded (notify::Budget).
-                    if !budget.take() {
+                    if !notify::charge(&mut budget, l.as_fd(), &n, kill) {
                         o.notifications_exceeded = true;
-                        notify::over_budget(l.as_fd(), &n, kill);
                         continue;
                     }
                     // A large allocation routed here for the memory limit's evidence (the
@@ -975,20 +889,6 @@ pub fn level_name(level: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn guest_lines_are_prefixed_escaped_and_bounded() {
-        let mut e = LineEcho::new("[g] ");
-        let out = e.feed(b"wfjail: ok\n\x1b[2Kx\ty\r\x7f\xc2\x9b\npartial");
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "[g] wfjail: ok\n[g] \\x1b[2Kx\ty\\x0d\\x7f\\x9b\n"
-        );
-        assert_eq!(e.finish(), b"[g] partial\n");
-        let out = e.feed(&vec![b'a'; 3 * MAX_ECHO_LINE]);
-        assert_eq!(out.len(), 3 * (4 + MAX_ECHO_LINE + 1));
-        assert!(e.buf.is_empty());
-    }
 
     fn notif(nr: libc::c_long, args: [u64; 6]) -> sys::Notif {
         sys::Notif {

@@ -1,0 +1,117 @@
+//! `/proc/PID/status`, parsed in one place: the supervisor's memory evidence (`VmSize`,
+//! `VmPeak`), the pid translations of the namespace-aware checks (`NSpid`, `NStgid`), the
+//! zygote router's walk up to a session (`PPid`) and the opener's `Umask`. Each reader takes
+//! one read of the file; the text is parsed by [`Status`], which the tests feed directly.
+
+/// The text of one task's `/proc/PID/status`.
+#[derive(Debug, Clone)]
+pub struct Status(String);
+
+impl Status {
+    /// Reads `/proc/{pid}/status` (`None`: the task is gone, or `/proc` is not readable).
+    pub fn of(pid: u32) -> Option<Status> {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .map(Status)
+    }
+
+    /// Status text as read (for tests and for a caller that has it).
+    pub fn parse(text: impl Into<String>) -> Status {
+        Status(text.into())
+    }
+
+    /// The value of field `key` (without its colon), trimmed.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.0.lines().find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .map(str::trim)
+        })
+    }
+
+    /// A plain number field (`Tgid`, `PPid`).
+    pub fn number(&self, key: &str) -> Option<u64> {
+        self.field(key)?.parse().ok()
+    }
+
+    /// A `kB` field (`VmSize`, `VmPeak`), in bytes.
+    pub fn bytes(&self, key: &str) -> Option<u64> {
+        let kb: u64 = self
+            .field(key)?
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+
+    /// The last number of a per-namespace field (`NSpid`, `NStgid`): the task's id in its own
+    /// (innermost) PID namespace.
+    pub fn innermost(&self, key: &str) -> Option<i64> {
+        self.field(key)?.split_whitespace().last()?.parse().ok()
+    }
+}
+
+/// The pid of global task `pid` in its own (innermost) PID namespace (the last of `NSpid`).
+pub fn ns_pid(pid: u32) -> Option<i32> {
+    Status::of(pid)?.innermost("NSpid").map(|p| p as i32)
+}
+
+/// The process id (thread group) of global task `tid` in its own PID namespace (`NStgid`).
+pub fn ns_tgid(tid: u32) -> Option<i32> {
+    Status::of(tid)?.innermost("NStgid").map(|p| p as i32)
+}
+
+/// A process's current address space in bytes (`VmSize`).
+pub fn vm_size(pid: u32) -> Option<u64> {
+    Status::of(pid)?.bytes("VmSize")
+}
+
+/// A process's peak address space in bytes (`VmPeak`).
+pub fn vm_peak(pid: u32) -> Option<u64> {
+    Status::of(pid)?.bytes("VmPeak")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NESTED: &str = "Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\n\
+        Ngid:\t0\nPid:\t4243\nPPid:\t4200\nNStgid:\t4242\t7\nNSpid:\t4243\t8\n\
+        VmPeak:\t  123456 kB\nVmSize:\t  120000 kB\n";
+
+    #[test]
+    fn a_field_is_found_by_its_whole_key_not_a_prefix_of_another() {
+        let s = Status::parse(NESTED);
+        assert_eq!(s.number("Pid"), Some(4243), "not PPid's");
+        assert_eq!(s.number("PPid"), Some(4200));
+        assert_eq!(s.number("Tgid"), Some(4242), "not NStgid's");
+        assert_eq!(s.field("Umask"), Some("0022"));
+        assert_eq!(s.field("Missing"), None);
+    }
+
+    #[test]
+    fn kb_fields_are_read_in_bytes() {
+        let s = Status::parse(NESTED);
+        assert_eq!(s.bytes("VmPeak"), Some(123_456 * 1024));
+        assert_eq!(s.bytes("VmSize"), Some(120_000 * 1024));
+    }
+
+    #[test]
+    fn namespace_ids_are_the_innermost_ones() {
+        let s = Status::parse(NESTED);
+        assert_eq!(s.innermost("NSpid"), Some(8));
+        assert_eq!(s.innermost("NStgid"), Some(7));
+        let flat = Status::parse("NSpid:\t99\n");
+        assert_eq!(flat.innermost("NSpid"), Some(99));
+    }
+
+    #[test]
+    fn this_process_reads_as_itself() {
+        let me = std::process::id();
+        let s = Status::of(me).unwrap();
+        assert_eq!(s.number("Tgid"), Some(u64::from(me)));
+        assert!(ns_tgid(me).is_some() && ns_pid(me).is_some());
+        assert!(vm_peak(me).unwrap() >= vm_size(me).unwrap());
+    }
+}
