@@ -17,8 +17,8 @@ use crate::protocol::worker::OpenRequest;
 use crate::supervise::assemble::{Applied, LayersBase};
 use crate::supervise::paths::WriteGrants;
 use crate::supervise::set_nonblocking;
-use crate::supervise::startup::Startup;
-use crate::sys::{NotifBuf, Reaped};
+use crate::supervise::startup::Driver;
+use crate::sys::Reaped;
 
 use super::zygote::{ForkError, Zygote};
 use super::{Server, SessionShared};
@@ -85,11 +85,9 @@ pub struct ExecChild {
     pub base: LayersBase,
     pub pid: libc::pid_t,
     pub pidfd: Arc<OwnedFd>,
-    pub chan: Option<OwnedFd>,
-    pub listener: Option<OwnedFd>,
-    pub buf: Option<NotifBuf>,
+    /// The set-up channel and the seccomp listener (startup.rs's one driver).
+    pub start: Driver,
     pub grants: WriteGrants,
-    pub startup: Startup,
     pub reaped: Option<Reaped>,
     /// `limits.processes` for a guest that runs as host root; removed with the session.
     pub pids_cgroup: Option<crate::process::pids_cgroup::PidsCgroup>,
@@ -254,17 +252,13 @@ fn start_exec(
     drop((null, theirs, log));
     let mut base = LayersBase::of(&spawned);
     base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
-    set_nonblocking(&spawned.chan);
     let grants = WriteGrants::new(&plan.write);
     Ok(ExecChild {
         base,
         pid: spawned.pid,
         pidfd: Arc::new(spawned.pidfd),
-        chan: Some(spawned.chan),
-        listener: None,
-        buf: None,
+        start: Driver::new(spawned.pid, spawned.chan, plan.vdso).nonblocking_listener(),
         grants,
-        startup: Startup::new(),
         reaped: None,
         plan,
         pids_cgroup: pids_cgroup.and_then(Result::ok),

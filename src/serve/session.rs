@@ -26,19 +26,18 @@ use nix::sys::socket::{ControlMessageOwned, MsgFlags, Shutdown, recvmsg, shutdow
 use serde_json::json;
 
 use crate::echo::{LineEcho, escape_guest_text};
-use crate::process::channel::{self as chan, ChildMsg, Received};
 use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity, Opened};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::report::Report;
 use crate::supervise::assemble::{self, Account, Applied};
 use crate::supervise::notify::{self, Handled};
-use crate::supervise::startup::{Next, Route, StartupError};
+use crate::supervise::startup::{ChanRead, Listened, StartupError};
 use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 use crate::supervise::{
     VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT, level_name, poll_timeout,
 };
-use crate::sys::{self, NotifBuf};
+use crate::sys;
 
 use super::launch::{Child, Launched, launch};
 use super::phases::{Action, Failure, Phases};
@@ -453,7 +452,7 @@ impl Session {
             return;
         }
         if let Child::Exec(e) = &self.child
-            && e.chan.is_some()
+            && e.start.chan().is_some()
         {
             return; // not exec'd yet: wfjail's own image
         }
@@ -749,33 +748,9 @@ impl Session {
         let Child::Exec(e) = &mut self.child else {
             return;
         };
-        let Some(c) = &e.chan else { return };
-        match chan::recv(c) {
-            Ok(Ok(Received::Msg(msg, fd))) => {
-                if msg == ChildMsg::Listener {
-                    e.buf = NotifBuf::new().ok();
-                    if let Some(l) = &fd {
-                        sys::notif_sync_wake_up(l.as_fd());
-                    }
-                    e.listener = fd;
-                }
-                e.startup.record(Ok(msg));
-            }
-            Ok(Ok(Received::Eof)) => {
-                e.startup.eof();
-                e.chan = None;
-            }
-            Ok(Err(err)) => {
-                e.chan = None;
-                if e.startup.record(Err(err)) == Next::Kill {
-                    let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-                    self.killed = true;
-                }
-            }
-            Err(err)
-                if err.raw_os_error() == Some(libc::EINTR)
-                    || err.raw_os_error() == Some(libc::EAGAIN) => {}
-            Err(_) => e.chan = None,
+        if e.start.read_chan() == ChanRead::Kill {
+            let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
+            self.killed = true;
         }
     }
 
@@ -784,34 +759,16 @@ impl Session {
         let Child::Exec(e) = &mut self.child else {
             return;
         };
-        if !rev.contains(PollFlags::POLLIN) {
-            e.listener = None;
-            return;
-        }
-        let (Some(l), Some(b)) = (&e.listener, e.buf.as_mut()) else {
-            return;
-        };
-        let Some(n) = notify::receive(l.as_fd(), b) else {
-            return;
-        };
-        match e
-            .startup
-            .notification(crate::supervise::is_initial_exec(&n, e.pid))
-        {
-            Route::AllowExec => {
-                if let Err(err) = crate::supervise::vdso::exec(l.as_fd(), &n, e.pid, e.plan.vdso) {
-                    eprintln!("wfjail: session {}: {err}", self.id);
-                    e.startup
-                        .parent_failed(crate::process::channel::Step::Vdso, err.errno());
-                    let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-                }
+        let n = match e.start.on_listener(rev) {
+            Listened::Guest(n) => n,
+            Listened::Nothing => return,
+            Listened::ExecStopFailed(err) => {
+                eprintln!("wfjail: session {}: {err}", self.id);
+                let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
                 return;
             }
-            Route::Refuse => return notify::refuse(l.as_fd(), &n, libc::EPERM),
-            // Exec-mode sessions take no step between the exec's stop and its start.
-            Route::HoldExec => return,
-            Route::Guest => {}
-        }
+        };
+        let Some(l) = e.start.listener() else { return };
         // The supervisor's work for the session is bounded (notify::Budget).
         let pidfd = e.pidfd.clone();
         let kill = || {
@@ -895,11 +852,11 @@ impl Session {
             }
             Child::Exec(e) => {
                 watch(e.pidfd.as_fd(), PollFlags::POLLIN, Token::Pidfd);
-                if let Some(c) = &e.chan {
-                    watch(c.as_fd(), PollFlags::POLLIN, Token::Chan);
+                if let Some(c) = e.start.chan() {
+                    watch(c, PollFlags::POLLIN, Token::Chan);
                 }
-                if let Some(l) = &e.listener {
-                    watch(l.as_fd(), PollFlags::POLLIN, Token::Listener);
+                if let Some(l) = e.start.listener() {
+                    watch(l, PollFlags::POLLIN, Token::Listener);
                 }
             }
         }
@@ -1043,8 +1000,8 @@ impl Session {
                 let layers = assemble::layers(
                     &e.plan,
                     &e.base,
-                    e.startup.degraded(),
-                    e.listener.is_some() || e.startup.has_listener(),
+                    e.start.startup().degraded(),
+                    e.start.startup().has_listener(),
                 );
                 let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| (r.cpu_ms(), r.max_rss_kb()));
                 (e.reaped.map(|r| r.status), cpu, rss, layers, false)
@@ -1055,7 +1012,7 @@ impl Session {
         let list = violations.list.clone();
         drop(violations);
         let fatal = match &self.child {
-            Child::Exec(e) => e.startup.fatal().map(|(step, errno)| SetupFailed {
+            Child::Exec(e) => e.start.startup().fatal().map(|(step, errno)| SetupFailed {
                 step,
                 errno,
                 command: e.plan.command.display().to_string(),
@@ -1070,7 +1027,7 @@ impl Session {
                 .file_at_limit(std::time::SystemTime::now() - self.started.elapsed())
                 .is_some();
         let channel_error = match &self.child {
-            Child::Exec(e) => match e.startup.error() {
+            Child::Exec(e) => match e.start.startup().error() {
                 Some(err @ StartupError::Channel(_)) => Some(err.to_string()),
                 _ => None,
             },

@@ -37,12 +37,12 @@ use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
 use crate::policy::decisions::Check;
 use crate::policy::syscalls;
 use crate::policy::{Policy, Toggle};
-use crate::process::channel::{self as chan, ChildMsg, Received};
+use crate::process::channel as chan;
 use crate::process::{self, SpawnError, Spawned};
 use crate::report::Layers;
 use crate::supervise::notify;
 use crate::supervise::paths::WriteGrants;
-use crate::supervise::startup::{Route, Startup, StartupError};
+use crate::supervise::startup::{ChanRead, Driver, Listened, StartupError};
 use crate::supervise::violations::Violations;
 use crate::sys::{self, NotifBuf};
 
@@ -273,7 +273,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::supervise::assemble::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.vdso) {
+        let (listener, degraded) = match await_exec(spawned.chan, pid, plan.vdso) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
@@ -881,19 +881,22 @@ const EXEC_WITHIN: Duration = Duration::from_secs(30);
 /// listener is left alone: what comes next is the zygote's, for its router. Returns the
 /// listener (if any) and the degraded steps.
 pub fn await_exec(
-    chan_fd: std::os::fd::BorrowedFd<'_>,
+    chan: OwnedFd,
     pid: libc::pid_t,
     vdso: Option<crate::supervise::vdso::Patch>,
 ) -> Result<Execed, StartupError> {
-    let mut startup = Startup::new();
-    let mut listener: Option<OwnedFd> = None;
-    let mut buf: Option<NotifBuf> = None;
+    // With the vDSO patched at the exec stop: sessions inherit the patch.
+    let mut start = Driver::new(pid, chan, vdso);
     let deadline = Instant::now() + EXEC_WITHIN;
     loop {
-        let watch_listener = !startup.exec_allowed();
+        // After the exec the listener is not read here: what comes is the zygote's.
+        let watch_listener = !start.startup().exec_allowed();
+        let Some(chan_fd) = start.chan() else {
+            return Err(StartupError::Io(Errno::EBADF));
+        };
         let mut fds = vec![PollFd::new(chan_fd, PollFlags::POLLIN)];
-        if let Some(l) = listener.as_ref().filter(|_| watch_listener) {
-            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        if let Some(l) = start.listener().filter(|_| watch_listener) {
+            fds.push(PollFd::new(l, PollFlags::POLLIN));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -910,53 +913,19 @@ pub fn await_exec(
             .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
         if chan_ready {
-            match chan::recv(&chan_fd) {
-                Ok(Ok(Received::Msg(msg, fd))) => {
-                    if msg == ChildMsg::Listener {
-                        buf = NotifBuf::new().ok();
-                        if let Some(l) = &fd {
-                            sys::notif_sync_wake_up(l.as_fd());
-                        }
-                        listener = fd;
-                    }
-                    startup.record(Ok(msg));
-                }
-                Ok(Ok(Received::Eof)) => startup.eof(),
-                Ok(Err(e)) => {
-                    startup.record(Err(e));
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => {
-                    return Err(StartupError::Io(Errno::from_raw(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                    )));
-                }
+            if let ChanRead::Failed(e) = start.read_chan() {
+                return Err(StartupError::Io(e));
             }
-            if startup.finished() {
-                return match startup.error() {
+            if start.startup().finished() {
+                return match start.startup().error() {
                     Some(e) => Err(e),
-                    None => Ok((listener, startup.degraded().to_vec())),
+                    None => Ok((start.take_listener(), start.startup().degraded().to_vec())),
                 };
             }
         }
-        if notif_ready
-            && let (Some(l), Some(b)) = (&listener, buf.as_mut())
-            && let Some(n) = notify::receive(l.as_fd(), b)
-        {
-            match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
-                // With the vDSO patched at the exec stop: sessions inherit the patch.
-                Route::AllowExec => {
-                    if let Err(e) = crate::supervise::vdso::exec(l.as_fd(), &n, pid, vdso) {
-                        eprintln!("wfjail: zygote: {e}");
-                        startup.parent_failed(chan::Step::Vdso, e.errno());
-                        let _ = sys::kill_pid(pid, libc::SIGKILL);
-                    }
-                }
-                Route::Refuse => notify::refuse(l.as_fd(), &n, libc::EPERM),
-                // A zygote takes no step between the exec's stop and its start; after the
-                // exec the listener is not read here.
-                Route::HoldExec | Route::Guest => {}
-            }
+        if notif_ready && let Listened::ExecStopFailed(e) = start.on_listener(PollFlags::POLLIN) {
+            eprintln!("wfjail: zygote: {e}");
+            let _ = sys::kill_pid(pid, libc::SIGKILL);
         }
     }
 }

@@ -35,12 +35,12 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::policy::Policy;
 use crate::process::Spawned;
-use crate::process::channel::{self, ChildMsg, Received, Step};
+use crate::process::channel::Step;
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
-use crate::sys::{self, NotifBuf, Reaped};
+use crate::sys::{self, Reaped};
 use notify::Handled;
-use startup::{Route, Startup, StartupError};
+use startup::{ChanRead, Driver, Listened, StartupError};
 use violations::Violations;
 
 use crate::echo::{GUEST_PREFIX, LineEcho};
@@ -401,7 +401,6 @@ pub fn supervise(
     }
     let mut violations = Violations::new(echo.then(String::new));
     let mut budget = notify::Budget::default();
-    let mut startup = Startup::new();
     if policy.random.getrandom == crate::policy::RandomMode::Seeded {
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
@@ -410,9 +409,9 @@ pub fn supervise(
     if policy.time.clock == crate::policy::ClockMode::Virtual {
         o.clock = Some(cfg.clock.unwrap_or_else(clock::host_now));
     }
-    let mut chan = Some(child.chan);
-    let mut listener: Option<OwnedFd> = None;
-    let mut notif_buf: Option<NotifBuf> = None;
+    // The start-up (set-up channel, the initial exec), then the guest's notifications.
+    let mut start = Driver::new(child.pid, child.chan, cfg.vdso.map(|p| p.seeded(cfg.seed)))
+        .nonblocking_listener();
     let mut stdout = Some(pipes.stdout);
     let mut stderr = Some(pipes.stderr);
     let mut framed = pipes.protocol.map(|p| Framed {
@@ -427,7 +426,7 @@ pub fn supervise(
         },
         cap: p.cap,
     });
-    for fd in [&stdout, &stderr, &chan].into_iter().flatten() {
+    for fd in [&stdout, &stderr].into_iter().flatten() {
         set_nonblocking(fd);
     }
     if let Some(f) = framed.as_mut() {
@@ -471,7 +470,7 @@ pub fn supervise(
         woke_by_output = false;
         if cfg.memory_limit.is_some()
             && exited_at.is_none()
-            && chan.is_none()
+            && start.chan().is_none()
             && last_sample.is_none_or(|t| t.elapsed() >= every)
         {
             last_sample = Some(Instant::now());
@@ -482,7 +481,7 @@ pub fn supervise(
         // limits.disk: what the guest added under its write grants, on its own timer.
         if let Some(acct) = &cfg.disk
             && exited_at.is_none()
-            && chan.is_none()
+            && start.chan().is_none()
             && !o.disk_exceeded
             && acct.borrow_mut().over(child.pid)
         {
@@ -498,26 +497,20 @@ pub fn supervise(
             || stderr.is_some()
             || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
         if let Some(t) = exited_at
-            && ((chan.is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
+            && ((start.chan().is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
         {
             break;
         }
         let mut fds: Vec<PollFd> = Vec::with_capacity(7);
         let mut srcs: Vec<Src> = Vec::with_capacity(7);
-        add(
-            &mut fds,
-            &mut srcs,
-            chan.as_ref(),
-            PollFlags::POLLIN,
-            Src::Chan,
-        );
-        add(
-            &mut fds,
-            &mut srcs,
-            listener.as_ref(),
-            PollFlags::POLLIN,
-            Src::Listener,
-        );
+        if let Some(c) = start.chan() {
+            fds.push(PollFd::new(c, PollFlags::POLLIN));
+            srcs.push(Src::Chan);
+        }
+        if let Some(l) = start.listener() {
+            fds.push(PollFd::new(l, PollFlags::POLLIN));
+            srcs.push(Src::Listener);
+        }
         add(
             &mut fds,
             &mut srcs,
@@ -598,75 +591,23 @@ pub fn supervise(
             match src {
                 Src::Chan => {
                     // Set-up records until end-of-file (= the exec happened).
-                    while let Some(c) = &chan {
-                        match channel::recv(c) {
-                            Ok(Ok(Received::Msg(msg, fd))) => {
-                                if msg == ChildMsg::Listener
-                                    && let Some(fd) = fd
-                                {
-                                    set_nonblocking(&fd);
-                                    crate::sys::notif_sync_wake_up(fd.as_fd());
-                                    notif_buf = NotifBuf::new().ok();
-                                    listener = Some(fd);
-                                    o.notify = true;
-                                    crate::timing::mark("child confined (listener received)");
-                                }
-                                startup.record(Ok(msg));
-                            }
-                            Ok(Ok(Received::Eof)) => {
-                                startup.eof();
-                                crate::timing::mark("exec confirmed (channel closed)");
-                                chan = None;
-                            }
-                            Ok(Err(e)) => {
-                                if startup.record(Err(e)) == startup::Next::Kill {
-                                    kill();
-                                }
-                                chan = None;
-                            }
-                            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
-                            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                            Err(_) => chan = None,
-                        }
+                    if start.read_chan() == ChanRead::Kill {
+                        kill();
                     }
                 }
                 Src::Listener => {
-                    let (Some(l), Some(nb)) = (&listener, notif_buf.as_mut()) else {
-                        continue;
-                    };
-                    if !rev.contains(PollFlags::POLLIN) {
-                        listener = None; // every task using the filter is gone
-                        continue;
-                    }
-                    let Some(n) = notify::receive(l.as_fd(), nb) else {
-                        continue;
-                    };
-                    // The one exec that starts the guest (startup.rs, rule 5).
-                    match startup.notification(is_initial_exec(&n, child.pid)) {
-                        Route::AllowExec => {
-                            // With the vDSO patched at the exec stop when the policy asks.
-                            if let Err(e) = vdso::exec(
-                                l.as_fd(),
-                                &n,
-                                child.pid,
-                                cfg.vdso.map(|p| p.seeded(cfg.seed)),
-                            ) {
-                                if let Some(w) = err_sink.as_mut() {
-                                    let _ = writeln!(w, "wfjail: {e}");
-                                }
-                                startup.parent_failed(Step::Vdso, e.errno());
-                                kill();
+                    let n = match start.on_listener(rev) {
+                        Listened::Guest(n) => n,
+                        Listened::Nothing => continue,
+                        Listened::ExecStopFailed(e) => {
+                            if let Some(w) = err_sink.as_mut() {
+                                let _ = writeln!(w, "wfjail: {e}");
                             }
+                            kill();
                             continue;
                         }
-                        Route::Refuse => {
-                            notify::refuse(l.as_fd(), &n, libc::EPERM);
-                            continue;
-                        }
-                        // `run` takes no step between the exec's stop and its start.
-                        Route::HoldExec => continue,
-                        Route::Guest => {}
-                    }
+                    };
+                    let Some(l) = start.listener() else { continue };
                     // The supervisor's work for the guest is bounded (notify::Budget).
                     if !notify::charge(&mut budget, l.as_fd(), &n, kill) {
                         o.notifications_exceeded = true;
@@ -852,6 +793,7 @@ pub fn supervise(
     o.reaped = sys::wait4(child.pid).ok();
     o.duration = child.started.elapsed();
     // A guest that wrote past limits.disk and exited between two samples.
+    let startup = start.startup();
     if startup.exec_confirmed() {
         disk_at_end(cfg, &mut o);
     }
@@ -863,17 +805,11 @@ pub fn supervise(
     o.degraded = startup.degraded().to_vec();
     o.fatal = startup.fatal();
     o.exec_confirmed = startup.exec_confirmed();
+    o.notify = start.got_listener();
     if let Some(e @ StartupError::Channel(_)) = startup.error() {
         o.channel_error = Some(e.to_string());
     }
     o
-}
-
-/// Whether notification `n` is the `execve` that starts the guest `pid` (native ABI).
-pub fn is_initial_exec(n: &sys::Notif, pid: libc::pid_t) -> bool {
-    n.pid == pid as u32
-        && n.nr == libc::SYS_execve as i32
-        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
 }
 
 /// The name of a LOG frame's level (Python's logging levels).
