@@ -1,7 +1,9 @@
-//! `/proc/PID/status`, parsed in one place: the supervisor's memory evidence (`VmSize`,
-//! `VmPeak`), the pid translations of the namespace-aware checks (`NSpid`, `NStgid`), the
-//! zygote router's walk up to a session (`PPid`) and the opener's `Umask`. Each reader takes
-//! one read of the file; the text is parsed by [`Status`], which the tests feed directly.
+//! `/proc/PID/status` and `/proc/PID/stat`, parsed in one place: the supervisor's memory
+//! evidence (`VmSize`, `VmPeak`), the pid translations of the namespace-aware checks
+//! (`NSpid`, `NStgid`), the zygote router's walk up to a session (`PPid`), the opener's
+//! `Umask`, and a session's look at its guest (its state letter, its CPU time). Each reader
+//! takes one read of the file; the text is parsed by [`Status`] and [`Stat`], which the tests
+//! feed directly.
 
 /// The text of one task's `/proc/PID/status`.
 #[derive(Debug, Clone)]
@@ -72,6 +74,40 @@ pub fn vm_peak(pid: u32) -> Option<u64> {
     Status::of(pid)?.bytes("VmPeak")
 }
 
+/// Clock ticks per second in `/proc/PID/stat` (USER_HZ, fixed at 100 in the x86_64 ABI).
+const CLOCK_TICKS: f64 = 100.0;
+
+/// What `/proc/PID/stat` says of a process: its state letter (`R`, `S`, `T`...) and its user
+/// + system CPU time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stat {
+    pub state: u8,
+    /// In milliseconds; `None` when the fields after the state do not parse.
+    pub cpu_ms: Option<f64>,
+}
+
+impl Stat {
+    /// Reads `/proc/{pid}/stat` (`None`: the process is gone).
+    pub fn of(pid: libc::pid_t) -> Option<Stat> {
+        Stat::parse(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+    }
+
+    /// Parses stat text. The command (field 2) is in parentheses and may hold anything, so
+    /// the fields are counted from the last `)`.
+    pub fn parse(stat: &[u8]) -> Option<Stat> {
+        let close = stat.iter().rposition(|&b| b == b')')?;
+        let state = *stat.get(close + 2)?;
+        let fields: Vec<&[u8]> = stat.get(close + 2..)?.split(|&b| b == b' ').collect();
+        // After the command: state is field 3, utime 14 and stime 15 (1-based).
+        let tick =
+            |i: usize| -> Option<f64> { std::str::from_utf8(fields.get(i)?).ok()?.parse().ok() };
+        let cpu_ms = tick(11)
+            .zip(tick(12))
+            .map(|(u, s)| (u + s) * 1000.0 / CLOCK_TICKS);
+        Some(Stat { state, cpu_ms })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +149,18 @@ mod tests {
         assert_eq!(s.number("Tgid"), Some(u64::from(me)));
         assert!(ns_tgid(me).is_some() && ns_pid(me).is_some());
         assert!(vm_peak(me).unwrap() >= vm_size(me).unwrap());
+    }
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let text = b"42 (a) b) (c) T 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0\n";
+        let s = Stat::parse(text).unwrap();
+        assert_eq!(s.state, b'T');
+        assert_eq!(s.cpu_ms, Some(3000.0), "(250 + 50) ticks of 10 ms");
+        let short = Stat::parse(b"42 (x) R 1").unwrap();
+        assert_eq!((short.state, short.cpu_ms), (b'R', None));
+        assert_eq!(Stat::parse(b"42 (x"), None);
+        let me = Stat::of(std::process::id() as libc::pid_t).unwrap();
+        assert_eq!(me.state, b'R', "this thread reads it");
     }
 }
