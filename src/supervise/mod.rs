@@ -15,6 +15,7 @@ pub mod disk;
 pub mod entropy;
 pub mod filetimes;
 pub mod memory;
+pub mod memory_evidence;
 pub mod notify;
 pub mod opener;
 pub mod paths;
@@ -39,6 +40,7 @@ use crate::process::channel::Step;
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
+use memory_evidence::MemoryEvidence;
 use notify::Handled;
 use startup::{ChanRead, Driver, Listened, StartupError};
 use violations::Violations;
@@ -198,77 +200,6 @@ impl Outcome {
             || self.interrupted.is_some()
             || self.channel_error.is_some()
     }
-}
-
-/// The name of the mapping call `n` (for the policy's deny list).
-fn mapping_call_name(n: &sys::Notif) -> &'static str {
-    if n.nr == libc::SYS_mremap as i32 {
-        "mremap"
-    } else {
-        "mmap"
-    }
-}
-
-/// How much address space a native `mmap` or `mremap` notification asks to add (`None` for
-/// any other call, and for `MAP_FIXED`, which may replace existing mappings). The arguments
-/// are registers, so what is read here is what the kernel will see.
-pub fn memory_request(n: &sys::Notif) -> Option<u64> {
-    if n.arch != crate::policy::bpf::AUDIT_ARCH_X86_64 {
-        return None;
-    }
-    match n.nr as libc::c_long {
-        libc::SYS_mmap if n.args[3] & libc::MAP_FIXED as u64 == 0 => Some(n.args[1]),
-        // mremap(old_address, old_size, new_size, flags, ...): the growth.
-        libc::SYS_mremap => Some(n.args[2].saturating_sub(n.args[1])),
-        _ => None,
-    }
-}
-
-/// Kernel evidence for the memory limit: whether notification `n` (of guest `pid`) is a
-/// private mapping, routed here by the filter for its size, that asks for more address space
-/// than RLIMIT_AS `limit` leaves the guest. Returns the bytes asked for. A call the policy
-/// denies is a violation, not evidence; the notification is checked valid after reading.
-pub fn mapping_beyond_limit(
-    listener: std::os::fd::BorrowedFd<'_>,
-    n: &sys::Notif,
-    pid: libc::pid_t,
-    limit: u64,
-    policy: &Policy,
-) -> Option<u64> {
-    let grow = memory_request(n)?;
-    (!policy.syscalls.denies(mapping_call_name(n))
-        && crate::procfs::vm_size(pid as u32).is_some_and(|s| s.saturating_add(grow) > limit)
-        && sys::notif_id_valid(listener, n.id))
-    .then_some(grow)
-}
-
-/// Kernel evidence for the memory limit: when notification `n` is an `exit_group` the filter
-/// sent for `limits.memory`, made by a thread of the guest's process `guest` (not by a
-/// process it forked), the guest's peak address space, read while the call waits (its memory
-/// is whole until it is let go). A read whose notification is no longer pending may be
-/// another process's, and is dropped.
-pub fn peak_at_exit(
-    listener: std::os::fd::BorrowedFd<'_>,
-    n: &sys::Notif,
-    guest: libc::pid_t,
-    decisions: &crate::policy::decisions::Decisions,
-) -> Option<u64> {
-    let exit = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-        && decisions
-            .get(n.nr as u32)
-            .is_some_and(|d| d.check == crate::policy::decisions::Check::Exit);
-    if !exit {
-        return None;
-    }
-    let status = crate::procfs::Status::of(n.pid)?;
-    let tgid = status.number("Tgid")?;
-    let peak = status.bytes("VmPeak")?;
-    (tgid == guest as u64 && sys::notif_id_valid(listener, n.id)).then_some(peak)
-}
-
-/// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
-pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
-    crate::procfs::vm_peak(pid as u32)
 }
 
 /// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
@@ -444,6 +375,7 @@ pub fn supervise(
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_sample: Option<Instant> = None;
+    let mut memory = MemoryEvidence::new(cfg.memory_limit);
     let mut woke_by_output = false;
     // Kill the guest (and, as PID 1 of its namespace, everything it started).
     let kill = || {
@@ -474,9 +406,7 @@ pub fn supervise(
             && last_sample.is_none_or(|t| t.elapsed() >= every)
         {
             last_sample = Some(Instant::now());
-            if let Some(peak) = vm_peak(child.pid) {
-                o.vm_peak = o.vm_peak.max(Some(peak));
-            }
+            memory.sample(child.pid);
         }
         // limits.disk: what the guest added under its write grants, on its own timer.
         if let Some(acct) = &cfg.disk
@@ -613,21 +543,8 @@ pub fn supervise(
                         o.notifications_exceeded = true;
                         continue;
                     }
-                    // A large allocation routed here for the memory limit's evidence (the
-                    // filter sends private mappings of at least limit/16; `answer` lets them
-                    // run, the kernel applies RLIMIT_AS): note whether it fits in what is
-                    // left. A call the policy denies is a violation, not evidence.
-                    if let Some(limit) = cfg.memory_limit
-                        && let Some(grow) =
-                            mapping_beyond_limit(l.as_fd(), &n, child.pid, limit, policy)
-                    {
-                        o.memory_refused = Some(grow);
-                    }
-                    if cfg.memory_limit.is_some()
-                        && let Some(peak) = peak_at_exit(l.as_fd(), &n, child.pid, &cfg.decisions)
-                    {
-                        o.vm_peak = o.vm_peak.max(Some(peak));
-                    }
+                    // Kernel evidence for the memory limit (memory_evidence.rs).
+                    memory.on_notification(l, &n, child.pid, policy, &cfg.decisions);
                     let state = notify::State {
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
@@ -746,11 +663,7 @@ pub fn supervise(
                                     // The guest waits for the end of its input now, its
                                     // address space whole: the memory limit may explain
                                     // the failure (serve samples here too).
-                                    if cfg.memory_limit.is_some()
-                                        && let Some(peak) = vm_peak(child.pid)
-                                    {
-                                        o.vm_peak = o.vm_peak.max(Some(peak));
-                                    }
+                                    memory.sample(child.pid);
                                     o.guest_error = Some(e);
                                     f.close_when_flushed = true;
                                 }
@@ -805,6 +718,8 @@ pub fn supervise(
     o.degraded = startup.degraded().to_vec();
     o.fatal = startup.fatal();
     o.exec_confirmed = startup.exec_confirmed();
+    o.vm_peak = memory.vm_peak;
+    o.memory_refused = memory.refused;
     o.notify = start.got_listener();
     if let Some(e @ StartupError::Channel(_)) = startup.error() {
         o.channel_error = Some(e.to_string());
@@ -819,39 +734,5 @@ pub fn level_name(level: u8) -> &'static str {
         11..=20 => "info",
         21..=30 => "warning",
         _ => "error",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn notif(nr: libc::c_long, args: [u64; 6]) -> sys::Notif {
-        sys::Notif {
-            id: 1,
-            pid: 1,
-            nr: nr as i32,
-            arch: crate::policy::bpf::AUDIT_ARCH_X86_64,
-            instruction_pointer: 0,
-            args,
-        }
-    }
-
-    #[test]
-    fn memory_requests_are_read_from_registers() {
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, 0x22, 0, 0])),
-            Some(1 << 29)
-        );
-        let fixed = libc::MAP_FIXED as u64 | 0x22;
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, fixed, 0, 0])),
-            None
-        );
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mremap, [0, 1 << 20, 3 << 20, 1, 0, 0])),
-            Some(2 << 20)
-        );
-        assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
     }
 }

@@ -49,24 +49,9 @@ impl Session {
             self.shared.mark_killed();
             return;
         }
-        if let Some(limit) = self.applied.memory
-            && crate::supervise::mapping_beyond_limit(
-                l.as_fd(),
-                &n,
-                e.pid,
-                limit,
-                &self.server.policy,
-            )
-            .is_some()
-        {
-            self.memory_refused = true;
-        }
-        if self.applied.memory.is_some()
-            && let Some(peak) =
-                crate::supervise::peak_at_exit(l.as_fd(), &n, e.pid, &e.plan.decisions)
-        {
-            self.vm_peak = self.vm_peak.max(Some(peak));
-        }
+        // Kernel evidence for the memory limit (memory_evidence.rs).
+        self.memory
+            .on_notification(l, &n, e.pid, &self.server.policy, &e.plan.decisions);
         let mut v = self.shared.violations.lock().unwrap();
         let mut det = self.shared.determinism.lock().unwrap();
         let det = &mut *det;

@@ -41,6 +41,7 @@ use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::supervise::assemble::Applied;
+use crate::supervise::memory_evidence::MemoryEvidence;
 use crate::supervise::{VM_SAMPLE_WAIT, poll_timeout};
 use crate::sys;
 
@@ -125,8 +126,7 @@ struct Session {
     killed: bool,
     /// Kernel evidence for the memory limit: the largest peak address space read while the
     /// guest ran, and a mapping seen asking for more than RLIMIT_AS left (exec mode).
-    vm_peak: Option<u64>,
-    memory_refused: bool,
+    memory: MemoryEvidence,
     last_sample: Option<Instant>,
     /// The guest wrote output since the last sample (sample again sooner: a guest whose
     /// allocation failed prints why, then exits).
@@ -246,10 +246,9 @@ impl Session {
             relay_logs,
             started,
             command,
+            memory: MemoryEvidence::new(applied.memory),
             applied,
             killed: false,
-            vm_peak: None,
-            memory_refused: false,
             last_sample: None,
             output_since_sample: false,
         }

@@ -85,8 +85,8 @@ impl Session {
             // own budget is measured here (`call_cpu_exceeded`).
             cpu_limit: self.server.policy.limits.session_cpu.map(|c| c.0),
             memory_limit: self.applied.memory,
-            vm_peak: self.vm_peak,
-            memory_refused: self.memory_refused,
+            vm_peak: self.memory.vm_peak,
+            memory_refused: self.memory.refused.is_some(),
             file_at_limit,
             errored,
             ending: Ending::Session(self.phases.end()),

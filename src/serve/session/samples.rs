@@ -36,13 +36,13 @@ impl Session {
         let Some((pid, pidfd)) = self.guest_process() else {
             return;
         };
-        let peak = crate::supervise::vm_peak(pid);
+        let peak = crate::supervise::memory_evidence::vm_peak(pid);
         // Read after the guest exited, the pid may be another process's (a zygote reaps its
         // children): only a read made while the guest still ran counts.
         let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
         let exited = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
         if !exited {
-            self.vm_peak = self.vm_peak.max(peak);
+            self.memory.peak(peak);
         }
         self.last_sample = Some(Instant::now());
         self.output_since_sample = false;
