@@ -2,7 +2,7 @@
 //! frame and each guest event does in each phase, when the guest is stopped and resumed, what
 //! is forwarded where, what fails the session and how it ends.
 //!
-//! session.rs does the I/O: it reads the worker's connection (worker_conn.rs) and the guest's
+//! session/ does the I/O: it reads the worker's connection (worker_conn.rs) and the guest's
 //! conversation (`protocol::guest::Conversation`, which already checks the guest's frames
 //! against the guest protocol), feeds what it read here with the time, and carries out the
 //! [`Action`]s it gets back, in order. The rules (read top to bottom, this is the
