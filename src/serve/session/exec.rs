@@ -20,8 +20,7 @@ impl Session {
             return;
         };
         if e.start.read_chan() == ChanRead::Kill {
-            let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-            self.killed = true;
+            self.kill(); // recorded as wfjail's own kill
         }
     }
 
