@@ -18,6 +18,7 @@ pub mod memory;
 pub mod memory_evidence;
 pub mod notify;
 pub mod opener;
+pub mod output;
 pub mod paths;
 pub mod startup;
 pub mod vdso;
@@ -42,6 +43,7 @@ use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
 use memory_evidence::MemoryEvidence;
 use notify::Handled;
+use output::OutputMeter;
 use startup::{ChanRead, Driver, Listened, StartupError};
 use violations::Violations;
 
@@ -371,7 +373,7 @@ pub fn supervise(
     let mut out_echo = LineEcho::new(GUEST_PREFIX);
     let deadline = cfg.timeout.map(|t| child.started + t);
     let mut exited_at: Option<Instant> = None;
-    let mut output: u64 = 0;
+    let mut output = OutputMeter::new(cfg.output_limit);
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_sample: Option<Instant> = None;
@@ -569,8 +571,8 @@ pub fn supervise(
                     let Some(fd) = slot.as_ref() else { continue };
                     let (data, open) = read_some(fd, &mut buf);
                     // Keep what fits in the bound; the rest is dropped (and the guest killed).
-                    let room = cfg.output_limit.saturating_sub(output) as usize;
-                    output = output.saturating_add(data.len() as u64);
+                    let room = output.room();
+                    output.charge(data.len() as u64);
                     let exceeded = data.len() > room;
                     let data = &data[..data.len().min(room)];
                     if is_out && let Some(w) = out_sink.as_mut() {
@@ -622,7 +624,7 @@ pub fn supervise(
                         r = r.and_then(|ev| f.conv.eof().map(|_| ev));
                     }
                     // Every frame costs against the output bound, empty ones included.
-                    output = output.saturating_add(f.conv.take_charge());
+                    output.charge(f.conv.take_charge());
                     let r = r.and_then(|events| {
                         for ev in events {
                             match ev {
@@ -641,7 +643,7 @@ pub fn supervise(
                                         // What the echo adds (prefix, escapes) counts too,
                                         // so an empty LOG costs its printed line.
                                         let added = line.len().saturating_sub(text.len());
-                                        output = output.saturating_add(added as u64);
+                                        output.charge(added as u64);
                                         let _ = w.write_all(&line);
                                     }
                                 }
@@ -671,7 +673,7 @@ pub fn supervise(
                         }
                         Ok(())
                     });
-                    if output > cfg.output_limit && !o.output_exceeded && exited_at.is_none() {
+                    if output.over() && !o.output_exceeded && exited_at.is_none() {
                         o.output_exceeded = true;
                         kill();
                     }

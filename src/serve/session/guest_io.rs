@@ -62,9 +62,8 @@ impl Session {
     /// Charges `n` bytes against `limits.output`; over it, the session fails (the guest is
     /// killed). Returns whether the limit is exceeded.
     pub(super) fn charge_output(&mut self, n: u64) -> bool {
-        self.output_bytes = self.output_bytes.saturating_add(n);
-        let limit = self.server.policy.limits.output.0;
-        if !self.output_exceeded && self.output_bytes > limit {
+        let limit = self.output_meter.limit();
+        if self.output_meter.charge(n) && !self.output_exceeded {
             self.output_exceeded = true;
             echo_stderr(&self.echo.finish());
             let acts = self.phases.fail(Failure::Output(limit));

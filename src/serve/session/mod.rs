@@ -42,6 +42,7 @@ use crate::protocol::worker::{self, Capacity};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::supervise::assemble::Applied;
 use crate::supervise::memory_evidence::MemoryEvidence;
+use crate::supervise::output::OutputMeter;
 use crate::supervise::{VM_SAMPLE_WAIT, poll_timeout};
 use crate::sys;
 
@@ -91,8 +92,8 @@ struct Session {
     /// The read end of the guest's stdout and stderr (a pipe of this session's own).
     output: Option<OwnedFd>,
     echo: LineEcho,
-    /// Bytes of output and LOG frames so far, against `limits.output`.
-    output_bytes: u64,
+    /// Output and frames so far, against `limits.output`.
+    output_meter: OutputMeter,
     output_exceeded: bool,
     /// The guest's CPU time (ms) when the current call began, while a call runs under
     /// `limits.cpu` (a call's budget; the session's whole life is `limits.session_cpu`).
@@ -222,15 +223,16 @@ impl Session {
         let mut guest_out = Outbox::new(PENDING_CAP + MAX_FRAME + gp::MAX_ANSWER);
         let _ = guest_out.push(&encode(Kind::Hello, &gp::hello(gp::VERSION)));
         let started = Instant::now();
+        let output_meter = OutputMeter::new(server.policy.limits.output.0);
         Session {
             id,
+            output_meter,
             server,
             shared,
             client,
             guest,
             output: Some(output),
             echo: LineEcho::new(format!("[session {id}] ")),
-            output_bytes: 0,
             output_exceeded: false,
             call_cpu_start: None,
             call_started: None,
