@@ -168,7 +168,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
         } else {
             g.traceback.clone()
         };
-        let mut echo = wfjail::supervise::LineEcho::new(wfjail::supervise::GUEST_PREFIX);
+        let mut echo = wfjail::echo::LineEcho::new(wfjail::echo::GUEST_PREFIX);
         let mut text = echo.feed(traceback.as_bytes());
         text.extend(echo.finish());
         let _ = std::io::stderr().write_all(&text);

@@ -335,7 +335,7 @@ impl Report {
 
 /// `text` on one line: control characters (newlines, escape sequences) written as `\xNN`.
 pub fn one_line(text: &str) -> String {
-    crate::supervise::escape_guest_text(text.as_bytes())
+    crate::echo::escape_guest_text(text.as_bytes())
 }
 
 /// Signal names for reports.

@@ -54,9 +54,7 @@ pub fn foreign_cpu_clock(clockid: u64, caller: u32) -> bool {
 
 /// The process id of task `tid` in its own (innermost) PID namespace (`NStgid`).
 fn ns_tgid(tid: u32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NStgid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+    crate::procfs::ns_tgid(tid)
 }
 
 #[cfg(test)]

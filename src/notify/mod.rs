@@ -181,6 +181,22 @@ pub fn over_budget(listener: BorrowedFd<'_>, n: &Notif, kill: impl FnOnce()) {
     respond(listener, n, Answer::Kill(libc::EPERM));
 }
 
+/// Charges notification `n` to its guest's `budget`: true when the caller goes on to answer
+/// it; over the budget the guest is killed through `kill` and the call failed
+/// ([`over_budget`]), and the caller records that it killed the guest.
+pub fn charge(
+    budget: &mut Budget,
+    listener: BorrowedFd<'_>,
+    n: &Notif,
+    kill: impl FnOnce(),
+) -> bool {
+    if budget.take() {
+        return true;
+    }
+    over_budget(listener, n, kill);
+    false
+}
+
 /// Receives one notification (`None`: the call vanished, nothing to do).
 pub fn receive(listener: BorrowedFd<'_>, buf: &mut NotifBuf) -> Option<Notif> {
     sys::notif_recv(listener, buf).ok()

@@ -156,9 +156,7 @@ fn within_dir(
 
 /// The guest's file mode creation mask (`Umask:` of `/proc/PID/status`).
 fn guest_umask(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
-    u32::from_str_radix(field.trim(), 8).ok()
+    u32::from_str_radix(crate::procfs::Status::of(pid)?.field("Umask")?, 8).ok()
 }
 
 /// Opens `t` for guest `pid` as described in the module's comment; `None` when it is left

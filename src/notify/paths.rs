@@ -102,9 +102,7 @@ fn has_private_proc(pid: u32) -> bool {
 
 /// The guest's pid in its own PID namespace (the last of `NSpid`).
 fn pid_in_namespace(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+    crate::procfs::ns_pid(pid).map(|p| p as u32)
 }
 
 /// `path` with a `/proc/PID` of the guest (global `pid`) named the way the guest names it:

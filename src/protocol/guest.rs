@@ -343,6 +343,32 @@ fn parse_error(payload: &[u8]) -> Result<GuestError, ProtocolError> {
     })
 }
 
+/// The guest's descriptor numbers for the protocol pipes (docs/protocol.md).
+pub const PROTOCOL_FDS: (i32, i32) = (3, 4);
+
+/// The environment that tells a framed guest where its protocol pipes are (docs/protocol.md).
+pub fn protocol_env(policy: &crate::policy::Policy) -> Vec<(String, String)> {
+    vec![
+        ("WFJAIL_PROTOCOL".into(), VERSION.to_string()),
+        (
+            "WFJAIL_FDS".into(),
+            format!("{},{}", PROTOCOL_FDS.0, PROTOCOL_FDS.1),
+        ),
+        ("WFJAIL_FRAME_CAP".into(), frame_cap(policy).to_string()),
+        // Where randomness comes from, so that a zygote's session knows whether it may
+        // reseed Python's `random` (python/wfjail/zygote.py).
+        (
+            "WFJAIL_GETRANDOM".into(),
+            policy.random.getrandom.as_str().into(),
+        ),
+    ]
+}
+
+/// The largest frame payload accepted: 16 MiB, or `limits.output` if smaller.
+pub fn frame_cap(policy: &crate::policy::Policy) -> usize {
+    (policy.limits.output.0 as usize).min(crate::protocol::MAX_FRAME)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

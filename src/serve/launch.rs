@@ -15,10 +15,10 @@ use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
 use crate::protocol::worker::OpenRequest;
-use crate::run::{Applied, LayersBase};
+use crate::supervise::assemble::{Applied, LayersBase};
 use crate::supervise::set_nonblocking;
-use crate::supervise::startup::Startup;
-use crate::sys::{NotifBuf, Reaped};
+use crate::supervise::startup::Driver;
+use crate::sys::Reaped;
 
 use super::zygote::{ForkError, Zygote};
 use super::{Server, SessionShared};
@@ -85,11 +85,9 @@ pub struct ExecChild {
     pub base: LayersBase,
     pub pid: libc::pid_t,
     pub pidfd: Arc<OwnedFd>,
-    pub chan: Option<OwnedFd>,
-    pub listener: Option<OwnedFd>,
-    pub buf: Option<NotifBuf>,
+    /// The set-up channel and the seccomp listener (startup.rs's one driver).
+    pub start: Driver,
     pub grants: Grants,
-    pub startup: Startup,
     pub reaped: Option<Reaped>,
     /// `limits.processes` for a guest that runs as host root; removed with the session.
     pub pids_cgroup: Option<crate::process::pids_cgroup::PidsCgroup>,
@@ -224,7 +222,7 @@ fn start_exec(
     log: OwnedFd,
 ) -> Result<ExecChild, ExecError> {
     let policy = &server.policy;
-    let mut extra_env = crate::run::protocol_env(policy);
+    let mut extra_env = crate::protocol::guest::protocol_env(policy);
     if let Some(init) = init {
         extra_env.push(("WFJAIL_INIT".into(), init.to_string()));
     }
@@ -254,17 +252,13 @@ fn start_exec(
     drop((null, theirs, log));
     let mut base = LayersBase::of(&spawned);
     base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
-    set_nonblocking(&spawned.chan);
     let grants = Grants::new(&plan.write);
     Ok(ExecChild {
         base,
         pid: spawned.pid,
         pidfd: Arc::new(spawned.pidfd),
-        chan: Some(spawned.chan),
-        listener: None,
-        buf: None,
+        start: Driver::new(spawned.pid, spawned.chan, plan.rules.vdso).nonblocking_listener(),
         grants,
-        startup: Startup::new(),
         reaped: None,
         plan,
         pids_cgroup: pids_cgroup.and_then(Result::ok),

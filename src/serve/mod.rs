@@ -28,10 +28,10 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
+use crate::echo::LineEcho;
 use crate::notify::violations::Violations;
 use crate::plan::ExtraGrant;
 use crate::policy::Policy;
-use crate::supervise::LineEcho;
 use crate::sys;
 use zygote::{ChildExit, Zygote, ZygoteConfig, ZygoteError};
 

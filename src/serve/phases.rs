@@ -2,7 +2,7 @@
 //! frame and each guest event does in each phase, when the guest is stopped and resumed, what
 //! is forwarded where, what fails the session and how it ends.
 //!
-//! session.rs does the I/O: it reads the worker's connection (worker_conn.rs) and the guest's
+//! session/ does the I/O: it reads the worker's connection (worker_conn.rs) and the guest's
 //! conversation (`protocol::guest::Conversation`, which already checks the guest's frames
 //! against the guest protocol), feeds what it read here with the time, and carries out the
 //! [`Action`]s it gets back, in order. The rules (read top to bottom, this is the
@@ -43,6 +43,15 @@
 //!     the first reason is the one reported.
 //! 15. The session ends when the guest's exit is known (the I/O side sees it): CLOSED if it
 //!     reached `Closing` without a failure, FAILED otherwise.
+//! 16. TIME (8 bytes: nanoseconds since the epoch) sets the workflow time of the CALL queued
+//!     after it, just before that call's request is written; a call without one keeps the
+//!     time it had. A TIME of another length fails the session.
+//! 17. UPCALL during a call goes to the worker, at most [`MAX_UPCALLS`] waiting at once (more
+//!     is a protocol error, as is an UPCALL outside a call: rule 11). Each REPLY answers the
+//!     oldest waiting UPCALL and goes to the guest; a REPLY nobody waits for (more than were
+//!     asked, or after the call ended) is dropped.
+//! 18. INTERRUPT during a call interrupts the guest (SIGUSR2: the call answers for itself);
+//!     outside a call it is dropped.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -269,7 +278,7 @@ impl Phases {
         }
     }
 
-    /// Rules 2–4 and 12: the frames the worker sent (in one read), and whether its
+    /// Rules 2–4, 12 and 16–18: the frames the worker sent (in one read), and whether its
     /// connection ended.
     pub fn worker(&mut self, frames: Vec<Frame>, gone: bool, now: Instant) -> Vec<Action> {
         let mut acts = Vec::new();
@@ -294,14 +303,14 @@ impl Phases {
                     }
                 },
                 worker::CLOSE => self.close_requested = true,
-                // The answer to an UPCALL of the current call; one that comes after the call
-                // ended (its guest answered without waiting) has no one to go to.
                 // A call that runs too long, interrupted (the answer is the call's own).
                 worker::INTERRUPT => {
                     if self.phase == Phase::Calling {
                         acts.push(Action::Interrupt);
                     }
                 }
+                // The answer to an UPCALL of the current call; one that comes after the call
+                // ended (its guest answered without waiting) has no one to go to.
                 worker::REPLY => {
                     if self.phase == Phase::Calling && self.upcalls > 0 {
                         self.upcalls -= 1;
@@ -529,6 +538,28 @@ mod tests {
             "{}",
             failure(&s)
         );
+    }
+
+    #[test]
+    fn rule_16_a_time_sets_the_workflow_time_of_the_call_queued_after_it() {
+        let (mut s, t0) = open();
+        let time = |t: i64| (worker::TIME, t.to_le_bytes().to_vec());
+        assert_eq!(
+            s.worker(vec![time(7), call(b"a")], false, t0),
+            vec![SetClock(7), Request(b"a".to_vec()), Resume]
+        );
+        assert_eq!(s.guest(result(b"r"), t0), vec![Stop, Result(b"r".to_vec())]);
+        // The next call without a TIME keeps the time it had.
+        assert_eq!(
+            s.worker(vec![call(b"b")], false, t0),
+            vec![Request(b"b".to_vec()), Resume]
+        );
+        // A TIME of another length fails the session.
+        assert_eq!(
+            s.worker(vec![(worker::TIME, vec![1, 2])], false, t0),
+            vec![Kill]
+        );
+        assert!(failure(&s).contains("8 bytes"), "{}", failure(&s));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (`protocol::worker`, docs/protocol.md) read from and written to the session's Unix socket,
 //! which is non-blocking. What the worker sends is decoded under the frame cap and read at most
 //! [`READ_TURN`] bytes per turn of the session's loop; what the session sends waits in a
-//! buffer until the socket takes it (session.rs stops reading the guest while that buffer is
+//! buffer until the socket takes it (session/ stops reading the guest while that buffer is
 //! large).
 
 use std::io::{Read, Write};

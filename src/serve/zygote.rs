@@ -1,8 +1,9 @@
 //! The prefork zygote: a confined Python process (`python -m wfjail.zygote`) that preloaded
 //! the workflow code and forks one child per session, copy-on-write.
 //!
-//! Threads per zygote: a control reader (READY, FORKED, EXITED from the zygote) and a
-//! notification router. Every task under the zygote's filter notifies the same listener, so
+//! Threads per zygote: a control reader (READY, FORKED, EXITED from the zygote;
+//! `zygote/reader.rs`) and a notification router. Its start (spawn, exec, READY checked) is
+//! `zygote/start.rs`. Every task under the zygote's filter notifies the same listener, so
 //! the router decides by pid: the zygote's own `clone` (fork) is let through — only the zygote
 //! may fork — and a child's notification is judged under the full policy and recorded in its
 //! session.
@@ -40,11 +41,17 @@ use crate::plan::{self, ExtraGrant, PlanError, PlanRequest};
 use crate::policy::decisions::Check;
 use crate::policy::syscalls;
 use crate::policy::{Policy, Toggle};
-use crate::process::channel::{self as chan, ChildMsg, Received};
+use crate::process::channel as chan;
 use crate::process::{self, SpawnError, Spawned};
 use crate::report::Layers;
-use crate::supervise::startup::{Route, Startup, StartupError};
+use crate::supervise::startup::{ChanRead, Driver, Listened, StartupError};
 use crate::sys::{self, NotifBuf};
+
+mod reader;
+mod start;
+
+pub use reader::{ChildExit, describe_status};
+pub use start::{InspectError, ZygoteError, await_exec};
 
 use super::SessionShared;
 use super::control::{
@@ -52,8 +59,6 @@ use super::control::{
 };
 use super::route;
 
-/// How long a zygote may take to preload.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a FORK may wait for its FORKED.
 const FORK_WAIT: Duration = Duration::from_secs(30);
 
@@ -65,103 +70,6 @@ pub struct ZygoteConfig {
     /// Modules imported before any fork.
     pub preload: Vec<String>,
     pub grants: Vec<ExtraGrant>,
-}
-
-/// How a session child ended, as the zygote reported it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ChildExit {
-    /// The wait status; `None` when the zygote died (and took the child with it).
-    pub status: Option<i32>,
-    pub cpu_ms: f64,
-    pub max_rss_kb: u64,
-}
-
-impl From<Exited> for ChildExit {
-    fn from(e: Exited) -> Self {
-        ChildExit {
-            status: Some(e.status),
-            cpu_ms: e.cpu_ms,
-            max_rss_kb: e.max_rss_kb,
-        }
-    }
-}
-
-/// Why a zygote could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum ZygoteError {
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error("control socket: {0}")]
-    ControlSocket(#[source] std::io::Error),
-    #[error("/dev/null: {0}")]
-    DevNull(#[source] std::io::Error),
-    #[error("log pipe: {0}")]
-    LogPipe(#[source] std::io::Error),
-    #[error(transparent)]
-    Spawn(#[from] SpawnError),
-    /// Its set-up failed before or at its exec.
-    #[error(transparent)]
-    Exec(#[from] StartupError),
-    #[error("{0}")]
-    Thread(#[source] std::io::Error),
-    #[error(
-        "the zygote did not get ready within {}s; {}",
-        READY_TIMEOUT.as_secs(),
-        importable(.python)
-    )]
-    NotReady { python: PathBuf },
-    #[error(
-        "the zygote exited before it was ready (its error is above); {}",
-        importable(.python)
-    )]
-    ExitedEarly { python: PathBuf },
-    #[error("the zygote sent a bad control message: {0}")]
-    BadReady(#[source] ControlError),
-    #[error(
-        "the zygote's `wfjail` Python package speaks control version {got}, this wfjail \
-         {CONTROL_VERSION}: install the package of this wfjail (`pip install ./python` from its \
-         source) into the environment of {}",
-        .python.display()
-    )]
-    ControlVersion { got: u64, python: PathBuf },
-    #[error("the zygote could not preload: {0}")]
-    Preload(String),
-    #[error(
-        "the zygote cannot give each session a Landlock domain of its own ({0}); sessions \
-         would reach each other through /proc/PID/fd, so wfjail refuses to serve. Nesting \
-         needs Landlock in the kernel (5.13 or later, with `landlock` in the `lsm=` boot \
-         parameter or CONFIG_LSM) and landlock_create_ruleset, landlock_add_rule and \
-         landlock_restrict_self allowed by any seccomp filter wfjail runs under (a container \
-         profile); use exec mode (no --zygote) otherwise"
-    )]
-    NoSessionDomain(#[source] NoDomain),
-    #[error(
-        "wfjail cannot read the zygote's memory ({0}); the session children's calls could \
-         not be judged, so wfjail refuses to serve"
-    )]
-    NotInspectable(#[source] InspectError),
-}
-
-/// The hint of a zygote that never got ready.
-fn importable(python: &std::path::Path) -> String {
-    format!(
-        "is the `wfjail` Python package importable by {} under the policy (installed in its \
-         environment, or on a PYTHONPATH the policy sets and grants)?",
-        python.display()
-    )
-}
-
-/// Why wfjail cannot inspect a process the way it inspects session children.
-#[derive(Debug, thiserror::Error)]
-pub enum InspectError {
-    #[error("/proc/{pid}/cwd: {source}")]
-    Cwd { pid: i32, source: std::io::Error },
-    #[error("/proc/{pid}/maps: {source}")]
-    Maps { pid: i32, source: std::io::Error },
-    #[error("/proc/{0}/maps lists no readable mapping")]
-    NoMapping(i32),
-    #[error("process_vm_readv: {0}")]
-    Memory(#[source] std::io::Error),
 }
 
 /// Why a FORK gave no child.
@@ -183,8 +91,6 @@ pub enum ForkError {
 type ForkReply = Result<i32, ForkError>;
 /// A FORK waiting for its FORKED: the session, and where to send the answer.
 type PendingFork = (Arc<SessionShared>, Sender<ForkReply>);
-/// What a guest's exec left: its listener (if any) and the steps that degraded.
-type Execed = (Option<OwnedFd>, Vec<(chan::Step, Errno)>);
 
 /// One running zygote.
 pub struct Zygote {
@@ -197,7 +103,7 @@ pub struct Zygote {
     pub layers: Layers,
     /// The zygote's rlimits and write grants, every session child's too: what a child's end
     /// is judged against.
-    pub applied: crate::run::Applied,
+    pub applied: crate::supervise::assemble::Applied,
     pending: Mutex<HashMap<u64, PendingFork>>,
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
@@ -209,170 +115,6 @@ pub struct Zygote {
 }
 
 impl Zygote {
-    /// Starts zygote `index` under `policy` and waits until it has preloaded. `on_death` is
-    /// called (from the reader thread) when it dies.
-    pub fn start(
-        index: usize,
-        policy: Arc<Policy>,
-        cfg: &ZygoteConfig,
-        on_death: Arc<dyn Fn(usize) + Send + Sync>,
-    ) -> Result<Arc<Zygote>, ZygoteError> {
-        let mut argv = vec![
-            cfg.python.display().to_string(),
-            "-m".into(),
-            "wfjail.zygote".into(),
-        ];
-        if !cfg.preload.is_empty() {
-            argv.push("--preload".into());
-            argv.push(cfg.preload.join(","));
-        }
-        let req = PlanRequest {
-            session: false,
-            argv,
-            grants: cfg.grants.clone(),
-            extra_env: {
-                let mut env = vec![
-                    ("WFJAIL_ZYGOTE_FD".into(), "3".into()),
-                    (
-                        "WFJAIL_GETRANDOM".into(),
-                        policy.random.getrandom.as_str().into(),
-                    ),
-                ];
-                // Each session child's whole life (the zygote takes none: it lives as long as
-                // the server); a call's own budget (limits.cpu) is measured by its session.
-                if let Some(c) = policy.limits.session_cpu {
-                    env.push((
-                        "WFJAIL_CPU_LIMIT".into(),
-                        (c.0.as_secs_f64().ceil() as u64).to_string(),
-                    ));
-                }
-                env
-            },
-            zygote: true,
-            learn: false,
-        };
-        let plan = plan::build(&policy, &req)?;
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| ZygoteError::ControlSocket(e.into()))?;
-        let null = std::fs::File::open("/dev/null").map_err(ZygoteError::DevNull)?;
-        // The zygote's own stdout and stderr (its children get their session's): a pipe
-        // copied to ours, each line behind "[zygote i] ".
-        let log = super::log_pipe(format!("zygote{index}"), format!("[zygote {index}] "))
-            .map_err(ZygoteError::LogPipe)?;
-        let targets = [
-            (null.as_raw_fd(), 0),
-            (log.as_raw_fd(), 1),
-            (log.as_raw_fd(), 2),
-            (theirs.as_raw_fd(), 3),
-        ];
-        let spawned = process::spawn(&plan, &targets, None)?;
-        drop((null, theirs, log));
-        let pid = spawned.pid;
-        let base = crate::run::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan.as_fd(), pid, plan.rules.vdso) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
-                let _ = sys::wait4(pid);
-                return Err(e.into());
-            }
-        };
-        let layers = crate::run::layers(&plan, &base, &degraded, listener.is_some());
-        let Spawned { pidfd, .. } = spawned;
-        let reader = ours.try_clone().map_err(ZygoteError::ControlSocket)?;
-        let (ready_tx, ready_rx) = channel();
-        let zygote = Arc::new(Zygote {
-            index,
-            pid,
-            pidfd,
-            ctl: Mutex::new(ours),
-            layers,
-            applied: crate::run::Applied::of(&plan),
-            pending: Mutex::new(HashMap::new()),
-            by_ns_pid: Mutex::new(HashMap::new()),
-            by_pid: Mutex::new(HashMap::new()),
-            alive: AtomicBool::new(true),
-            stopping: AtomicBool::new(false),
-            ready: std::sync::OnceLock::new(),
-        });
-        {
-            let z = zygote.clone();
-            std::thread::Builder::new()
-                .name(format!("zygote{index}-ctl"))
-                .spawn(move || z.read_control(reader, ready_tx, on_death))
-                .map_err(ZygoteError::Thread)?;
-        }
-        if let Some(listener) = listener {
-            let z = zygote.clone();
-            let grants = Grants::new(&plan.write);
-            let late = policy.zygote.reads_after_preload == Toggle::Deny;
-            let decisions = plan.rules.decisions.clone();
-            let on_violation = policy.on_violation;
-            std::thread::Builder::new()
-                .name(format!("zygote{index}-notify"))
-                .spawn(move || {
-                    let rules = notify::Rules {
-                        decisions: &decisions,
-                        grants: &grants,
-                        late_reads: late,
-                        on_violation,
-                        reads: None,
-                    };
-                    z.route_notifications(listener, rules)
-                })
-                .map_err(ZygoteError::Thread)?;
-        }
-        if let Err(e) = zygote.check_ready(ready_rx.recv_timeout(READY_TIMEOUT), cfg) {
-            zygote.kill();
-            return Err(e);
-        }
-        Ok(zygote)
-    }
-
-    /// Whether the zygote that sent `ready` (or none) can serve: it got ready, speaks this
-    /// wfjail's control version, preloaded, gives each session a Landlock domain of its own,
-    /// and wfjail can see into it.
-    fn check_ready(
-        &self,
-        ready: Result<Result<Ready, ControlError>, RecvTimeoutError>,
-        cfg: &ZygoteConfig,
-    ) -> Result<(), ZygoteError> {
-        let python = cfg.python.clone();
-        let ready = match ready {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(ZygoteError::BadReady(e)),
-            Err(RecvTimeoutError::Timeout) => return Err(ZygoteError::NotReady { python }),
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(ZygoteError::ExitedEarly { python });
-            }
-        };
-        if ready.control != CONTROL_VERSION {
-            return Err(ZygoteError::ControlVersion {
-                got: ready.control,
-                python,
-            });
-        }
-        if let Some(err) = ready.error {
-            return Err(ZygoteError::Preload(err));
-        }
-        // Sessions share a uid and see the host's /proc: only a Landlock domain of each
-        // session's own keeps one out of another's (or the zygote's) /proc/PID/fd, mem and
-        // environ, and its signals and abstract sockets in.
-        ready
-            .session_domain()
-            .map_err(ZygoteError::NoSessionDomain)?;
-        // wfjail must still see into it (resolve a session's paths through /proc/PID/cwd and
-        // fd, read its call arguments). The zygote is dumpable and in a domain nested in
-        // wfjail's, so this holds as the same user or root; something else (an LSM, Yama's
-        // ptrace_scope 3) could still forbid it: then sessions would be judged blind.
-        inspectable(self.pid).map_err(ZygoteError::NotInspectable)
-    }
-
     /// Whether the zygote is still running.
     pub fn alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
@@ -458,91 +200,7 @@ impl Zygote {
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid)).ok()?;
         list.split_whitespace()
             .filter_map(|p| p.parse::<libc::pid_t>().ok())
-            .find(|&p| ns_pid_of(p as u32) == Some(ns_pid))
-    }
-
-    fn read_control(
-        self: Arc<Self>,
-        ctl: OwnedFd,
-        ready: Sender<Result<Ready, ControlError>>,
-        on_death: Arc<dyn Fn(usize) + Send + Sync>,
-    ) {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match nix::sys::socket::recv(ctl.as_raw_fd(), &mut buf, MsgFlags::empty()) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(Errno::EINTR) => continue,
-                Err(_) => break,
-            };
-            match control::parse(&buf[..n]) {
-                Ok(Control::Ready(doc)) => {
-                    // A zygote that could not preload exits next: that death is not a restart.
-                    if doc.error.is_none() {
-                        let _ = self.ready.set(doc.clone());
-                    }
-                    let _ = ready.send(Ok(doc));
-                }
-                Ok(Control::Forked(forked)) => {
-                    // The child is known by its pid before its FORK stops being in flight:
-                    // the router takes "no FORK in flight and no session" to mean a spare
-                    // (`await_session`).
-                    let mut pending = self.pending.lock().unwrap();
-                    let Some((shared, tx)) = pending.remove(&forked.session) else {
-                        continue;
-                    };
-                    let reply = match forked.child {
-                        ForkOutcome::Pid { pid } => {
-                            self.by_ns_pid.lock().unwrap().insert(pid, shared);
-                            Ok(pid)
-                        }
-                        ForkOutcome::Error { error } => Err(ForkError::Refused(error)),
-                    };
-                    drop(pending);
-                    let _ = tx.send(reply);
-                }
-                Ok(Control::Exited(exited)) => {
-                    let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&exited.pid) else {
-                        continue;
-                    };
-                    self.by_pid.lock().unwrap().retain(|_, s| s.id != shared.id);
-                    shared.set_exit(exited.into());
-                }
-                // Start-up waits for READY: a malformed one fails it at once.
-                Err(e) if e.kind() == Some(control::READY) && self.ready.get().is_none() => {
-                    let _ = ready.send(Err(e));
-                }
-                // The zygote runs trusted code only (preload code, wfjail's package): a bad
-                // packet is a bug there, said and skipped.
-                Err(e) => eprintln!("wfjail: zygote {}: {e}; ignored", self.index),
-            }
-        }
-        // The zygote is gone: so are its children.
-        self.alive.store(false, Ordering::SeqCst);
-        let status = sys::wait4(self.pid).map(|r| r.status).ok();
-        let expected = self.stopping.load(Ordering::SeqCst) || self.ready.get().is_none();
-        if !expected {
-            eprintln!(
-                "wfjail: zygote {} (pid {}) died ({}); its sessions fail and it is restarted",
-                self.index,
-                self.pid,
-                status.map_or("status unknown".into(), describe_status)
-            );
-        }
-        let gone = ChildExit {
-            status: None,
-            cpu_ms: 0.0,
-            max_rss_kb: 0,
-        };
-        for (_, s) in self.by_ns_pid.lock().unwrap().drain() {
-            s.set_exit(gone);
-        }
-        for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
-            let _ = tx.send(Err(ForkError::Died));
-        }
-        if !expected {
-            on_death(self.index);
-        }
+            .find(|&p| crate::procfs::ns_pid(p as u32) == Some(ns_pid))
     }
 
     /// A child that started its session before the zygote's FORKED reached us: wait for it
@@ -624,8 +282,8 @@ impl Zygote {
                     || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0),
                 signals_itself: signal
                     && native
-                    && (ns_pid_of(n.pid) == Some(n.args[0] as i32)
-                        || ns_tgid_of(n.pid) == Some(n.args[0] as i32)),
+                    && (crate::procfs::ns_pid(n.pid) == Some(n.args[0] as i32)
+                        || crate::procfs::ns_tgid(n.pid) == Some(n.args[0] as i32)),
                 // Its pid, once it runs its session: the same in every session, and a signal
                 // to that pid is a signal to itself, sent for it.
                 signals_session_pid: signal
@@ -633,7 +291,7 @@ impl Zygote {
                     && n.args[0] as i32 == SESSION_PID
                     && (name != "tgkill"
                         || n.args[1] as i32 == SESSION_PID
-                        || ns_pid_of(n.pid) == Some(n.args[1] as i32)),
+                        || crate::procfs::ns_pid(n.pid) == Some(n.args[1] as i32)),
             };
             let mut found = None;
             let asker = || {
@@ -789,28 +447,6 @@ impl Zygote {
     }
 }
 
-/// Whether wfjail can read what it needs of process `pid` (its cwd link, its maps, a byte of
-/// its memory), the way it does for a session child's calls.
-fn inspectable(pid: libc::pid_t) -> Result<(), InspectError> {
-    std::fs::read_link(format!("/proc/{pid}/cwd"))
-        .map_err(|source| InspectError::Cwd { pid, source })?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|source| InspectError::Maps { pid, source })?;
-    let addr = maps
-        .lines()
-        .find(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|p| p.starts_with('r'))
-        })
-        .and_then(|l| l.split('-').next())
-        .and_then(|a| u64::from_str_radix(a, 16).ok())
-        .ok_or(InspectError::NoMapping(pid))?;
-    sys::read_process_memory(pid, addr, &mut [0u8; 1])
-        .map(|_| ())
-        .map_err(InspectError::Memory)
-}
-
 /// The wall-clock time a zygote reads while it preloads, under `clock = "virtual"`:
 /// 2000-01-01T00:00:00Z. Code imported there runs before any session has a workflow time; a
 /// fixed instant makes what it computes at import the same in every zygote and every replay.
@@ -824,136 +460,16 @@ pub const PRELOAD_INSTANT: i64 = 946_684_800_000_000_000;
 /// namespace.
 pub const SESSION_PID: i32 = 4_194_303;
 
-/// The pid of global `pid` in its own (innermost) PID namespace.
-fn ns_pid_of(pid: u32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
-}
-
 /// How many parents up from a caller a session's process is looked for (a session's
 /// processes are bounded by `limits.processes`; a deeper chain is no session's).
 const MAX_SESSION_DEPTH: usize = 64;
 
-/// The process id (thread group) of global task `tid` in its own PID namespace.
-fn ns_tgid_of(tid: u32) -> Option<i32> {
-    ns_tgid_and_parent(tid).map(|(ns, _)| ns)
-}
-
 /// The process id of global task `tid` in its own PID namespace (`NStgid`), and the global
 /// pid of its parent process (`PPid`).
 fn ns_tgid_and_parent(tid: u32) -> Option<(i32, u32)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let field = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))?
-            .split_whitespace()
-            .last()?
-            .parse::<i64>()
-            .ok()
-    };
-    Some((field("NStgid:")? as i32, field("PPid:")? as u32))
-}
-
-/// "exit 1", "killed by SIGKILL".
-pub fn describe_status(status: i32) -> String {
-    if libc::WIFEXITED(status) {
-        format!("exit {}", libc::WEXITSTATUS(status))
-    } else if libc::WIFSIGNALED(status) {
-        format!(
-            "killed by {}",
-            crate::report::signal_name(libc::WTERMSIG(status))
-        )
-    } else {
-        format!("status {status}")
-    }
-}
-
-/// How long a zygote may take from `clone` to its exec.
-const EXEC_WITHIN: Duration = Duration::from_secs(30);
-
-/// Waits until a freshly spawned zygote has exec'd: set-up records, the listener, and the
-/// initial exec notification (supervise/startup.rs). Once the exec is let through, the
-/// listener is left alone: what comes next is the zygote's, for its router. Returns the
-/// listener (if any) and the degraded steps.
-pub fn await_exec(
-    chan_fd: std::os::fd::BorrowedFd<'_>,
-    pid: libc::pid_t,
-    vdso: Option<crate::answers::vdso::Patch>,
-) -> Result<Execed, StartupError> {
-    let mut startup = Startup::new();
-    let mut listener: Option<OwnedFd> = None;
-    let mut buf: Option<NotifBuf> = None;
-    let deadline = Instant::now() + EXEC_WITHIN;
-    loop {
-        let watch_listener = !startup.exec_allowed();
-        let mut fds = vec![PollFd::new(chan_fd, PollFlags::POLLIN)];
-        if let Some(l) = listener.as_ref().filter(|_| watch_listener) {
-            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(StartupError::NoExec(EXEC_WITHIN));
-        }
-        match poll(&mut fds, crate::supervise::poll_timeout(left)) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(StartupError::Io(e)),
-        }
-        let chan_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        let notif_ready = fds
-            .get(1)
-            .and_then(|f| f.revents())
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
-        drop(fds);
-        if chan_ready {
-            match chan::recv(&chan_fd) {
-                Ok(Ok(Received::Msg(msg, fd))) => {
-                    if msg == ChildMsg::Listener {
-                        buf = NotifBuf::new().ok();
-                        if let Some(l) = &fd {
-                            sys::notif_sync_wake_up(l.as_fd());
-                        }
-                        listener = fd;
-                    }
-                    startup.record(Ok(msg));
-                }
-                Ok(Ok(Received::Eof)) => startup.eof(),
-                Ok(Err(e)) => {
-                    startup.record(Err(e));
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => {
-                    return Err(StartupError::Io(Errno::from_raw(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                    )));
-                }
-            }
-            if startup.finished() {
-                return match startup.error() {
-                    Some(e) => Err(e),
-                    None => Ok((listener, startup.degraded().to_vec())),
-                };
-            }
-        }
-        if notif_ready
-            && let (Some(l), Some(b)) = (&listener, buf.as_mut())
-            && let Some(n) = notify::receive(l.as_fd(), b)
-        {
-            match startup.notification(crate::supervise::is_initial_exec(&n, pid)) {
-                // With the vDSO patched at the exec stop: sessions inherit the patch.
-                Route::AllowExec => {
-                    if let Err(e) = crate::answers::vdso::exec(l.as_fd(), &n, pid, vdso) {
-                        eprintln!("wfjail: zygote: {e}");
-                        startup.parent_failed(chan::Step::Vdso, e.errno());
-                        let _ = sys::kill_pid(pid, libc::SIGKILL);
-                    }
-                }
-                Route::Refuse => notify::refuse(l.as_fd(), &n, libc::EPERM),
-                // A zygote takes no step between the exec's stop and its start; after the
-                // exec the listener is not read here.
-                Route::HoldExec | Route::Guest => {}
-            }
-        }
-    }
+    let status = crate::procfs::Status::of(tid)?;
+    Some((
+        status.innermost("NStgid")? as i32,
+        status.innermost("PPid")? as u32,
+    ))
 }

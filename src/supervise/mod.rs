@@ -8,7 +8,10 @@
 //! buffers, the stderr tail, the violations list) each has a bound; every frame from the
 //! guest is charged to `limits.output`.
 
+pub mod assemble;
 pub mod disk;
+pub mod memory_evidence;
+pub mod output;
 pub mod startup;
 pub mod verdict;
 
@@ -27,11 +30,15 @@ use crate::notify::violations::Violations;
 use crate::notify::{self, Handled, paths};
 use crate::policy::Policy;
 use crate::process::Spawned;
-use crate::process::channel::{self, ChildMsg, Received, Step};
+use crate::process::channel::Step;
 use crate::protocol::guest::{self as gp, Conversation, Event, Outbox};
 use crate::report::{GuestError, Violation};
-use crate::sys::{self, NotifBuf, Reaped};
-use startup::{Route, Startup, StartupError};
+use crate::sys::{self, Reaped};
+use memory_evidence::MemoryEvidence;
+use output::OutputMeter;
+use startup::{ChanRead, Driver, Listened, StartupError};
+
+use crate::echo::{GUEST_PREFIX, LineEcho};
 
 /// How long to keep reading the guest's output after it exited (descendants that escaped a
 /// missing PID namespace may hold the pipes open).
@@ -46,85 +53,6 @@ pub const VM_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 pub const VM_SAMPLE_AFTER_OUTPUT: Duration = Duration::from_millis(1);
 /// The poll timeout while sampling, so that an idle guest is still sampled.
 pub const VM_SAMPLE_WAIT: Duration = Duration::from_millis(25);
-
-/// What starts every line of guest text echoed on wfjail's stderr. wfjail's own lines start
-/// with `wfjail: `, so a guest cannot print one of them (docs/security.md).
-pub const GUEST_PREFIX: &str = "[guest] ";
-/// The longest guest line echoed as one line; a longer one is cut into several, so a guest
-/// that never writes a newline does not grow the buffer.
-pub const MAX_ECHO_LINE: usize = 4096;
-
-/// Guest text made safe for a terminal: invalid UTF-8 replaced, and control characters
-/// (C0 except tab, DEL, C1) written as `\xNN` so that the guest cannot move the cursor,
-/// erase a line or start a new one.
-pub fn escape_guest_text(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if (c.is_control() && c != '\t') || c == '\u{7f}' {
-            out.push_str(&format!("\\x{:02x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Guest output echoed line by line, each line behind a prefix and escaped
-/// ([`escape_guest_text`]); at most [`MAX_ECHO_LINE`] bytes are held.
-#[derive(Debug)]
-pub struct LineEcho {
-    prefix: String,
-    buf: Vec<u8>,
-}
-
-impl LineEcho {
-    pub fn new(prefix: impl Into<String>) -> Self {
-        LineEcho {
-            prefix: prefix.into(),
-            buf: Vec::new(),
-        }
-    }
-
-    /// The lines `data` completes, rendered (prefix, escaped text, newline), ready to write.
-    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for piece in data.split_inclusive(|&b| b == b'\n') {
-            let (body, ends) = match piece.split_last() {
-                Some((b'\n', body)) => (body, true),
-                _ => (piece, false),
-            };
-            let mut body = body;
-            while self.buf.len() + body.len() >= MAX_ECHO_LINE {
-                let take = MAX_ECHO_LINE - self.buf.len();
-                self.buf.extend_from_slice(&body[..take]);
-                body = &body[take..];
-                self.render(&mut out);
-            }
-            self.buf.extend_from_slice(body);
-            if ends {
-                self.render(&mut out);
-            }
-        }
-        out
-    }
-
-    /// A last line without its newline, rendered.
-    pub fn finish(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        if !self.buf.is_empty() {
-            self.render(&mut out);
-        }
-        out
-    }
-
-    fn render(&mut self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.prefix.as_bytes());
-        out.extend_from_slice(escape_guest_text(&self.buf).as_bytes());
-        out.push(b'\n');
-        self.buf.clear();
-    }
-}
 
 /// Where the guest's output goes.
 pub struct Sinks<'a> {
@@ -253,98 +181,18 @@ pub struct Outcome {
     pub memory_refused: Option<u64>,
 }
 
-/// The guest's current address space in bytes (`VmSize`), if readable.
-fn vm_size(pid: libc::pid_t) -> Option<u64> {
-    proc_status_kb(pid, "VmSize:").map(|kb| kb * 1024)
-}
-
-/// A `kB` field of /proc/PID/status.
-fn proc_status_kb(pid: libc::pid_t, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status_field(&status, field)
-}
-
-/// The number in the line of /proc/PID/status text `status` that starts with `field`
-/// (without a `kB` unit).
-fn status_field(status: &str, field: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// The name of the mapping call `n` (for the policy's deny list).
-fn mapping_call_name(n: &sys::Notif) -> &'static str {
-    if n.nr == libc::SYS_mremap as i32 {
-        "mremap"
-    } else {
-        "mmap"
+impl Outcome {
+    /// Whether wfjail itself stopped the guest (deadline, violation, output bound, broken
+    /// protocol or set-up channel, or wfjail's own stop signal): a SIGKILL it did not send is
+    /// the kernel's (a CPU limit).
+    pub fn killed_by_supervisor(&self) -> bool {
+        self.timed_out
+            || self.killed_for_violation
+            || self.output_exceeded
+            || self.protocol_error.is_some()
+            || self.interrupted.is_some()
+            || self.channel_error.is_some()
     }
-}
-
-/// How much address space a native `mmap` or `mremap` notification asks to add (`None` for
-/// any other call, and for `MAP_FIXED`, which may replace existing mappings). The arguments
-/// are registers, so what is read here is what the kernel will see.
-pub fn memory_request(n: &sys::Notif) -> Option<u64> {
-    if n.arch != crate::policy::bpf::AUDIT_ARCH_X86_64 {
-        return None;
-    }
-    match n.nr as libc::c_long {
-        libc::SYS_mmap if n.args[3] & libc::MAP_FIXED as u64 == 0 => Some(n.args[1]),
-        // mremap(old_address, old_size, new_size, flags, ...): the growth.
-        libc::SYS_mremap => Some(n.args[2].saturating_sub(n.args[1])),
-        _ => None,
-    }
-}
-
-/// Kernel evidence for the memory limit: whether notification `n` (of guest `pid`) is a
-/// private mapping, routed here by the filter for its size, that asks for more address space
-/// than RLIMIT_AS `limit` leaves the guest. Returns the bytes asked for. A call the policy
-/// denies is a violation, not evidence; the notification is checked valid after reading.
-pub fn mapping_beyond_limit(
-    listener: std::os::fd::BorrowedFd<'_>,
-    n: &sys::Notif,
-    pid: libc::pid_t,
-    limit: u64,
-    policy: &Policy,
-) -> Option<u64> {
-    let grow = memory_request(n)?;
-    (!policy.syscalls.denies(mapping_call_name(n))
-        && vm_size(pid).is_some_and(|s| s.saturating_add(grow) > limit)
-        && sys::notif_id_valid(listener, n.id))
-    .then_some(grow)
-}
-
-/// Kernel evidence for the memory limit: when notification `n` is an `exit_group` the filter
-/// sent for `limits.memory`, made by a thread of the guest's process `guest` (not by a
-/// process it forked), the guest's peak address space, read while the call waits (its memory
-/// is whole until it is let go). A read whose notification is no longer pending may be
-/// another process's, and is dropped.
-pub fn peak_at_exit(
-    listener: std::os::fd::BorrowedFd<'_>,
-    n: &sys::Notif,
-    guest: libc::pid_t,
-    decisions: &crate::policy::decisions::Decisions,
-) -> Option<u64> {
-    let exit = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
-        && decisions
-            .get(n.nr as u32)
-            .is_some_and(|d| d.check == crate::policy::decisions::Check::Exit);
-    if !exit {
-        return None;
-    }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).ok()?;
-    let tgid = status_field(&status, "Tgid:")?;
-    let peak = status_field(&status, "VmPeak:")? * 1024;
-    (tgid == guest as u64 && sys::notif_id_valid(listener, n.id)).then_some(peak)
-}
-
-/// The guest's peak address space in bytes (`VmPeak` of /proc/PID/status), if readable.
-pub fn vm_peak(pid: libc::pid_t) -> Option<u64> {
-    proc_status_kb(pid, "VmPeak:").map(|kb| kb * 1024)
 }
 
 /// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
@@ -477,7 +325,6 @@ pub fn supervise(
     }
     let mut violations = Violations::new(echo.then(String::new));
     let mut budget = notify::Budget::default();
-    let mut startup = Startup::new();
     if crate::policy::rules::getrandom::answered(policy) {
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
@@ -486,9 +333,9 @@ pub fn supervise(
     if crate::policy::rules::clock::answered(policy) {
         o.clock = Some(cfg.clock.unwrap_or_else(workflow_time::host_now));
     }
-    let mut chan = Some(child.chan);
-    let mut listener: Option<OwnedFd> = None;
-    let mut notif_buf: Option<NotifBuf> = None;
+    // The start-up (set-up channel, the initial exec), then the guest's notifications.
+    let mut start = Driver::new(child.pid, child.chan, cfg.vdso.map(|p| p.seeded(cfg.seed)))
+        .nonblocking_listener();
     let mut stdout = Some(pipes.stdout);
     let mut stderr = Some(pipes.stderr);
     let mut framed = pipes.protocol.map(|p| Framed {
@@ -503,7 +350,7 @@ pub fn supervise(
         },
         cap: p.cap,
     });
-    for fd in [&stdout, &stderr, &chan].into_iter().flatten() {
+    for fd in [&stdout, &stderr].into_iter().flatten() {
         set_nonblocking(fd);
     }
     if let Some(f) = framed.as_mut() {
@@ -517,10 +364,11 @@ pub fn supervise(
     let mut out_echo = LineEcho::new(GUEST_PREFIX);
     let deadline = cfg.timeout.map(|t| child.started + t);
     let mut exited_at: Option<Instant> = None;
-    let mut output: u64 = 0;
+    let mut output = OutputMeter::new(cfg.output_limit);
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_sample: Option<Instant> = None;
+    let mut memory = MemoryEvidence::new(cfg.memory_limit);
     let mut woke_by_output = false;
     // Kill the guest (and, as PID 1 of its namespace, everything it started).
     let kill = || {
@@ -547,18 +395,16 @@ pub fn supervise(
         woke_by_output = false;
         if cfg.memory_limit.is_some()
             && exited_at.is_none()
-            && chan.is_none()
+            && start.chan().is_none()
             && last_sample.is_none_or(|t| t.elapsed() >= every)
         {
             last_sample = Some(Instant::now());
-            if let Some(peak) = vm_peak(child.pid) {
-                o.vm_peak = o.vm_peak.max(Some(peak));
-            }
+            memory.sample(child.pid);
         }
         // limits.disk: what the guest added under its write grants, on its own timer.
         if let Some(acct) = &cfg.disk
             && exited_at.is_none()
-            && chan.is_none()
+            && start.chan().is_none()
             && !o.disk_exceeded
             && acct.borrow_mut().over(child.pid)
         {
@@ -574,26 +420,20 @@ pub fn supervise(
             || stderr.is_some()
             || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
         if let Some(t) = exited_at
-            && ((chan.is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
+            && ((start.chan().is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
         {
             break;
         }
         let mut fds: Vec<PollFd> = Vec::with_capacity(7);
         let mut srcs: Vec<Src> = Vec::with_capacity(7);
-        add(
-            &mut fds,
-            &mut srcs,
-            chan.as_ref(),
-            PollFlags::POLLIN,
-            Src::Chan,
-        );
-        add(
-            &mut fds,
-            &mut srcs,
-            listener.as_ref(),
-            PollFlags::POLLIN,
-            Src::Listener,
-        );
+        if let Some(c) = start.chan() {
+            fds.push(PollFd::new(c, PollFlags::POLLIN));
+            srcs.push(Src::Chan);
+        }
+        if let Some(l) = start.listener() {
+            fds.push(PollFd::new(l, PollFlags::POLLIN));
+            srcs.push(Src::Listener);
+        }
         add(
             &mut fds,
             &mut srcs,
@@ -674,96 +514,30 @@ pub fn supervise(
             match src {
                 Src::Chan => {
                     // Set-up records until end-of-file (= the exec happened).
-                    while let Some(c) = &chan {
-                        match channel::recv(c) {
-                            Ok(Ok(Received::Msg(msg, fd))) => {
-                                if msg == ChildMsg::Listener
-                                    && let Some(fd) = fd
-                                {
-                                    set_nonblocking(&fd);
-                                    crate::sys::notif_sync_wake_up(fd.as_fd());
-                                    notif_buf = NotifBuf::new().ok();
-                                    listener = Some(fd);
-                                    o.notify = true;
-                                    crate::timing::mark("child confined (listener received)");
-                                }
-                                startup.record(Ok(msg));
-                            }
-                            Ok(Ok(Received::Eof)) => {
-                                startup.eof();
-                                crate::timing::mark("exec confirmed (channel closed)");
-                                chan = None;
-                            }
-                            Ok(Err(e)) => {
-                                if startup.record(Err(e)) == startup::Next::Kill {
-                                    kill();
-                                }
-                                chan = None;
-                            }
-                            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
-                            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                            Err(_) => chan = None,
-                        }
+                    if start.read_chan() == ChanRead::Kill {
+                        kill();
                     }
                 }
                 Src::Listener => {
-                    let (Some(l), Some(nb)) = (&listener, notif_buf.as_mut()) else {
-                        continue;
-                    };
-                    if !rev.contains(PollFlags::POLLIN) {
-                        listener = None; // every task using the filter is gone
-                        continue;
-                    }
-                    let Some(n) = notify::receive(l.as_fd(), nb) else {
-                        continue;
-                    };
-                    // The one exec that starts the guest (startup.rs, rule 5).
-                    match startup.notification(is_initial_exec(&n, child.pid)) {
-                        Route::AllowExec => {
-                            // With the vDSO patched at the exec stop when the policy asks.
-                            if let Err(e) = vdso::exec(
-                                l.as_fd(),
-                                &n,
-                                child.pid,
-                                cfg.vdso.map(|p| p.seeded(cfg.seed)),
-                            ) {
-                                if let Some(w) = err_sink.as_mut() {
-                                    let _ = writeln!(w, "wfjail: {e}");
-                                }
-                                startup.parent_failed(Step::Vdso, e.errno());
-                                kill();
+                    let n = match start.on_listener(rev) {
+                        Listened::Guest(n) => n,
+                        Listened::Nothing => continue,
+                        Listened::ExecStopFailed(e) => {
+                            if let Some(w) = err_sink.as_mut() {
+                                let _ = writeln!(w, "wfjail: {e}");
                             }
+                            kill();
                             continue;
                         }
-                        Route::Refuse => {
-                            notify::refuse(l.as_fd(), &n, libc::EPERM);
-                            continue;
-                        }
-                        // `run` takes no step between the exec's stop and its start.
-                        Route::HoldExec => continue,
-                        Route::Guest => {}
-                    }
+                    };
+                    let Some(l) = start.listener() else { continue };
                     // The supervisor's work for the guest is bounded (notify::Budget).
-                    if !budget.take() {
+                    if !notify::charge(&mut budget, l.as_fd(), &n, kill) {
                         o.notifications_exceeded = true;
-                        notify::over_budget(l.as_fd(), &n, kill);
                         continue;
                     }
-                    // A large allocation routed here for the memory limit's evidence (the
-                    // filter sends private mappings of at least limit/16; `answer` lets them
-                    // run, the kernel applies RLIMIT_AS): note whether it fits in what is
-                    // left. A call the policy denies is a violation, not evidence.
-                    if let Some(limit) = cfg.memory_limit
-                        && let Some(grow) =
-                            mapping_beyond_limit(l.as_fd(), &n, child.pid, limit, policy)
-                    {
-                        o.memory_refused = Some(grow);
-                    }
-                    if cfg.memory_limit.is_some()
-                        && let Some(peak) = peak_at_exit(l.as_fd(), &n, child.pid, &cfg.decisions)
-                    {
-                        o.vm_peak = o.vm_peak.max(Some(peak));
-                    }
+                    // Kernel evidence for the memory limit (memory_evidence.rs).
+                    memory.on_notification(l, &n, child.pid, policy, &cfg.decisions);
                     let state = notify::State {
                         violations: &mut violations,
                         entropy: entropy.as_mut(),
@@ -788,8 +562,8 @@ pub fn supervise(
                     let Some(fd) = slot.as_ref() else { continue };
                     let (data, open) = read_some(fd, &mut buf);
                     // Keep what fits in the bound; the rest is dropped (and the guest killed).
-                    let room = cfg.output_limit.saturating_sub(output) as usize;
-                    output = output.saturating_add(data.len() as u64);
+                    let room = output.room();
+                    output.charge(data.len() as u64);
                     let exceeded = data.len() > room;
                     let data = &data[..data.len().min(room)];
                     if is_out && let Some(w) = out_sink.as_mut() {
@@ -841,7 +615,7 @@ pub fn supervise(
                         r = r.and_then(|ev| f.conv.eof().map(|_| ev));
                     }
                     // Every frame costs against the output bound, empty ones included.
-                    output = output.saturating_add(f.conv.take_charge());
+                    output.charge(f.conv.take_charge());
                     let r = r.and_then(|events| {
                         for ev in events {
                             match ev {
@@ -860,7 +634,7 @@ pub fn supervise(
                                         // What the echo adds (prefix, escapes) counts too,
                                         // so an empty LOG costs its printed line.
                                         let added = line.len().saturating_sub(text.len());
-                                        output = output.saturating_add(added as u64);
+                                        output.charge(added as u64);
                                         let _ = w.write_all(&line);
                                     }
                                 }
@@ -882,11 +656,7 @@ pub fn supervise(
                                     // The guest waits for the end of its input now, its
                                     // address space whole: the memory limit may explain
                                     // the failure (serve samples here too).
-                                    if cfg.memory_limit.is_some()
-                                        && let Some(peak) = vm_peak(child.pid)
-                                    {
-                                        o.vm_peak = o.vm_peak.max(Some(peak));
-                                    }
+                                    memory.sample(child.pid);
                                     o.guest_error = Some(e);
                                     f.close_when_flushed = true;
                                 }
@@ -894,7 +664,7 @@ pub fn supervise(
                         }
                         Ok(())
                     });
-                    if output > cfg.output_limit && !o.output_exceeded && exited_at.is_none() {
+                    if output.over() && !o.output_exceeded && exited_at.is_none() {
                         o.output_exceeded = true;
                         kill();
                     }
@@ -929,6 +699,7 @@ pub fn supervise(
     o.reaped = sys::wait4(child.pid).ok();
     o.duration = child.started.elapsed();
     // A guest that wrote past limits.disk and exited between two samples.
+    let startup = start.startup();
     if startup.exec_confirmed() {
         disk_at_end(cfg, &mut o);
     }
@@ -940,17 +711,13 @@ pub fn supervise(
     o.degraded = startup.degraded().to_vec();
     o.fatal = startup.fatal();
     o.exec_confirmed = startup.exec_confirmed();
+    o.vm_peak = memory.vm_peak;
+    o.memory_refused = memory.refused;
+    o.notify = start.got_listener();
     if let Some(e @ StartupError::Channel(_)) = startup.error() {
         o.channel_error = Some(e.to_string());
     }
     o
-}
-
-/// Whether notification `n` is the `execve` that starts the guest `pid` (native ABI).
-pub fn is_initial_exec(n: &sys::Notif, pid: libc::pid_t) -> bool {
-    n.pid == pid as u32
-        && n.nr == libc::SYS_execve as i32
-        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
 }
 
 /// The name of a LOG frame's level (Python's logging levels).
@@ -960,53 +727,5 @@ pub fn level_name(level: u8) -> &'static str {
         11..=20 => "info",
         21..=30 => "warning",
         _ => "error",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn guest_lines_are_prefixed_escaped_and_bounded() {
-        let mut e = LineEcho::new("[g] ");
-        let out = e.feed(b"wfjail: ok\n\x1b[2Kx\ty\r\x7f\xc2\x9b\npartial");
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "[g] wfjail: ok\n[g] \\x1b[2Kx\ty\\x0d\\x7f\\x9b\n"
-        );
-        assert_eq!(e.finish(), b"[g] partial\n");
-        let out = e.feed(&vec![b'a'; 3 * MAX_ECHO_LINE]);
-        assert_eq!(out.len(), 3 * (4 + MAX_ECHO_LINE + 1));
-        assert!(e.buf.is_empty());
-    }
-
-    fn notif(nr: libc::c_long, args: [u64; 6]) -> sys::Notif {
-        sys::Notif {
-            id: 1,
-            pid: 1,
-            nr: nr as i32,
-            arch: crate::policy::bpf::AUDIT_ARCH_X86_64,
-            instruction_pointer: 0,
-            args,
-        }
-    }
-
-    #[test]
-    fn memory_requests_are_read_from_registers() {
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, 0x22, 0, 0])),
-            Some(1 << 29)
-        );
-        let fixed = libc::MAP_FIXED as u64 | 0x22;
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mmap, [0, 1 << 29, 3, fixed, 0, 0])),
-            None
-        );
-        assert_eq!(
-            memory_request(&notif(libc::SYS_mremap, [0, 1 << 20, 3 << 20, 1, 0, 0])),
-            Some(2 << 20)
-        );
-        assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
     }
 }

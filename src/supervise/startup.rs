@@ -1,10 +1,11 @@
 //! The start-up of one confined child, from `clone` to its exec: the parent's side of the
 //! set-up channel and of the initial `execve` notification, as one I/O-free state machine.
 //!
-//! `wfjail run`, an exec-mode serve session and a zygote's start all drive this machine from
-//! their own loops: they read the channel and the listener, feed what they read here, and do
-//! what it answers. What it decides (read top to bottom, this is the specification; the unit
-//! tests below follow it rule by rule):
+//! `wfjail run`, an exec-mode serve session and a zygote's start all drive this machine through
+//! one [`Driver`], which owns the parent's ends of the channel and of the listener: their
+//! loops poll its descriptors and hand it what is ready; it reads, feeds the machine and does
+//! what the machine answers. What the machine decides (read top to bottom, this is the
+//! specification; the unit tests below follow it rule by rule):
 //!
 //! 1. A `Degraded` record is kept; the child goes on.
 //! 2. A `Fatal` record is kept; the child exits by itself after sending it.
@@ -13,20 +14,26 @@
 //!    kills the child and reports the channel error. A child that breaks the set-up protocol
 //!    is not trusted to be confined.
 //! 5. Before the child's initial exec, a notification that is that exec (the child's pid,
-//!    `execve`, native ABI) is let through — or held, when the caller has a step to take
-//!    between the exec's stop and its start ([`Startup::hold_exec`]), then let through with
-//!    [`Startup::exec_step_done`]. Any other notification before it is refused (EPERM): the
-//!    child's own code makes no watched call after installing the filter but that exec.
-//!    After it, every notification is the guest's, for the caller's supervision.
+//!    `execve`, native ABI) is let through (the driver patches the vDSO at its stop first,
+//!    when the plan asks). Any other notification before it is refused (EPERM): the child's
+//!    own code makes no watched call after installing the filter but that exec. After it,
+//!    every notification is the guest's, for the caller's supervision.
 //! 6. End-of-file on the close-on-exec channel: the exec happened (or the child died, which
 //!    its pidfd tells). With a `Fatal` record kept, the start-up failed at that step.
 //!
 //! Room for more: a step that needs the parent first (a parent→child "go" over the channel)
 //! would be one more state between `Confining` and `Execing`, fed by a new record.
 
-use nix::errno::Errno;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::process::channel::{ChannelError, ChildMsg, Step};
+use nix::errno::Errno;
+use nix::poll::PollFlags;
+
+use crate::process::channel::{self, ChannelError, ChildMsg, Received, Step};
+use crate::sys::{self, NotifBuf};
+
+use super::notify;
+use super::vdso::{self, VdsoError};
 
 /// How a start-up ended badly.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,8 +66,6 @@ pub enum Next {
 pub enum Route {
     /// The initial exec: let it continue.
     AllowExec,
-    /// The initial exec, held for the caller's step; call [`Startup::exec_step_done`].
-    HoldExec,
     /// Before the initial exec and not it: refuse with EPERM.
     Refuse,
     /// The guest's own call: the caller's supervision answers it.
@@ -71,8 +76,6 @@ pub enum Route {
 enum State {
     /// Set-up records arrive; the exec has not been seen.
     Confining,
-    /// The initial exec notification is held for the caller's step.
-    ExecHeld,
     /// The initial exec was let through (or there is no listener to see it).
     Execing,
     /// End-of-file: the exec happened or the child died.
@@ -83,7 +86,6 @@ enum State {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Startup {
     state: State,
-    hold_exec: bool,
     degraded: Vec<(Step, Errno)>,
     fatal: Option<(Step, Errno)>,
     channel_error: Option<ChannelError>,
@@ -101,20 +103,12 @@ impl Startup {
     pub fn new() -> Self {
         Startup {
             state: State::Confining,
-            hold_exec: false,
             degraded: Vec::new(),
             fatal: None,
             channel_error: None,
             listener: false,
             exec_seen: false,
         }
-    }
-
-    /// Holds the initial exec at its notification until [`Startup::exec_step_done`] (for a
-    /// step taken between the exec's stop and its start).
-    pub fn hold_exec(mut self) -> Self {
-        self.hold_exec = true;
-        self
     }
 
     /// Rules 1–4: one record from the channel, or the error decoding it.
@@ -146,31 +140,17 @@ impl Startup {
     }
 
     /// Rule 5: a notification; `initial_exec` says whether it is the child's `execve`
-    /// (see [`crate::supervise::is_initial_exec`]).
+    /// (see [`is_initial_exec`]).
     pub fn notification(&mut self, initial_exec: bool) -> Route {
         match self.state {
             State::Confining if initial_exec && !self.exec_seen => {
                 self.exec_seen = true;
-                if self.hold_exec {
-                    self.state = State::ExecHeld;
-                    Route::HoldExec
-                } else {
-                    self.state = State::Execing;
-                    Route::AllowExec
-                }
+                self.state = State::Execing;
+                Route::AllowExec
             }
-            State::Confining | State::ExecHeld => Route::Refuse,
+            State::Confining => Route::Refuse,
             State::Execing | State::Done => Route::Guest,
         }
-    }
-
-    /// The caller's step between the exec's stop and its start is done: let the held exec
-    /// continue. `None` when no exec is held.
-    pub fn exec_step_done(&mut self) -> Option<Route> {
-        (self.state == State::ExecHeld).then(|| {
-            self.state = State::Execing;
-            Route::AllowExec
-        })
     }
 
     /// Whether the channel is still to be read.
@@ -186,7 +166,7 @@ impl Startup {
     /// Whether the initial exec has been let through (a zygote's caller stops reading the
     /// listener there and hands it to its router).
     pub fn exec_allowed(&self) -> bool {
-        self.exec_seen && self.state != State::ExecHeld
+        self.exec_seen
     }
 
     /// Whether the seccomp listener arrived.
@@ -218,6 +198,185 @@ impl Startup {
     pub fn exec_confirmed(&self) -> bool {
         self.state == State::Done && self.error().is_none()
     }
+}
+
+/// The one driver of the start-up machine: the parent's ends of the set-up channel and of the
+/// child's seccomp listener, read into a [`Startup`]. `wfjail run` and an exec-mode session
+/// keep it for the guest's life (the listener then carries the guest's notifications, which
+/// [`Driver::on_listener`] hands back); a zygote's start drives it up to the exec.
+pub struct Driver {
+    machine: Startup,
+    pid: libc::pid_t,
+    chan: Option<OwnedFd>,
+    listener: Option<OwnedFd>,
+    buf: Option<NotifBuf>,
+    /// What to patch in the child's vDSO at its exec stop (`vdso.rs`).
+    vdso: Option<vdso::Patch>,
+    /// Set the listener non-blocking (a supervisor that reads it in its own loop: a
+    /// notification that vanished between poll and read must not block it).
+    nonblocking: bool,
+    /// A listener descriptor arrived: violations are named.
+    got_listener: bool,
+}
+
+/// What reading the channel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChanRead {
+    /// Records (or nothing yet); the channel stays open.
+    More,
+    /// The seccomp listener arrived with a record.
+    Listener,
+    /// End-of-file: the exec happened, or the child died.
+    Eof,
+    /// A record did not decode: kill the child ([`Startup::error`] says why).
+    Kill,
+    /// Reading failed (not EINTR, not EAGAIN): the channel is dropped.
+    Failed(Errno),
+}
+
+/// What a notification on the listener was.
+#[derive(Debug)]
+pub enum Listened {
+    /// Nothing to do (answered by the start-up, gone, or the listener hung up).
+    Nothing,
+    /// The guest's own call, for the caller's supervision (answer it on [`Driver::listener`]).
+    Guest(sys::Notif),
+    /// The exec stop failed (the vDSO patch): the start-up failed at `Step::Vdso`; kill the
+    /// child.
+    ExecStopFailed(VdsoError),
+}
+
+impl Driver {
+    /// The start-up of child `pid`, whose set-up channel is `chan` (made non-blocking here).
+    pub fn new(pid: libc::pid_t, chan: OwnedFd, vdso: Option<vdso::Patch>) -> Driver {
+        super::set_nonblocking(&chan);
+        Driver {
+            machine: Startup::new(),
+            pid,
+            chan: Some(chan),
+            listener: None,
+            buf: None,
+            vdso,
+            nonblocking: false,
+            got_listener: false,
+        }
+    }
+
+    /// Sets the listener non-blocking when it arrives.
+    pub fn nonblocking_listener(mut self) -> Self {
+        self.nonblocking = true;
+        self
+    }
+
+    /// The machine, for what it decided.
+    pub fn startup(&self) -> &Startup {
+        &self.machine
+    }
+
+    /// The channel, while it is to be read.
+    pub fn chan(&self) -> Option<BorrowedFd<'_>> {
+        self.chan.as_ref().map(AsFd::as_fd)
+    }
+
+    /// The seccomp listener, while it is open.
+    pub fn listener(&self) -> Option<BorrowedFd<'_>> {
+        self.listener.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Whether a listener descriptor came (it may have closed since): violations are named.
+    pub fn got_listener(&self) -> bool {
+        self.got_listener
+    }
+
+    /// The listener, taken (a zygote hands it to its router after the exec).
+    pub fn take_listener(&mut self) -> Option<OwnedFd> {
+        self.listener.take()
+    }
+
+    /// Reads what the channel holds (rules 1-4 and 6), until it would block. A read error is
+    /// handled here, one way for every caller: the channel is dropped and the error returned.
+    pub fn read_chan(&mut self) -> ChanRead {
+        let mut read = ChanRead::More;
+        while let Some(c) = &self.chan {
+            match channel::recv(c) {
+                Ok(Ok(Received::Msg(msg, fd))) => {
+                    if msg == ChildMsg::Listener
+                        && let Some(fd) = fd
+                    {
+                        if self.nonblocking {
+                            super::set_nonblocking(&fd);
+                        }
+                        sys::notif_sync_wake_up(fd.as_fd());
+                        self.buf = NotifBuf::new().ok();
+                        self.listener = Some(fd);
+                        self.got_listener = true;
+                        read = ChanRead::Listener;
+                        crate::timing::mark("child confined (listener received)");
+                    }
+                    self.machine.record(Ok(msg));
+                }
+                Ok(Ok(Received::Eof)) => {
+                    self.machine.eof();
+                    self.chan = None;
+                    crate::timing::mark("exec confirmed (channel closed)");
+                    return ChanRead::Eof;
+                }
+                Ok(Err(e)) => {
+                    self.chan = None;
+                    if self.machine.record(Err(e)) == Next::Kill {
+                        return ChanRead::Kill;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                Err(e) => {
+                    self.chan = None;
+                    return ChanRead::Failed(Errno::from_raw(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                    ));
+                }
+            }
+        }
+        read
+    }
+
+    /// The listener was ready with `rev`: a hang-up (every task under the filter is gone)
+    /// closes it; a notification is answered by the machine (rule 5: the initial exec let
+    /// through, its vDSO patched at its stop; any other call before it refused) or, after the
+    /// exec, handed back as the guest's.
+    pub fn on_listener(&mut self, rev: PollFlags) -> Listened {
+        if !rev.contains(PollFlags::POLLIN) {
+            self.listener = None;
+            return Listened::Nothing;
+        }
+        let (Some(l), Some(buf)) = (&self.listener, self.buf.as_mut()) else {
+            return Listened::Nothing;
+        };
+        let Some(n) = notify::receive(l.as_fd(), buf) else {
+            return Listened::Nothing;
+        };
+        match self.machine.notification(is_initial_exec(&n, self.pid)) {
+            Route::AllowExec => match vdso::exec(l.as_fd(), &n, self.pid, self.vdso) {
+                Ok(()) => Listened::Nothing,
+                Err(e) => {
+                    self.machine.parent_failed(Step::Vdso, e.errno());
+                    Listened::ExecStopFailed(e)
+                }
+            },
+            Route::Refuse => {
+                notify::refuse(l.as_fd(), &n, libc::EPERM);
+                Listened::Nothing
+            }
+            Route::Guest => Listened::Guest(n),
+        }
+    }
+}
+
+/// Whether notification `n` is the `execve` that starts the guest `pid` (native ABI).
+pub fn is_initial_exec(n: &sys::Notif, pid: libc::pid_t) -> bool {
+    n.pid == pid as u32
+        && n.nr == libc::SYS_execve as i32
+        && n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64
 }
 
 #[cfg(test)]
@@ -306,20 +465,6 @@ mod tests {
     }
 
     #[test]
-    fn rule_5_a_held_exec_waits_for_the_callers_step() {
-        let mut s = Startup::new().hold_exec();
-        assert_eq!(s.exec_step_done(), None, "nothing held yet");
-        assert_eq!(s.notification(true), Route::HoldExec);
-        assert!(!s.exec_allowed());
-        // While it is held, nothing else of the child's is let through.
-        assert_eq!(s.notification(false), Route::Refuse);
-        assert_eq!(s.exec_step_done(), Some(Route::AllowExec));
-        assert!(s.exec_allowed());
-        assert_eq!(s.exec_step_done(), None, "let through once");
-        assert_eq!(s.notification(false), Route::Guest);
-    }
-
-    #[test]
     fn rule_6_end_of_file_without_a_failure_confirms_the_exec() {
         let mut s = Startup::new();
         s.record(Ok(ChildMsg::Listener));
@@ -332,5 +477,71 @@ mod tests {
         let mut s = Startup::new();
         s.eof();
         assert!(s.exec_confirmed());
+    }
+    /// A set-up channel as `process::spawn` makes it: (the parent's end, the child's end).
+    fn channel_pair() -> (OwnedFd, OwnedFd) {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_driver_reads_every_record_waiting_and_end_of_file_confirms_the_exec() {
+        use std::os::fd::AsRawFd;
+        let (parent, child) = channel_pair();
+        let mut d = Driver::new(1, parent, None);
+        assert_eq!(
+            d.read_chan(),
+            ChanRead::More,
+            "nothing yet: it does not block"
+        );
+        for step in [Step::NetNs, Step::UtsNs] {
+            channel::send(
+                child.as_raw_fd(),
+                ChildMsg::Degraded {
+                    step,
+                    errno: Errno::EPERM,
+                },
+            );
+        }
+        assert_eq!(d.read_chan(), ChanRead::More);
+        assert_eq!(d.startup().degraded().len(), 2, "both records in one read");
+        drop(child); // the exec closed the child's end
+        assert_eq!(d.read_chan(), ChanRead::Eof);
+        assert!(d.chan().is_none() && d.startup().exec_confirmed());
+        assert!(!d.got_listener() && d.listener().is_none());
+    }
+
+    #[test]
+    fn the_driver_asks_for_the_kill_of_a_child_that_breaks_the_channel() {
+        let (parent, child) = channel_pair();
+        let mut d = Driver::new(1, parent, None);
+        nix::unistd::write(&child, &[0xf7, 9, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!(d.read_chan(), ChanRead::Kill);
+        assert!(d.chan().is_none(), "not read again");
+        assert_eq!(
+            d.startup().error(),
+            Some(StartupError::Channel(ChannelError::Tag(9)))
+        );
+    }
+
+    #[test]
+    fn a_listener_hang_up_closes_it_and_without_one_nothing_is_read() {
+        let (parent, _child) = channel_pair();
+        let mut d = Driver::new(1, parent, None);
+        assert!(matches!(
+            d.on_listener(PollFlags::POLLIN),
+            Listened::Nothing
+        ));
+        assert!(matches!(
+            d.on_listener(PollFlags::POLLHUP),
+            Listened::Nothing
+        ));
+        assert!(d.listener().is_none());
     }
 }

@@ -109,15 +109,15 @@ pub struct Facts {
     pub timeout_words: Option<String>,
 }
 
-/// The limit a `limit` status names.
+/// The limit a `limit` status names, in the order [`classify`] ranks them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
     Memory,
     Output,
-    Cpu,
-    FileSize,
     Disk,
     Notifications,
+    Cpu,
+    FileSize,
 }
 
 impl Limit {
@@ -164,7 +164,8 @@ pub fn guest_failed(wait_status: Option<i32>, errored: bool) -> bool {
 }
 
 /// Classifies how a guest ended. Precedence: launch error › interrupted › violation ›
-/// timeout › protocol error › limit (memory, output, cpu, file size) › the zygote died ›
+/// timeout › protocol error › limit (memory, output, disk, notifications, cpu, file size) ›
+/// the zygote died ›
 /// crashed › guest error › ok.
 pub fn classify(f: &Facts) -> Verdict {
     let (mut exit_code, mut signal) = (None, None);
@@ -553,6 +554,41 @@ mod tests {
             ..f
         };
         assert_eq!(status_and_limit(&f).1, Some("file_size"));
+    }
+
+    #[test]
+    fn the_limits_rank_memory_output_disk_notifications_cpu_file_size() {
+        let mut f = Facts {
+            memory_refused: true,
+            output_exceeded: true,
+            disk_exceeded: true,
+            notifications_exceeded: true,
+            cpu_limit: Some(Duration::from_secs(1)),
+            cpu_ms: 1000.0,
+            file_at_limit: true,
+            ..ended(killed_by(libc::SIGXCPU))
+        };
+        let mut seen = Vec::new();
+        for drop in [
+            |f: &mut Facts| f.memory_refused = false,
+            |f: &mut Facts| f.output_exceeded = false,
+            |f: &mut Facts| f.disk_exceeded = false,
+            |f: &mut Facts| f.notifications_exceeded = false,
+            |f: &mut Facts| f.cpu_limit = None,
+        ] {
+            seen.push(status_and_limit(&f).1);
+            drop(&mut f);
+        }
+        seen.push(status_and_limit(&f).1);
+        let order = [
+            "memory",
+            "output",
+            "disk",
+            "notifications",
+            "cpu",
+            "file_size",
+        ];
+        assert_eq!(seen, order.map(Some));
     }
 
     #[test]
