@@ -131,7 +131,7 @@ pub fn check(policy: &Policy, opts: &RunOptions, runs: usize) -> CheckReport {
     opts.echo = false;
     if rules::clock::answered(policy) && opts.clock.is_none() {
         // Every run reads the same workflow time unless that is the perturbation.
-        opts.clock = Some(crate::answers::workflow_time::host_now());
+        opts.clock = Some(crate::workflow_time::host_now());
     }
     let mut out: Vec<CheckRun> = Vec::new();
     let mut first: Option<Vec<u8>> = None;

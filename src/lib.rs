@@ -19,6 +19,7 @@ pub mod cli;
 pub mod confine;
 pub mod determinism;
 pub mod echo;
+pub mod guest_memory;
 pub mod learn;
 pub mod notify;
 pub mod plan;
@@ -33,3 +34,4 @@ pub mod supervise;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod timing;
+pub mod workflow_time;

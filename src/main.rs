@@ -122,7 +122,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
             );
             return Ok(2);
         }
-        Some(text) => match wfjail::answers::workflow_time::parse(text) {
+        Some(text) => match wfjail::workflow_time::parse(text) {
             Ok(ns) => Some(ns),
             Err(e) => {
                 eprintln!("wfjail: --clock: {e}");

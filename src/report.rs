@@ -258,8 +258,8 @@ impl Report {
         let stamped = Stamped {
             schema_version: SCHEMA_VERSION,
             wfjail_version: env!("CARGO_PKG_VERSION"),
-            finished_at: crate::answers::workflow_time::format(
-                crate::answers::workflow_time::host_now() / 1000 * 1000,
+            finished_at: crate::workflow_time::format(
+                crate::workflow_time::host_now() / 1000 * 1000,
             ),
             report: &report,
         };

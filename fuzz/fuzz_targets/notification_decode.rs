@@ -25,7 +25,7 @@ use wfjail::policy::bpf::{AUDIT_ARCH_X86_64, X32_SYSCALL_BIT};
 use wfjail::policy;
 use wfjail::policy::decisions::Decisions;
 use wfjail::notify::decode::{MAX_ARGS_TEXT, decode};
-use wfjail::notify::guest_memory::MemoryImage;
+use wfjail::guest_memory::MemoryImage;
 use wfjail::sys::Notif;
 
 const AUDIT_ARCH_I386: u32 = 0x4000_0003;

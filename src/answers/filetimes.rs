@@ -14,8 +14,8 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use crate::sys::Notif;
 
-use crate::notify::Answer;
-use crate::notify::guest_memory::GuestMemory;
+use super::answer::Answer;
+use crate::guest_memory::GuestMemory;
 
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 

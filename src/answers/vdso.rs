@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::sys::{self, Notif, Traced};
 
-use crate::notify;
+use super::answer;
 
 pub use crate::policy::rules::VdsoPatch as Patch;
 
@@ -86,11 +86,11 @@ pub fn exec(
     patch: Option<Patch>,
 ) -> Result<(), VdsoError> {
     let Some(patch) = patch else {
-        notify::allow(listener, n);
+        answer::allow(listener, n);
         return Ok(());
     };
     sys::ptrace_seize_for_exec(pid).map_err(VdsoError::Trace)?;
-    notify::allow(listener, n);
+    answer::allow(listener, n);
     let deadline = Instant::now() + STOP_WITHIN;
     let mut nap = Duration::from_micros(20);
     loop {

@@ -24,13 +24,15 @@
 //!    user-notification listener handed to the parent over the channel.
 //! 10. execve — the supervisor allows exactly this one (see docs/architecture.md).
 
+pub mod records;
+
 use std::ffi::CStr;
 use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use crate::process::channel::{self, ChildMsg, Step};
 use crate::sys;
+use records::{ChildMsg, Step};
 
 /// Descriptors a guest gets: `fd_targets` sources are placed at their target numbers.
 pub const MAX_FD_TARGETS: usize = 5;
@@ -216,7 +218,7 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
                 });
         match listener {
             Ok(listener) => {
-                if let Err(e) = channel::send_listener(chan, listener) {
+                if let Err(e) = records::send_listener(chan, listener) {
                     fatal(chan, Step::SeccompNotify, e);
                 }
                 sys::close(listener);
@@ -242,7 +244,7 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
 
     // 10. The guest. On success the channel closes (close-on-exec): the parent's signal.
     let e = sys::execve(spec.exec_path, spec.argv, spec.envp);
-    channel::send(
+    records::send(
         chan,
         ChildMsg::Fatal {
             step: Step::Exec,
@@ -254,7 +256,7 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
 
 /// A step that must succeed failed: report it and exit.
 fn fatal(chan: RawFd, step: Step, errno: Errno) -> ! {
-    channel::send(chan, ChildMsg::Fatal { step, errno });
+    records::send(chan, ChildMsg::Fatal { step, errno });
     sys::exit_now(SETUP_FAILED)
 }
 
@@ -263,7 +265,7 @@ fn degrade(chan: RawFd, step: Step, errno: Errno, required: bool) {
     if required {
         fatal(chan, step, errno);
     }
-    channel::send(chan, ChildMsg::Degraded { step, errno });
+    records::send(chan, ChildMsg::Degraded { step, errno });
 }
 
 /// Places `fd_targets` at their numbers and closes everything else but the channel and the

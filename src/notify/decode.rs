@@ -14,8 +14,8 @@ use crate::sys::Notif;
 
 use std::path::PathBuf;
 
-use super::guest_memory::GuestMemory;
 use super::paths::{self, Grants, PathJudgement};
+use crate::guest_memory::GuestMemory;
 
 /// A decoded notification (before the supervisor decides what to do with it).
 #[derive(Debug, Clone, PartialEq)]
@@ -808,8 +808,8 @@ fn format_mmap_flags(flags: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::guest_memory::MemoryImage;
     use super::*;
+    use crate::guest_memory::MemoryImage;
 
     const BASE: u64 = 0x7f00_0000_0000;
 

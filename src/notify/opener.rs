@@ -34,8 +34,8 @@ use std::path::Path;
 
 use nix::errno::Errno;
 
-use super::guest_memory::GuestMemory;
 use super::paths::{self, Grants};
+use crate::guest_memory::GuestMemory;
 use crate::sys::{self, Notif};
 
 /// What the guest asked to open, as read once from its memory and judged granted.

@@ -41,6 +41,7 @@ mod determinism {
 mod faults;
 mod fs;
 mod fuzz_regressions;
+mod layering;
 mod learn;
 mod platform {
     mod containers;

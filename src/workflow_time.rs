@@ -6,7 +6,8 @@
 //! same instant, as `workflow.now()` does within one activation.
 //!
 //! A leaf (it imports nothing of the crate), so that the report can show a workflow time
-//! without importing the answers; the virtual monotonic clock is `monotonic.rs`.
+//! without importing the answers (`answers/` re-exports it beside the other answers); the
+//! virtual monotonic clock is `answers/monotonic.rs`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

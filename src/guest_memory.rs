@@ -1,7 +1,8 @@
-//! Reading a guest's memory to decode its notifications (`decode.rs`). Everything the decoder
-//! reads from the guest goes through [`GuestMemory`]: [`ProcessMemory`] reads a live process
-//! with `process_vm_readv`; [`MemoryImage`] is a byte buffer at an address, for tests and the
-//! fuzz targets (fuzz/), so decoding runs without a guest.
+//! Reading a guest's memory to decode its notifications (`notify/decode.rs`) and to answer
+//! them (`answers/filetimes.rs`): a leaf below both. Everything the decoder reads from the
+//! guest goes through [`GuestMemory`]: [`ProcessMemory`] reads a live process with
+//! `process_vm_readv`; [`MemoryImage`] is a byte buffer at an address, for tests and the fuzz
+//! targets (fuzz/), so decoding runs without a guest.
 //!
 //! What is read is the guest's to change until the supervisor checks the notification is
 //! still pending (`SECCOMP_IOCTL_NOTIF_ID_VALID`, in `notify::handle`): the readers here
