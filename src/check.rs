@@ -136,7 +136,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     }
 
     // Seccomp and its listener.
-    let stacked = match sys::current_seccomp_mode() {
+    let stacked = match crate::procfs::seccomp_mode() {
         Some(2) => " (stacked on the filter this process already runs under)",
         _ => "",
     };
@@ -317,7 +317,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         available: unseen.is_empty(),
         required: false,
         detail: if unseen.is_empty() {
-            match sys::current_seccomp_mode() {
+            match crate::procfs::seccomp_mode() {
                 Some(2) => "the filter this process runs under leaves every probed call to wfjail: each violation is reported".into(),
                 _ => "no outer seccomp filter: each violation is reported".into(),
             }

@@ -1,7 +1,8 @@
 //! `/proc/PID/status` and `/proc/PID/stat`, parsed in one place: the supervisor's memory
 //! evidence (`VmSize`, `VmPeak`), the pid translations of the namespace-aware checks
 //! (`NSpid`, `NStgid`), the zygote router's walk up to a session (`PPid`), the opener's
-//! `Umask`, and a session's look at its guest (its state letter, its CPU time). Each reader
+//! `Umask`, the seccomp mode wfjail itself runs under (`Seccomp`: a container's filter), and
+//! a session's look at its guest (its state letter, its CPU time). Each reader
 //! takes one read of the file; the text is parsed by [`Status`] and [`Stat`], which the tests
 //! feed directly.
 
@@ -13,6 +14,13 @@ impl Status {
     /// Reads `/proc/{pid}/status` (`None`: the task is gone, or `/proc` is not readable).
     pub fn of(pid: u32) -> Option<Status> {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .map(Status)
+    }
+
+    /// Reads this process's own `/proc/self/status`.
+    pub fn own() -> Option<Status> {
+        std::fs::read_to_string("/proc/self/status")
             .ok()
             .map(Status)
     }
@@ -47,11 +55,22 @@ impl Status {
         Some(kb * 1024)
     }
 
+    /// The seccomp mode of the task (`Seccomp`): 0 none, 1 strict, 2 filter.
+    pub fn seccomp(&self) -> Option<u32> {
+        self.field("Seccomp")?.parse().ok()
+    }
+
     /// The last number of a per-namespace field (`NSpid`, `NStgid`): the task's id in its own
     /// (innermost) PID namespace.
     pub fn innermost(&self, key: &str) -> Option<i64> {
         self.field(key)?.split_whitespace().last()?.parse().ok()
     }
+}
+
+/// The seccomp mode this process runs under: 0 none, 1 strict, 2 filter (a container's
+/// profile, under which wfjail's filters stack).
+pub fn seccomp_mode() -> Option<u32> {
+    Status::own()?.seccomp()
 }
 
 /// The pid of global task `pid` in its own (innermost) PID namespace (the last of `NSpid`).
@@ -124,6 +143,13 @@ mod tests {
         assert_eq!(s.number("Tgid"), Some(4242), "not NStgid's");
         assert_eq!(s.field("Umask"), Some("0022"));
         assert_eq!(s.field("Missing"), None);
+    }
+
+    #[test]
+    fn the_seccomp_mode_is_its_own_line_not_seccomp_filters() {
+        let s = Status::parse("Seccomp:\t2\nSeccomp_filters:\t3\n");
+        assert_eq!(s.seccomp(), Some(2));
+        assert_eq!(Status::parse("Seccomp_filters:\t3\n").seccomp(), None);
     }
 
     #[test]

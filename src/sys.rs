@@ -983,7 +983,7 @@ pub fn guest_memory_route() -> &'static str {
 pub fn refused_by_outer_filter() -> &'static [&'static str] {
     static REFUSED: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     REFUSED.get_or_init(|| {
-        if current_seccomp_mode() != Some(2) {
+        if crate::procfs::seccomp_mode() != Some(2) {
             return Vec::new();
         }
         let me = libc::c_long::from(getpid());
@@ -1257,15 +1257,6 @@ pub fn landlock_abi() -> Result<u32, Errno> {
     } else {
         Ok(r as u32)
     }
-}
-
-/// Reads `/proc/self/status`'s `Seccomp:` line: 0 none, 1 strict, 2 filter.
-pub fn current_seccomp_mode() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Seccomp:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Whether this process is single-threaded (fork from a multi-threaded process is allowed by

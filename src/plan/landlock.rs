@@ -70,7 +70,7 @@ pub fn why_missing(e: nix::errno::Errno) -> (String, &'static str) {
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
     let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    let filtered = crate::sys::current_seccomp_mode() == Some(2);
+    let filtered = crate::procfs::seccomp_mode() == Some(2);
     match e {
         Errno::ENOSYS if version >= (5, 13) && filtered => (
             format!(

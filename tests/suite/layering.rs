@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first. A module may import the modules of the layers before its own.
 const LAYERS: &[&[&str]] = &[
+    &["procfs", "timing", "echo", "workflow_time"],
     &["sys"],
-    &["procfs", "timing", "echo", "guest_memory", "workflow_time"],
+    &["guest_memory"],
     &["policy"],
     &["report"],
     &["protocol"],
