@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::plan::ExtraGrant;
 use crate::policy::Dur;
 
 const ABOUT: &str =
@@ -97,7 +98,41 @@ Exit status: 0 when the run under the draft passed; otherwise that run's status 
 `wfjail run --help`); 2 for a usage error; 125 when learn cannot keep the runs' writes off
 the host (no mount namespace could be made).";
 
+/// The paths a guest is given beyond its policy, the same flags for run, serve and learn
+/// (learn says what they mean there in its own words).
 #[derive(Debug, Args)]
+pub struct GrantArgs {
+    /// Also allow reading and executing under PATH.
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Also allow reading and writing under PATH.
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+}
+
+impl GrantArgs {
+    /// The grants the flags give (`--ro` first).
+    pub fn grants(&self) -> Vec<ExtraGrant> {
+        ExtraGrant::from_flags(&self.ro, &self.rw)
+    }
+}
+
+/// What `--ro` and `--rw` mean to learn, which gives them to both of its runs (the writable
+/// ones as throw-away copies) and leaves them out of the draft.
+fn learn_grant_help(arg: clap::Arg) -> clap::Arg {
+    match arg.get_id().as_str() {
+        "ro" => arg.help(
+            "Also allow reading and executing under PATH (in both runs; not part of the draft)",
+        ),
+        "rw" => arg.help(
+            "Also allow writing under PATH (in both runs, into a throw-away copy of it; not part of the draft)",
+        ),
+        _ => arg,
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(mut_args(learn_grant_help))]
 pub struct LearnArgs {
     /// The policy to extend (a built-in name or a .toml path).
     #[arg(short, long, default_value = "default", value_name = "POLICY")]
@@ -105,13 +140,8 @@ pub struct LearnArgs {
     /// Where to write the drafted policy (default: stdout).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Also allow reading and executing under PATH (in both runs; not part of the draft).
-    #[arg(long = "ro", value_name = "PATH")]
-    pub ro: Vec<PathBuf>,
-    /// Also allow writing under PATH (in both runs, into a throw-away copy of it; not part of
-    /// the draft).
-    #[arg(long = "rw", value_name = "PATH")]
-    pub rw: Vec<PathBuf>,
+    #[command(flatten)]
+    pub grants: GrantArgs,
     /// The request payload for a framed guest (default: stdin, read once for both runs).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
@@ -176,12 +206,8 @@ pub struct ServeArgs {
     /// Modules the zygote imports before any fork, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "MODULES")]
     pub preload: Vec<String>,
-    /// Also allow reading and executing under PATH.
-    #[arg(long = "ro", value_name = "PATH")]
-    pub ro: Vec<PathBuf>,
-    /// Also allow reading and writing under PATH.
-    #[arg(long = "rw", value_name = "PATH")]
-    pub rw: Vec<PathBuf>,
+    #[command(flatten)]
+    pub grants: GrantArgs,
     /// Wall-clock limit per call (default: the policy's limits.timeout).
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
     pub timeout: Option<Dur>,
@@ -223,12 +249,8 @@ pub struct RunArgs {
     /// Policy: a built-in name (default, strict, temporal-python, permissive) or a .toml path.
     #[arg(short, long, default_value = "default", value_name = "POLICY")]
     pub policy: String,
-    /// Also allow reading and executing under PATH.
-    #[arg(long = "ro", value_name = "PATH")]
-    pub ro: Vec<PathBuf>,
-    /// Also allow reading and writing under PATH.
-    #[arg(long = "rw", value_name = "PATH")]
-    pub rw: Vec<PathBuf>,
+    #[command(flatten)]
+    pub grants: GrantArgs,
     /// The request payload (default: stdin).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,

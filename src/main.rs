@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Parser;
 
 use wfjail::cli::{CheckArgs, Cli, Command, PolicyCommand, RunArgs, ServeArgs};
-use wfjail::plan::ExtraGrant;
 use wfjail::policy;
 use wfjail::report::Status;
 use wfjail::run::{RunOptions, run};
@@ -130,7 +129,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<u8> {
             }
         },
     };
-    let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
+    let grants = args.grants.grants();
     let opts = RunOptions {
         argv: args.command.clone(),
         grants,
@@ -267,7 +266,7 @@ fn cmd_learn(args: wfjail::cli::LearnArgs) -> anyhow::Result<u8> {
     };
     let mut opts = RunOptions {
         argv: args.command.clone(),
-        grants: ExtraGrant::from_flags(&args.ro, &args.rw),
+        grants: args.grants.grants(),
         timeout: args.timeout.map(|d| d.0),
         input: args.input.clone(),
         raw: args.raw,
@@ -491,7 +490,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let grants = ExtraGrant::from_flags(&args.ro, &args.rw);
+    let grants = args.grants.grants();
     let zygote = args.zygote.then(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // The policy's preload list first, then the command line's.
