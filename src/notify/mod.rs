@@ -124,7 +124,7 @@ impl Default for Budget {
 
 impl Budget {
     /// Takes one answer from the bucket: `false` when it is empty (the caller kills the
-    /// guest and fails the call, see [`over_budget`]); `exceeded` stays set.
+    /// guest and fails the call, see [`charge`]); `exceeded` stays set.
     pub fn take(&mut self) -> bool {
         let now = std::time::Instant::now();
         let refill = now.duration_since(self.last).as_secs_f64() * f64::from(BUDGET_RATE);
@@ -143,7 +143,7 @@ impl Budget {
 
 /// Answers `n` of a guest over its [`Budget`]: kills it through `kill` first, then fails the
 /// call (it never returns to the guest).
-pub fn over_budget(listener: BorrowedFd<'_>, n: &Notif, kill: impl FnOnce()) {
+fn over_budget(listener: BorrowedFd<'_>, n: &Notif, kill: impl FnOnce()) {
     kill();
     respond(listener, n, Answer::Kill(libc::EPERM));
 }

@@ -21,7 +21,7 @@
 //! read (its sessions' calls could not be judged).
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
@@ -314,18 +314,12 @@ impl Zygote {
                 route::Routed::SignalItself => {
                     // A session's signal to itself costs the router like any answer: a loop
                     // of them is a flood its budget stops (the zygote and spares have none).
-                    if let Some(session) = self.session_for(n.pid)
-                        && !session.budget.lock().unwrap().take()
+                    if self
+                        .session_for(n.pid)
+                        .is_none_or(|session| charge(&session, listener.as_fd(), &n))
                     {
-                        notify::over_budget(listener.as_fd(), &n, || {
-                            // The task waits on this notification: its pid cannot have been
-                            // reused.
-                            let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
-                        });
-                        session.mark_killed();
-                        continue;
+                        notify::allow(listener.as_fd(), &n);
                     }
-                    notify::allow(listener.as_fd(), &n);
                     continue;
                 }
                 route::Routed::ZygoteHandles => {
@@ -375,12 +369,7 @@ impl Zygote {
             };
             // The router's work for a session is bounded (notify::Budget): a flooding session
             // is killed before it starves its siblings.
-            if !session.budget.lock().unwrap().take() {
-                notify::over_budget(listener.as_fd(), &n, || {
-                    // The task waits on this notification: its pid cannot have been reused.
-                    let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
-                });
-                session.mark_killed();
+            if !charge(&session, listener.as_fd(), &n) {
                 continue;
             }
             let mut v = session.violations.lock().unwrap();
@@ -435,16 +424,31 @@ impl Zygote {
                 monotonic,
                 learned: None,
             };
-            let killed = notify::handle(listener.as_fd(), &n, rules, state, || {
-                // The task waits on this notification: its pid cannot have been reused.
-                let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
-            });
+            let killed = notify::handle(listener.as_fd(), &n, rules, state, || kill_caller(&n));
             drop((v, det));
             if killed == notify::Handled::Killed {
                 session.mark_killed();
             }
         }
     }
+}
+
+/// Kills the task that made notification `n`: it waits on the notification, so its pid cannot
+/// have been reused.
+fn kill_caller(n: &sys::Notif) {
+    let _ = sys::kill_pid(n.pid as libc::pid_t, libc::SIGKILL);
+}
+
+/// Charges `n` to `session`'s budget (`notify::charge`, as for `run` and exec-mode sessions):
+/// `false` when it was over, its guest killed and the call failed, and the session marked so.
+fn charge(session: &SessionShared, listener: BorrowedFd<'_>, n: &sys::Notif) -> bool {
+    let within = notify::charge(&mut session.budget.lock().unwrap(), listener, n, || {
+        kill_caller(n)
+    });
+    if !within {
+        session.mark_killed();
+    }
+    within
 }
 
 /// The wall-clock time a zygote reads while it preloads, under `clock = "virtual"`:
