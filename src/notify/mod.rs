@@ -141,16 +141,9 @@ impl Budget {
     }
 }
 
-/// Answers `n` of a guest over its [`Budget`]: kills it through `kill` first, then fails the
-/// call (it never returns to the guest).
-fn over_budget(listener: BorrowedFd<'_>, n: &Notif, kill: impl FnOnce()) {
-    kill();
-    respond(listener, n, Answer::Kill(libc::EPERM));
-}
-
 /// Charges notification `n` to its guest's `budget`: true when the caller goes on to answer
-/// it; over the budget the guest is killed through `kill` and the call failed
-/// ([`over_budget`]), and the caller records that it killed the guest.
+/// it; over the budget the guest is killed through `kill` first and the call then failed (it
+/// never returns to the guest), and the caller records that it killed the guest.
 pub fn charge(
     budget: &mut Budget,
     listener: BorrowedFd<'_>,
@@ -160,7 +153,8 @@ pub fn charge(
     if budget.take() {
         return true;
     }
-    over_budget(listener, n, kill);
+    kill();
+    respond(listener, n, Answer::Kill(libc::EPERM));
     false
 }
 
