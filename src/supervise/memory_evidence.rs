@@ -18,6 +18,8 @@ pub struct MemoryEvidence {
     pub vm_peak: Option<u64>,
     /// The address space (bytes) a mapping asked for beyond what RLIMIT_AS left.
     pub refused: Option<u64>,
+    /// The policy denies `mmap` / `mremap`: such a call is a violation, not evidence.
+    denied: [bool; 2],
 }
 
 impl MemoryEvidence {
@@ -25,6 +27,14 @@ impl MemoryEvidence {
         MemoryEvidence {
             limit,
             ..Default::default()
+        }
+    }
+
+    /// Evidence against `limit` for a guest under `policy` (which mapping calls it denies).
+    pub fn for_policy(limit: Option<u64>, policy: &Policy) -> Self {
+        MemoryEvidence {
+            denied: ["mmap", "mremap"].map(|c| policy.syscalls.denies(c)),
+            ..Self::new(limit)
         }
     }
 
@@ -54,25 +64,16 @@ impl MemoryEvidence {
         listener: BorrowedFd<'_>,
         n: &sys::Notif,
         pid: libc::pid_t,
-        policy: &Policy,
         decisions: &Decisions,
     ) {
         let Some(limit) = self.limit else { return };
-        if let Some(grow) = mapping_beyond_limit(listener, n, pid, limit, policy) {
+        let denied = self.denied[usize::from(n.nr == libc::SYS_mremap as i32)];
+        if let Some(grow) = mapping_beyond_limit(listener, n, pid, limit, denied) {
             self.refused = Some(grow);
         }
         if let Some(peak) = peak_at_exit(listener, n, pid, decisions) {
             self.peak(Some(peak));
         }
-    }
-}
-
-/// The name of the mapping call `n` (for the policy's deny list).
-fn mapping_call_name(n: &sys::Notif) -> &'static str {
-    if n.nr == libc::SYS_mremap as i32 {
-        "mremap"
-    } else {
-        "mmap"
     }
 }
 
@@ -94,16 +95,17 @@ pub fn memory_request(n: &sys::Notif) -> Option<u64> {
 /// Kernel evidence for the memory limit: whether notification `n` (of guest `pid`) is a
 /// private mapping, routed here by the filter for its size, that asks for more address space
 /// than RLIMIT_AS `limit` leaves the guest. Returns the bytes asked for. A call the policy
-/// denies is a violation, not evidence; the notification is checked valid after reading.
+/// denies (`denied`) is a violation, not evidence; the notification is checked valid after
+/// reading.
 pub fn mapping_beyond_limit(
     listener: std::os::fd::BorrowedFd<'_>,
     n: &sys::Notif,
     pid: libc::pid_t,
     limit: u64,
-    policy: &Policy,
+    denied: bool,
 ) -> Option<u64> {
     let grow = memory_request(n)?;
-    (!policy.syscalls.denies(mapping_call_name(n))
+    (!denied
         && crate::procfs::vm_size(pid as u32).is_some_and(|s| s.saturating_add(grow) > limit)
         && sys::notif_id_valid(listener, n.id))
     .then_some(grow)

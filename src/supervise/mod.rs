@@ -10,6 +10,7 @@
 
 pub mod assemble;
 pub mod disk;
+pub mod guest;
 pub mod memory_evidence;
 pub mod output;
 pub mod startup;
@@ -26,8 +27,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::answers::{entropy, monotonic, vdso, workflow_time};
+use crate::notify;
 use crate::notify::violations::Violations;
-use crate::notify::{self, Handled, paths};
 use crate::policy::Policy;
 use crate::process::Spawned;
 use crate::process::channel::Step;
@@ -36,7 +37,7 @@ use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
 use memory_evidence::MemoryEvidence;
 use output::OutputMeter;
-use startup::{ChanRead, Driver, Listened, StartupError};
+use startup::StartupError;
 
 use crate::echo::{GUEST_PREFIX, LineEcho};
 
@@ -72,26 +73,16 @@ pub struct Config {
     pub output_limit: u64,
     /// `limits.memory` (RLIMIT_AS): the guest's peak address space is sampled as evidence.
     pub memory_limit: Option<u64>,
-    /// What the policy lets the guest write (watched writes are checked against it).
-    pub write_grants: paths::Grants,
     /// SIGTERM, SIGINT and SIGHUP to wfjail, blocked and read here: the guest is killed and
     /// the report says the run was interrupted (instead of wfjail dying without one).
     pub stop_signals: Option<SignalFd>,
     /// The execution's seed under `[random] getrandom = "seeded"` (`--seed`, else 0).
     pub seed: Option<u64>,
-    /// The plan's compiled notification decisions.
-    pub decisions: std::sync::Arc<crate::policy::decisions::Decisions>,
     /// The workflow time under `[time] clock = "virtual"` (`--clock`, else the host's time
     /// when the run starts), in nanoseconds since the epoch.
     pub clock: Option<i64>,
     /// What to patch in the guest's vDSO at its exec stop (`vdso.rs`).
     pub vdso: Option<vdso::Patch>,
-    /// `wfjail learn`: read-only opens are recorded too, and every violation is kept in
-    /// `Outcome::learned` (the report's list is capped).
-    pub learn: bool,
-    /// Under `on_violation = "warn"` (`wfjail run`): the read grants every read is judged
-    /// against (Landlock lets all through; `plan.warn_files`).
-    pub read_grants: Option<paths::Grants>,
     /// `limits.disk`: the guest's account, its baseline taken before it started.
     pub disk: Option<std::cell::RefCell<disk::DiskAccount>>,
 }
@@ -276,14 +267,18 @@ fn add<'a>(
 /// Poll-set entries, by what they are.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Src {
-    Chan,
-    Listener,
+    Guest(guest::Token),
     Stdout,
     Stderr,
-    Pidfd,
     FromGuest,
     ToGuest,
     StopSignal,
+}
+
+impl From<guest::Token> for Src {
+    fn from(t: guest::Token) -> Self {
+        Src::Guest(t)
+    }
 }
 
 /// `limits.disk` after the guest is gone: what it left under its write grants. Run again by
@@ -303,12 +298,14 @@ pub fn disk_at_end(cfg: &Config, o: &mut Outcome) {
     }
 }
 
-/// Supervises `child` until it exits (and its output is drained).
+/// Supervises `child` until it exits (and its output is drained), its notifications judged
+/// by `judge` (`learn`: every violation is kept in `Outcome::learned` too).
 pub fn supervise(
     child: Spawned,
     pipes: GuestPipes,
     policy: &Policy,
     cfg: &Config,
+    judge: guest::Judge,
     sinks: Sinks<'_>,
 ) -> Outcome {
     let Sinks {
@@ -323,19 +320,32 @@ pub fn supervise(
     if o.framed {
         out_sink = None; // framed, stdout is a log: echoed with stderr below
     }
-    let mut violations = Violations::new(echo.then(String::new));
-    let mut budget = notify::Budget::default();
     if crate::policy::rules::getrandom::answered(policy) {
         o.seed = Some(cfg.seed.unwrap_or(0));
     }
-    let mut entropy = o.seed.map(entropy::Entropy::new);
-    let mut monotonic = monotonic::Monotonic::default();
     if crate::policy::rules::clock::answered(policy) {
         o.clock = Some(cfg.clock.unwrap_or_else(workflow_time::host_now));
     }
+    let learn = judge.late_reads;
+    let answers = guest::Answers {
+        violations: Violations::new(echo.then(String::new)),
+        budget: notify::Budget::default(),
+        entropy: o.seed.map(entropy::Entropy::new),
+        clock: o.clock,
+        monotonic: monotonic::Monotonic::default(),
+        learned: learn.then(|| (Vec::new(), 0)),
+    };
     // The start-up (set-up channel, the initial exec), then the guest's notifications.
-    let mut start = Driver::new(child.pid, child.chan, cfg.vdso.map(|p| p.seeded(cfg.seed)))
-        .nonblocking_listener();
+    let pid = child.pid;
+    let mut sup = guest::Supervisor::new(
+        pid,
+        std::sync::Arc::new(child.pidfd),
+        child.chan,
+        cfg.vdso.map(|p| p.seeded(cfg.seed)),
+        judge,
+        answers,
+        MemoryEvidence::for_policy(cfg.memory_limit, policy),
+    );
     let mut stdout = Some(pipes.stdout);
     let mut stderr = Some(pipes.stderr);
     let mut framed = pipes.protocol.map(|p| Framed {
@@ -368,12 +378,7 @@ pub fn supervise(
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_sample: Option<Instant> = None;
-    let mut memory = MemoryEvidence::new(cfg.memory_limit);
     let mut woke_by_output = false;
-    // Kill the guest (and, as PID 1 of its namespace, everything it started).
-    let kill = || {
-        let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), libc::SIGKILL);
-    };
 
     loop {
         // The deadline is checked on every iteration, not only when nothing is ready: a guest
@@ -382,7 +387,7 @@ pub fn supervise(
             && Instant::now() >= d
         {
             o.timed_out = true;
-            kill();
+            sup.kill();
         }
         // Kernel evidence for the memory limit: the peak address space, while the guest lives.
         // Sooner after output: a guest whose allocation failed prints why, then exits, and
@@ -395,21 +400,21 @@ pub fn supervise(
         woke_by_output = false;
         if cfg.memory_limit.is_some()
             && exited_at.is_none()
-            && start.chan().is_none()
+            && sup.execd()
             && last_sample.is_none_or(|t| t.elapsed() >= every)
         {
             last_sample = Some(Instant::now());
-            memory.sample(child.pid);
+            sup.sample_memory();
         }
         // limits.disk: what the guest added under its write grants, on its own timer.
         if let Some(acct) = &cfg.disk
             && exited_at.is_none()
-            && start.chan().is_none()
+            && sup.execd()
             && !o.disk_exceeded
-            && acct.borrow_mut().over(child.pid)
+            && acct.borrow_mut().over(pid)
         {
             o.disk_exceeded = true;
-            kill();
+            sup.kill();
             o.disk_error = acct
                 .borrow()
                 .cannot_judge
@@ -420,20 +425,13 @@ pub fn supervise(
             || stderr.is_some()
             || framed.as_ref().is_some_and(|f| f.from_guest.is_some());
         if let Some(t) = exited_at
-            && ((start.chan().is_none() && !streams_open) || t.elapsed() > DRAIN_GRACE)
+            && ((sup.execd() && !streams_open) || t.elapsed() > DRAIN_GRACE)
         {
             break;
         }
         let mut fds: Vec<PollFd> = Vec::with_capacity(7);
         let mut srcs: Vec<Src> = Vec::with_capacity(7);
-        if let Some(c) = start.chan() {
-            fds.push(PollFd::new(c, PollFlags::POLLIN));
-            srcs.push(Src::Chan);
-        }
-        if let Some(l) = start.listener() {
-            fds.push(PollFd::new(l, PollFlags::POLLIN));
-            srcs.push(Src::Listener);
-        }
+        sup.register(&mut fds, &mut srcs);
         add(
             &mut fds,
             &mut srcs,
@@ -448,18 +446,11 @@ pub fn supervise(
             PollFlags::POLLIN,
             Src::Stderr,
         );
-        if exited_at.is_none() {
-            add(
-                &mut fds,
-                &mut srcs,
-                Some(&child.pidfd),
-                PollFlags::POLLIN,
-                Src::Pidfd,
-            );
-            if let Some(sfd) = &cfg.stop_signals {
-                fds.push(PollFd::new(sfd.as_fd(), PollFlags::POLLIN));
-                srcs.push(Src::StopSignal);
-            }
+        if exited_at.is_none()
+            && let Some(sfd) = &cfg.stop_signals
+        {
+            fds.push(PollFd::new(sfd.as_fd(), PollFlags::POLLIN));
+            srcs.push(Src::StopSignal);
         }
         if let Some(f) = &framed {
             add(
@@ -512,50 +503,20 @@ pub fn supervise(
         for (src, rev) in revents {
             woke_by_output |= matches!(src, Src::Stdout | Src::Stderr | Src::FromGuest);
             match src {
-                Src::Chan => {
-                    // Set-up records until end-of-file (= the exec happened).
-                    if start.read_chan() == ChanRead::Kill {
-                        kill();
+                Src::Guest(token) => match sup.on_ready(token, rev) {
+                    guest::Progress::Nothing | guest::Progress::SetupBroken => {}
+                    guest::Progress::Exited => {
+                        crate::timing::mark("guest exited (pidfd)");
+                        exited_at = Some(Instant::now());
                     }
-                }
-                Src::Listener => {
-                    let n = match start.on_listener(rev) {
-                        Listened::Guest(n) => n,
-                        Listened::Nothing => continue,
-                        Listened::ExecStopFailed(e) => {
-                            if let Some(w) = err_sink.as_mut() {
-                                let _ = writeln!(w, "wfjail: {e}");
-                            }
-                            kill();
-                            continue;
+                    guest::Progress::ExecStopFailed(e) => {
+                        if let Some(w) = err_sink.as_mut() {
+                            let _ = writeln!(w, "wfjail: {e}");
                         }
-                    };
-                    let Some(l) = start.listener() else { continue };
-                    // The supervisor's work for the guest is bounded (notify::Budget).
-                    if !notify::charge(&mut budget, l.as_fd(), &n, kill) {
-                        o.notifications_exceeded = true;
-                        continue;
                     }
-                    // Kernel evidence for the memory limit (memory_evidence.rs).
-                    memory.on_notification(l, &n, child.pid, policy, &cfg.decisions);
-                    let state = notify::State {
-                        violations: &mut violations,
-                        entropy: entropy.as_mut(),
-                        clock: o.clock,
-                        monotonic: &mut monotonic,
-                        learned: cfg.learn.then_some((&mut o.learned, &mut o.learned_bytes)),
-                    };
-                    let rules = notify::Rules {
-                        decisions: &cfg.decisions,
-                        grants: &cfg.write_grants,
-                        late_reads: cfg.learn,
-                        on_violation: policy.on_violation,
-                        reads: cfg.read_grants.as_ref(),
-                    };
-                    if notify::handle(l.as_fd(), &n, rules, state, kill) == Handled::Killed {
-                        o.killed_for_violation = true;
-                    }
-                }
+                    guest::Progress::OverBudget => o.notifications_exceeded = true,
+                    guest::Progress::KilledForViolation => o.killed_for_violation = true,
+                },
                 Src::Stdout | Src::Stderr => {
                     let is_out = src == Src::Stdout;
                     let slot = if is_out { &mut stdout } else { &mut stderr };
@@ -580,22 +541,18 @@ pub fn supervise(
                     }
                     if exceeded && !o.output_exceeded && exited_at.is_none() {
                         o.output_exceeded = true;
-                        kill();
+                        sup.kill();
                     }
                     if !open {
                         *slot = None;
                     }
-                }
-                Src::Pidfd => {
-                    crate::timing::mark("guest exited (pidfd)");
-                    exited_at = Some(Instant::now());
                 }
                 Src::StopSignal => {
                     if let Some(Ok(Some(info))) = cfg.stop_signals.as_ref().map(|s| s.read_signal())
                         && o.interrupted.is_none()
                     {
                         o.interrupted = Some(info.ssi_signo as i32);
-                        kill();
+                        sup.kill();
                     }
                 }
                 Src::ToGuest => {
@@ -639,7 +596,7 @@ pub fn supervise(
                                     }
                                 }
                                 Event::Query => {
-                                    let list = violations.take_since_query();
+                                    let list = sup.answers_mut().violations.take_since_query();
                                     f.outbox.push(&gp::violations_frame(&list, f.cap))?;
                                 }
                                 // `run` has no worker to ask.
@@ -656,7 +613,7 @@ pub fn supervise(
                                     // The guest waits for the end of its input now, its
                                     // address space whole: the memory limit may explain
                                     // the failure (serve samples here too).
-                                    memory.sample(child.pid);
+                                    sup.memory.sample(pid);
                                     o.guest_error = Some(e);
                                     f.close_when_flushed = true;
                                 }
@@ -666,7 +623,7 @@ pub fn supervise(
                     });
                     if output.over() && !o.output_exceeded && exited_at.is_none() {
                         o.output_exceeded = true;
-                        kill();
+                        sup.kill();
                     }
                     match r {
                         Ok(()) => f.flush(),
@@ -681,7 +638,7 @@ pub fn supervise(
                             f.from_guest = None;
                             f.to_guest = None;
                             f.outbox.clear();
-                            kill();
+                            sup.kill();
                         }
                     }
                 }
@@ -696,9 +653,10 @@ pub fn supervise(
         let _ = w.flush();
     }
     crate::timing::mark("output drained");
-    o.reaped = sys::wait4(child.pid).ok();
+    o.reaped = sys::wait4(pid).ok();
     o.duration = child.started.elapsed();
     // A guest that wrote past limits.disk and exited between two samples.
+    let start = sup.start();
     let startup = start.startup();
     if startup.exec_confirmed() {
         disk_at_end(cfg, &mut o);
@@ -707,15 +665,20 @@ pub fn supervise(
         tail.drain(..tail.len() - STDERR_TAIL);
     }
     o.stderr_tail = tail;
-    o.violations = violations.list;
+    o.vm_peak = sup.memory.vm_peak;
+    o.memory_refused = sup.memory.refused;
     o.degraded = startup.degraded().to_vec();
     o.fatal = startup.fatal();
     o.exec_confirmed = startup.exec_confirmed();
-    o.vm_peak = memory.vm_peak;
-    o.memory_refused = memory.refused;
     o.notify = start.got_listener();
     if let Some(e @ StartupError::Channel(_)) = startup.error() {
         o.channel_error = Some(e.to_string());
+    }
+    let answers = sup.into_answers();
+    o.violations = answers.violations.list;
+    if let Some((learned, bytes)) = answers.learned {
+        o.learned = learned;
+        o.learned_bytes = bytes;
     }
     o
 }

@@ -41,6 +41,7 @@ use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::supervise::assemble::Applied;
+use crate::supervise::guest;
 use crate::supervise::memory_evidence::MemoryEvidence;
 use crate::supervise::output::OutputMeter;
 use crate::supervise::{VM_SAMPLE_WAIT, poll_timeout};
@@ -75,12 +76,14 @@ enum Token {
     Output,
     /// Zygote mode: the pipe that wakes the session when the zygote reported the exit.
     Wake,
-    /// Exec mode: the guest's pidfd (readable once it exited).
-    Pidfd,
-    /// Exec mode: the set-up channel, until the exec.
-    Chan,
-    /// Exec mode: the guest's seccomp listener.
-    Listener,
+    /// Exec mode: the guest's supervisor's (pidfd, set-up channel, seccomp listener).
+    Exec(guest::Token),
+}
+
+impl From<guest::Token> for Token {
+    fn from(t: guest::Token) -> Self {
+        Token::Exec(t)
+    }
 }
 
 struct Session {
@@ -125,8 +128,8 @@ struct Session {
     applied: Applied,
     /// wfjail killed the guest itself (a SIGKILL it did not send is the CPU limit's).
     killed: bool,
-    /// Kernel evidence for the memory limit: the largest peak address space read while the
-    /// guest ran, and a mapping seen asking for more than RLIMIT_AS left (exec mode).
+    /// Zygote mode: kernel evidence for the memory limit, the largest peak address space read
+    /// while the guest ran (in exec mode, the supervisor's: `memory()`).
     memory: MemoryEvidence,
     last_sample: Option<Instant>,
     /// The guest wrote output since the last sample (sample again sooner: a guest whose
@@ -260,9 +263,7 @@ impl Session {
     fn kill(&mut self) {
         self.killed = true;
         match &mut self.child {
-            Child::Exec(e) => {
-                let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-            }
+            Child::Exec(e) => e.sup.kill(),
             Child::Zygote {
                 zygote,
                 ns_pid,
@@ -283,7 +284,7 @@ impl Session {
     /// The guest's pid and pidfd (in zygote mode known once its first message arrived).
     fn guest_process(&self) -> Option<(libc::pid_t, BorrowedFd<'_>)> {
         match &self.child {
-            Child::Exec(e) => Some((e.pid, e.pidfd.as_fd())),
+            Child::Exec(e) => Some((e.sup.pid(), e.sup.pidfd().as_fd())),
             Child::Zygote {
                 pid: Some(p),
                 pidfd: Some(fd),
@@ -340,15 +341,7 @@ impl Session {
             Child::Zygote { .. } => {
                 watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
             }
-            Child::Exec(e) => {
-                watch(e.pidfd.as_fd(), PollFlags::POLLIN, Token::Pidfd);
-                if let Some(c) = e.start.chan() {
-                    watch(c, PollFlags::POLLIN, Token::Chan);
-                }
-                if let Some(l) = e.start.listener() {
-                    watch(l, PollFlags::POLLIN, Token::Listener);
-                }
-            }
+            Child::Exec(e) => e.sup.register(&mut fds, &mut tokens),
         }
         (fds, tokens)
     }
@@ -418,15 +411,7 @@ impl Session {
                         let mut b = [0u8; 8];
                         let _ = nix::unistd::read(&self.shared.wake_r, &mut b);
                     }
-                    Token::Pidfd => {
-                        if let Child::Exec(e) = &mut self.child
-                            && e.reaped.is_none()
-                        {
-                            e.reaped = sys::wait4(e.pid).ok();
-                        }
-                    }
-                    Token::Chan => self.on_chan(),
-                    Token::Listener => self.on_listener(rev),
+                    Token::Exec(t) => self.on_exec(t, rev),
                 }
             }
         }

@@ -29,7 +29,7 @@ impl Session {
             return;
         }
         if let Child::Exec(e) = &self.child
-            && e.start.chan().is_some()
+            && !e.sup.execd()
         {
             return; // not exec'd yet: wfjail's own image
         }
@@ -42,7 +42,7 @@ impl Session {
         let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
         let exited = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
         if !exited {
-            self.memory.peak(peak);
+            self.memory_mut().peak(peak);
         }
         self.last_sample = Some(Instant::now());
         self.output_since_sample = false;
