@@ -4,10 +4,13 @@
 //! seen asking for more address space than RLIMIT_AS left. `verdict.rs` judges it.
 
 use std::os::fd::BorrowedFd;
+use std::time::Instant;
 
 use crate::policy::Policy;
 use crate::policy::decisions::Decisions;
 use crate::sys;
+
+use super::{VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY};
 
 /// What was seen of the guest's memory, against `limit` (`None`: no memory limit, nothing
 /// is gathered).
@@ -74,6 +77,37 @@ impl MemoryEvidence {
         if let Some(peak) = peak_at_exit(listener, n, pid, decisions) {
             self.peak(Some(peak));
         }
+    }
+}
+
+/// When the guest's peak address space is sampled next, by `wfjail run` and by sessions
+/// alike: every [`VM_SAMPLE_EVERY`], and [`VM_SAMPLE_AFTER_OUTPUT`] after the previous sample
+/// when the guest wrote output (a guest whose allocation failed prints why, then exits, and
+/// its address space is gone once it has).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleClock {
+    last: Option<Instant>,
+}
+
+impl SampleClock {
+    /// Whether a sample is due now (`after_output`: the guest wrote output since).
+    pub fn due(&self, after_output: bool) -> bool {
+        self.due_at(Instant::now(), after_output)
+    }
+
+    fn due_at(&self, now: Instant, after_output: bool) -> bool {
+        let every = if after_output {
+            VM_SAMPLE_AFTER_OUTPUT
+        } else {
+            VM_SAMPLE_EVERY
+        };
+        self.last
+            .is_none_or(|t| now.saturating_duration_since(t) >= every)
+    }
+
+    /// A sample was taken now.
+    pub fn sampled(&mut self) {
+        self.last = Some(Instant::now());
     }
 }
 
@@ -171,6 +205,22 @@ mod tests {
             Some(2 << 20)
         );
         assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
+    }
+
+    #[test]
+    fn a_sample_is_due_at_once_then_every_interval_and_sooner_after_output() {
+        let mut c = SampleClock::default();
+        assert!(c.due(false), "the first sample is due at once");
+        c.sampled();
+        let t = c.last.unwrap();
+        assert!(
+            !c.due_at(t, false) && !c.due_at(t, true),
+            "not again at once"
+        );
+        let soon = t + VM_SAMPLE_AFTER_OUTPUT;
+        assert!(c.due_at(soon, true), "after output, sooner");
+        assert!(!c.due_at(soon, false), "otherwise every VM_SAMPLE_EVERY");
+        assert!(c.due_at(t + VM_SAMPLE_EVERY, false));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The parent while the guest runs: set-up records, seccomp notifications, the guest's output
 //! (bounded), the protocol conversation, the wall-clock timeout, and the exit. One `poll`
-//! loop, no threads.
+//! loop, no threads. The guest itself is watched by the one [`guest::Supervisor`] (also
+//! embedded by exec-mode `serve` sessions); `wfjail run` drives it in `run_loop.rs` beside its
+//! own descriptors (`streams.rs`: the output; `framed.rs`: the protocol conversation).
 //!
 //! Whatever the guest sends, the supervisor's own memory and time stay bounded: each
 //! iteration reads at most [`READ_CHUNK`] bytes per descriptor and then checks the deadline;
@@ -283,7 +285,7 @@ pub fn supervise(
         o,
         deadline: cfg.timeout.map(|t| child.started + t),
         exited_at: None,
-        last_sample: None,
+        samples: Default::default(),
         woke_by_output: false,
         buf: vec![0u8; READ_CHUNK],
     };

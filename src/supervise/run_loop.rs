@@ -13,11 +13,9 @@ use crate::protocol::guest::Event;
 
 use super::framed::{Framed, Pipe};
 use super::guest::{self, Answers, Progress, Supervisor};
+use super::memory_evidence::SampleClock;
 use super::streams::{Stream, Streams};
-use super::{
-    Config, DRAIN_GRACE, Outcome, VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY, VM_SAMPLE_WAIT,
-    disk_judged, poll_timeout,
-};
+use super::{Config, DRAIN_GRACE, Outcome, VM_SAMPLE_WAIT, disk_judged, poll_timeout};
 
 /// Poll-set entries, by what they are.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -73,7 +71,7 @@ pub(super) struct RunLoop<'c, 'a> {
     pub o: Outcome,
     pub deadline: Option<Instant>,
     pub exited_at: Option<Instant>,
-    pub last_sample: Option<Instant>,
+    pub samples: SampleClock,
     /// Output came last turn (sample memory sooner).
     pub woke_by_output: bool,
     pub buf: Vec<u8>,
@@ -102,20 +100,13 @@ impl RunLoop<'_, '_> {
             self.sup.kill();
         }
         // Kernel evidence for the memory limit: the peak address space, while the guest lives.
-        // Sooner after output: a guest whose allocation failed prints why, then exits, and
-        // its address space is gone once it has.
-        let every = if self.woke_by_output {
-            VM_SAMPLE_AFTER_OUTPUT
-        } else {
-            VM_SAMPLE_EVERY
-        };
-        self.woke_by_output = false;
+        let after_output = std::mem::take(&mut self.woke_by_output);
         if self.cfg.memory_limit.is_some()
             && running
             && self.sup.execd()
-            && self.last_sample.is_none_or(|t| t.elapsed() >= every)
+            && self.samples.due(after_output)
         {
-            self.last_sample = Some(Instant::now());
+            self.samples.sampled();
             self.sup.sample_memory();
         }
         // limits.disk: what the guest added under its write grants, on its own timer.

@@ -42,7 +42,7 @@ use crate::protocol::worker::{self, Capacity};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::supervise::assemble::Applied;
 use crate::supervise::guest;
-use crate::supervise::memory_evidence::MemoryEvidence;
+use crate::supervise::memory_evidence::{MemoryEvidence, SampleClock};
 use crate::supervise::output::OutputMeter;
 use crate::supervise::{VM_SAMPLE_WAIT, poll_timeout};
 use crate::sys;
@@ -131,7 +131,7 @@ struct Session {
     /// Zygote mode: kernel evidence for the memory limit, the largest peak address space read
     /// while the guest ran (in exec mode, the supervisor's: `memory()`).
     memory: MemoryEvidence,
-    last_sample: Option<Instant>,
+    samples: SampleClock,
     /// The guest wrote output since the last sample (sample again sooner: a guest whose
     /// allocation failed prints why, then exits).
     output_since_sample: bool,
@@ -254,7 +254,7 @@ impl Session {
             memory: MemoryEvidence::new(applied.memory),
             applied,
             killed: false,
-            last_sample: None,
+            samples: SampleClock::default(),
             output_since_sample: false,
         }
     }
