@@ -4,13 +4,14 @@
 //! guest's socket (the guest protocol, docs/protocol.md), the guest's stdout and stderr (a
 //! pipe of the session's own, echoed behind `[session N] ` and bounded by `limits.output`),
 //! and how the guest can end: a zygote's EXITED report (woken through a pipe) or, in exec
-//! mode, the pidfd — plus, in exec mode, the set-up channel and the guest's own seccomp
-//! listener. What the session does with what it reads is decided by its phase machine
-//! (phases.rs); the session carries out the machine's actions. This file holds the session,
-//! its poll loop and its end; beside it, one file per job: `actions.rs` (the machine's
-//! actions), `guest_io.rs` (the guest's frames and output, the worker's frames, all bounded),
-//! `exec.rs` (exec mode: start-up and the guest's notifications), `pause.rs` (the guest
-//! stopped between calls), `samples.rs` (memory and call CPU read on a timer) and `report.rs`.
+//! mode, the descriptors of the guest's `supervise::guest::Supervisor` (its pidfd, set-up
+//! channel and seccomp listener), the same supervisor `wfjail run` embeds. What the session
+//! does with what it reads is decided by its phase machine (phases.rs); the session carries
+//! out the machine's actions. This file holds the session, its poll loop and its end; beside
+//! it, one file per job: `actions.rs` (the machine's actions), `guest_io.rs` (the guest's
+//! frames and output, the worker's frames, all bounded), `exec.rs` (exec mode: the embedded
+//! supervisor, answering with the session's shared state), `pause.rs` (the guest stopped
+//! between calls), `samples.rs` (memory and call CPU read on a timer) and `report.rs`.
 //!
 //! Against a hostile guest: each turn reads at most [`READ_TURN`] bytes per descriptor and
 //! checks the deadline, every frame is charged to `limits.output`, the guest is not read
