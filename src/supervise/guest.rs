@@ -351,29 +351,8 @@ mod tests {
 
     #[test]
     fn a_confined_guest_that_execs_and_exits_confirms_its_start_up_and_is_seen_exited() {
-        let policy = crate::policy::load("default").unwrap();
-        let req = PlanRequest {
-            argv: vec!["/bin/true".into()],
-            grants: vec![],
-            extra_env: vec![],
-            zygote: false,
-            session: false,
-            learn: false,
-        };
-        let plan = plan::build(&policy, &req).unwrap();
-        let null = std::fs::File::open("/dev/null").unwrap();
-        let targets = [0, 1, 2].map(|t| (null.as_raw_fd(), t));
-        let spawned = crate::process::spawn(&plan, &targets, None).unwrap();
-        let pid = spawned.pid;
-        let mut sup = Supervisor::new(
-            pid,
-            Arc::new(spawned.pidfd),
-            spawned.chan,
-            plan.rules.vdso,
-            Judge::of(&plan, false),
-            answers(),
-            MemoryEvidence::new(None),
-        );
+        let mut sup = supervised("default", &["/bin/true"], |_| {});
+        let pid = sup.pid();
         let seen = drive(&mut sup, Duration::from_secs(20));
         let reaped = sys::wait4(pid).unwrap();
         assert_eq!(seen, ["Exited"]);
@@ -388,6 +367,55 @@ mod tests {
             !tokens.contains(&Token::Pidfd),
             "an exited guest's pidfd is not polled again"
         );
+    }
+
+    /// Spawns `argv` confined by `policy` (stdio on /dev/null), supervised by a Supervisor
+    /// with run's own state; `judge` may change the plan's rules.
+    fn supervised(
+        policy: &str,
+        argv: &[&str],
+        judge: impl FnOnce(&mut Judge),
+    ) -> Supervisor<Answers> {
+        let policy = crate::policy::load(policy).unwrap();
+        let req = PlanRequest {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            grants: vec![],
+            extra_env: vec![],
+            zygote: false,
+            session: false,
+            learn: false,
+        };
+        let plan = plan::build(&policy, &req).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let targets = [0, 1, 2].map(|t| (null.as_raw_fd(), t));
+        let spawned = crate::process::spawn(&plan, &targets, None).unwrap();
+        let mut j = Judge::of(&plan, false);
+        judge(&mut j);
+        Supervisor::new(
+            spawned.pid,
+            Arc::new(spawned.pidfd),
+            spawned.chan,
+            plan.rules.vdso,
+            j,
+            answers(),
+            MemoryEvidence::new(None),
+        )
+    }
+
+    #[test]
+    fn a_violation_the_rules_kill_for_is_recorded_and_the_guest_killed() {
+        // strict denies getrandom, and sends it to the supervisor to be named.
+        let mut sup = supervised(
+            "strict",
+            &["/usr/bin/python3", "-c", "import os; os.urandom(8)"],
+            |j| j.on_violation = OnViolation::Kill,
+        );
+        let seen = drive(&mut sup, Duration::from_secs(30));
+        let reaped = sys::wait4(sup.pid()).unwrap();
+        assert_eq!(seen, ["KilledForViolation", "Exited"]);
+        let v = &sup.answers().violations.list;
+        assert!(v.iter().any(|v| v.syscall == "getrandom"), "{v:?}");
+        assert!(libc::WIFSIGNALED(reaped.status) && libc::WTERMSIG(reaped.status) == libc::SIGKILL);
     }
 
     #[test]
