@@ -301,7 +301,7 @@ impl<A: Answering> Supervisor<A> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
 
@@ -323,7 +323,7 @@ mod tests {
 
     /// Drives `sup` as a caller's loop does, until the guest exited and its start-up is over
     /// (or `limit` passed); returns what it reported, in order.
-    fn drive<A: Answering>(sup: &mut Supervisor<A>, limit: Duration) -> Vec<String> {
+    pub(crate) fn drive<A: Answering>(sup: &mut Supervisor<A>, limit: Duration) -> Vec<String> {
         let end = Instant::now() + limit;
         let mut seen = Vec::new();
         while !(sup.exited() && sup.execd()) && Instant::now() < end {
@@ -376,6 +376,16 @@ mod tests {
         argv: &[&str],
         judge: impl FnOnce(&mut Judge),
     ) -> Supervisor<Answers> {
+        supervised_with(policy, argv, judge, answers())
+    }
+
+    /// [`supervised`], its notification state kept in `state`.
+    pub(crate) fn supervised_with<A: Answering>(
+        policy: &str,
+        argv: &[&str],
+        judge: impl FnOnce(&mut Judge),
+        state: A,
+    ) -> Supervisor<A> {
         let policy = crate::policy::load(policy).unwrap();
         let req = PlanRequest {
             argv: argv.iter().map(|a| a.to_string()).collect(),
@@ -397,7 +407,7 @@ mod tests {
             spawned.chan,
             plan.rules.vdso,
             j,
-            answers(),
+            state,
             MemoryEvidence::new(None),
         )
     }

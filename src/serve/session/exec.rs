@@ -84,3 +84,34 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::OnViolation;
+    use crate::supervise::guest::tests::{drive, supervised_with};
+
+    #[test]
+    fn a_sessions_supervisor_records_into_the_state_the_session_shares() {
+        // The zygote router and the session's report read SessionShared: what the embedded
+        // supervisor answered must be there, and the budget charged there.
+        let shared = SessionShared::new(1, false).unwrap();
+        let mut sup = supervised_with(
+            "strict",
+            &["/usr/bin/python3", "-c", "import os; os.urandom(8)"],
+            |j| j.on_violation = OnViolation::Deny,
+            shared.clone(),
+        );
+        drive(&mut sup, Duration::from_secs(30));
+        let _ = sys::wait4(sup.pid());
+        let v = shared.violations.lock().unwrap();
+        assert!(
+            v.list.iter().any(|v| v.syscall == "getrandom"),
+            "{:?}",
+            v.list
+        );
+        assert!(shared.budget.lock().unwrap().answered > 0);
+    }
+}
