@@ -40,7 +40,6 @@ use crate::process::channel::Step;
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
 use memory_evidence::MemoryEvidence;
-use startup::StartupError;
 
 use framed::Framed;
 use run_loop::RunLoop;
@@ -312,9 +311,7 @@ pub fn supervise(
     o.vm_peak = sup.memory.vm_peak;
     o.memory_refused = sup.memory.refused;
     o.notify = start.got_listener();
-    if let Some(e @ StartupError::Channel(_)) = startup.error() {
-        o.channel_error = Some(e.to_string());
-    }
+    o.channel_error = startup.channel_error();
     let answers = sup.into_answers();
     o.violations = answers.violations.list;
     if let Some((learned, bytes)) = answers.learned {

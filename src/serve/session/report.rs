@@ -3,7 +3,6 @@
 
 use crate::report::Report;
 use crate::supervise::assemble::{self, Account};
-use crate::supervise::startup::StartupError;
 use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 
 use super::super::Server;
@@ -66,10 +65,7 @@ impl Session {
                 .file_at_limit(std::time::SystemTime::now() - self.started.elapsed())
                 .is_some();
         let channel_error = match &self.child {
-            Child::Exec(e) => match e.sup.start().startup().error() {
-                Some(err @ StartupError::Channel(_)) => Some(err.to_string()),
-                _ => None,
-            },
+            Child::Exec(e) => e.sup.start().startup().channel_error(),
             Child::Zygote { .. } => None,
         };
         let facts = Facts {
