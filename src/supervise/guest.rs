@@ -226,20 +226,21 @@ impl<A: Answering> Supervisor<A> {
         let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
     }
 
-    /// Adds the supervisor's descriptors to the caller's poll set, each with its token.
+    /// Adds the supervisor's descriptors to the caller's poll set, each with its token: the
+    /// pidfd (until it was readable), the set-up channel (until the exec), the listener.
     pub fn register<'a, T: From<Token>>(&'a self, fds: &mut Vec<PollFd<'a>>, tokens: &mut Vec<T>) {
         let mut watch = |fd: BorrowedFd<'a>, token: Token| {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
             tokens.push(token.into());
         };
+        if !self.exited {
+            watch(self.pidfd.as_fd(), Token::Pidfd);
+        }
         if let Some(c) = self.start.chan() {
             watch(c, Token::Chan);
         }
         if let Some(l) = self.start.listener() {
             watch(l, Token::Listener);
-        }
-        if !self.exited {
-            watch(self.pidfd.as_fd(), Token::Pidfd);
         }
     }
 
