@@ -137,16 +137,10 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         timeout,
         output_limit: policy.limits.output.0,
         memory_limit: applied_rlimit(&plan, libc::RLIMIT_AS),
-        write_grants: crate::notify::paths::Grants::new(&plan.write),
         stop_signals,
         seed: opts.seed,
-        decisions: plan.rules.decisions.clone(),
         clock: opts.clock,
         vdso: plan.rules.vdso,
-        learn: opts.learn,
-        read_grants: plan
-            .warn_files
-            .then(|| crate::notify::paths::Grants::new(&plan.read)),
         disk,
     };
     let mut stderr = std::io::stderr();
@@ -165,7 +159,14 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         stderr: err_r,
         protocol,
     };
-    let outcome = supervise::supervise(spawned, pipes, policy, &cfg, sinks);
+    let outcome = supervise::supervise(
+        spawned,
+        pipes,
+        policy,
+        &cfg,
+        supervise::guest::Judge::of(&plan, opts.learn),
+        sinks,
+    );
     drop(pids_cgroup); // the guest is reaped: its cgroup goes
     let mut outcome = outcome;
     if outcome.exec_confirmed {

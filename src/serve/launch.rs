@@ -10,14 +10,14 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
 
-use crate::notify::paths::Grants;
 use crate::plan::{self, Plan, PlanError, PlanRequest};
 use crate::policy::Dur;
 use crate::process::SpawnError;
 use crate::protocol::worker::OpenRequest;
-use crate::supervise::assemble::{Applied, LayersBase};
+use crate::supervise::assemble::{Applied, LayersBase, applied_rlimit};
+use crate::supervise::guest::{Judge, Supervisor};
+use crate::supervise::memory_evidence::MemoryEvidence;
 use crate::supervise::set_nonblocking;
-use crate::supervise::startup::Driver;
 use crate::sys::Reaped;
 
 use super::zygote::{ForkError, Zygote};
@@ -79,15 +79,12 @@ pub enum Child {
     Exec(Box<ExecChild>),
 }
 
-/// An exec-mode guest: the session thread supervises its start-up and its notifications.
+/// An exec-mode guest: the session thread embeds its supervisor (supervise/guest.rs), whose
+/// notification state is the session's shared one.
 pub struct ExecChild {
     pub plan: Plan,
     pub base: LayersBase,
-    pub pid: libc::pid_t,
-    pub pidfd: Arc<OwnedFd>,
-    /// The set-up channel and the seccomp listener (startup.rs's one driver).
-    pub start: Driver,
-    pub grants: Grants,
+    pub sup: Supervisor<Arc<SessionShared>>,
     pub reaped: Option<Reaped>,
     /// `limits.processes` for a guest that runs as host root; removed with the session.
     pub pids_cgroup: Option<crate::process::pids_cgroup::PidsCgroup>,
@@ -186,11 +183,13 @@ pub fn launch(
                 handler: None,
                 ..
             },
-        ) => match start_exec(server, &argv, init.as_deref(), theirs, out_w) {
-            Ok(mut c) => {
-                // AT_RANDOM from the session's seed (answers/vdso.rs).
-                c.plan.rules.vdso = c.plan.rules.vdso.map(|p| p.seeded(seed));
-                server.children.lock().unwrap().insert(id, c.pidfd.clone());
+        ) => match start_exec(server, &shared, seed, &argv, init.as_deref(), theirs, out_w) {
+            Ok(c) => {
+                server
+                    .children
+                    .lock()
+                    .unwrap()
+                    .insert(id, c.sup.pidfd().clone());
                 let applied = Applied::of(&c.plan);
                 (Child::Exec(Box::new(c)), argv, applied)
             }
@@ -213,9 +212,12 @@ pub fn launch(
     })
 }
 
-/// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4.
+/// Exec mode: plans and spawns the session's guest with the session socket on fds 3 and 4,
+/// its supervisor answering with the session's `shared` state and AT_RANDOM from `seed`.
 fn start_exec(
     server: &Server,
+    shared: &Arc<SessionShared>,
+    seed: Option<u64>,
     argv: &[String],
     init: Option<&str>,
     theirs: OwnedFd,
@@ -234,7 +236,9 @@ fn start_exec(
         zygote: false,
         learn: false,
     };
-    let plan = plan::build(policy, &req)?;
+    let mut plan = plan::build(policy, &req)?;
+    // AT_RANDOM from the session's seed (answers/vdso.rs).
+    plan.rules.vdso = plan.rules.vdso.map(|p| p.seeded(seed));
     let null = std::fs::File::open("/dev/null").map_err(ExecError::DevNull)?;
     let targets = [
         (null.as_raw_fd(), 0),
@@ -252,13 +256,18 @@ fn start_exec(
     drop((null, theirs, log));
     let mut base = LayersBase::of(&spawned);
     base.nproc_bound = crate::process::pids_cgroup::apply(policy, &pids_cgroup);
-    let grants = Grants::new(&plan.write);
+    let sup = Supervisor::new(
+        spawned.pid,
+        Arc::new(spawned.pidfd),
+        spawned.chan,
+        plan.rules.vdso,
+        Judge::of(&plan, false),
+        shared.clone(),
+        MemoryEvidence::for_policy(applied_rlimit(&plan, libc::RLIMIT_AS), policy),
+    );
     Ok(ExecChild {
         base,
-        pid: spawned.pid,
-        pidfd: Arc::new(spawned.pidfd),
-        start: Driver::new(spawned.pid, spawned.chan, plan.rules.vdso).nonblocking_listener(),
-        grants,
+        sup,
         reaped: None,
         plan,
         pids_cgroup: pids_cgroup.and_then(Result::ok),

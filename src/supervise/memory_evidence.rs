@@ -4,10 +4,13 @@
 //! seen asking for more address space than RLIMIT_AS left. `verdict.rs` judges it.
 
 use std::os::fd::BorrowedFd;
+use std::time::Instant;
 
 use crate::policy::Policy;
 use crate::policy::decisions::Decisions;
 use crate::sys;
+
+use super::{VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY};
 
 /// What was seen of the guest's memory, against `limit` (`None`: no memory limit, nothing
 /// is gathered).
@@ -18,6 +21,8 @@ pub struct MemoryEvidence {
     pub vm_peak: Option<u64>,
     /// The address space (bytes) a mapping asked for beyond what RLIMIT_AS left.
     pub refused: Option<u64>,
+    /// The policy denies `mmap` / `mremap`: such a call is a violation, not evidence.
+    denied: [bool; 2],
 }
 
 impl MemoryEvidence {
@@ -25,6 +30,14 @@ impl MemoryEvidence {
         MemoryEvidence {
             limit,
             ..Default::default()
+        }
+    }
+
+    /// Evidence against `limit` for a guest under `policy` (which mapping calls it denies).
+    pub fn for_policy(limit: Option<u64>, policy: &Policy) -> Self {
+        MemoryEvidence {
+            denied: ["mmap", "mremap"].map(|c| policy.syscalls.denies(c)),
+            ..Self::new(limit)
         }
     }
 
@@ -54,11 +67,11 @@ impl MemoryEvidence {
         listener: BorrowedFd<'_>,
         n: &sys::Notif,
         pid: libc::pid_t,
-        policy: &Policy,
         decisions: &Decisions,
     ) {
         let Some(limit) = self.limit else { return };
-        if let Some(grow) = mapping_beyond_limit(listener, n, pid, limit, policy) {
+        let denied = self.denied[usize::from(n.nr == libc::SYS_mremap as i32)];
+        if let Some(grow) = mapping_beyond_limit(listener, n, pid, limit, denied) {
             self.refused = Some(grow);
         }
         if let Some(peak) = peak_at_exit(listener, n, pid, decisions) {
@@ -67,12 +80,34 @@ impl MemoryEvidence {
     }
 }
 
-/// The name of the mapping call `n` (for the policy's deny list).
-fn mapping_call_name(n: &sys::Notif) -> &'static str {
-    if n.nr == libc::SYS_mremap as i32 {
-        "mremap"
-    } else {
-        "mmap"
+/// When the guest's peak address space is sampled next, by `wfjail run` and by sessions
+/// alike: every [`VM_SAMPLE_EVERY`], and [`VM_SAMPLE_AFTER_OUTPUT`] after the previous sample
+/// when the guest wrote output (a guest whose allocation failed prints why, then exits, and
+/// its address space is gone once it has).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleClock {
+    last: Option<Instant>,
+}
+
+impl SampleClock {
+    /// Whether a sample is due now (`after_output`: the guest wrote output since).
+    pub fn due(&self, after_output: bool) -> bool {
+        self.due_at(Instant::now(), after_output)
+    }
+
+    fn due_at(&self, now: Instant, after_output: bool) -> bool {
+        let every = if after_output {
+            VM_SAMPLE_AFTER_OUTPUT
+        } else {
+            VM_SAMPLE_EVERY
+        };
+        self.last
+            .is_none_or(|t| now.saturating_duration_since(t) >= every)
+    }
+
+    /// A sample was taken now.
+    pub fn sampled(&mut self) {
+        self.last = Some(Instant::now());
     }
 }
 
@@ -94,16 +129,17 @@ pub fn memory_request(n: &sys::Notif) -> Option<u64> {
 /// Kernel evidence for the memory limit: whether notification `n` (of guest `pid`) is a
 /// private mapping, routed here by the filter for its size, that asks for more address space
 /// than RLIMIT_AS `limit` leaves the guest. Returns the bytes asked for. A call the policy
-/// denies is a violation, not evidence; the notification is checked valid after reading.
+/// denies (`denied`) is a violation, not evidence; the notification is checked valid after
+/// reading.
 pub fn mapping_beyond_limit(
     listener: std::os::fd::BorrowedFd<'_>,
     n: &sys::Notif,
     pid: libc::pid_t,
     limit: u64,
-    policy: &Policy,
+    denied: bool,
 ) -> Option<u64> {
     let grow = memory_request(n)?;
-    (!policy.syscalls.denies(mapping_call_name(n))
+    (!denied
         && crate::procfs::vm_size(pid as u32).is_some_and(|s| s.saturating_add(grow) > limit)
         && sys::notif_id_valid(listener, n.id))
     .then_some(grow)
@@ -169,6 +205,22 @@ mod tests {
             Some(2 << 20)
         );
         assert_eq!(memory_request(&notif(libc::SYS_openat, [0; 6])), None);
+    }
+
+    #[test]
+    fn a_sample_is_due_at_once_then_every_interval_and_sooner_after_output() {
+        let mut c = SampleClock::default();
+        assert!(c.due(false), "the first sample is due at once");
+        c.sampled();
+        let t = c.last.unwrap();
+        assert!(
+            !c.due_at(t, false) && !c.due_at(t, true),
+            "not again at once"
+        );
+        let soon = t + VM_SAMPLE_AFTER_OUTPUT;
+        assert!(c.due_at(soon, true), "after output, sooner");
+        assert!(!c.due_at(soon, false), "otherwise every VM_SAMPLE_EVERY");
+        assert!(c.due_at(t + VM_SAMPLE_EVERY, false));
     }
 
     #[test]

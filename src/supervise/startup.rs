@@ -194,6 +194,13 @@ impl Startup {
             .map(|(step, errno)| StartupError::Fatal { step, errno })
     }
 
+    /// What the report says of a broken set-up channel (`Facts::channel_error`), for `run`
+    /// and sessions alike.
+    pub fn channel_error(&self) -> Option<String> {
+        self.channel_error
+            .map(|e| StartupError::Channel(e).to_string())
+    }
+
     /// End-of-file without a failure: the exec happened (unless the pidfd says the child died).
     pub fn exec_confirmed(&self) -> bool {
         self.state == State::Done && self.error().is_none()
@@ -527,6 +534,11 @@ mod tests {
         assert_eq!(
             d.startup().error(),
             Some(StartupError::Channel(ChannelError::Tag(9)))
+        );
+        assert_eq!(
+            d.startup().channel_error(),
+            Some(StartupError::Channel(ChannelError::Tag(9)).to_string()),
+            "what the report says of it"
         );
     }
 

@@ -1,74 +1,117 @@
-//! Exec mode: the guest's start-up (its set-up channel and the initial exec, through
-//! startup.rs's driver) and its own seccomp notifications.
+//! Exec mode: the session embeds its guest's supervisor (supervise/guest.rs: the start-up,
+//! the guest's own seccomp notifications, its pidfd), whose notification state is the
+//! session's shared one, and records what it reports the session's way.
 
-use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use nix::poll::PollFlags;
 
-use crate::notify::{self, Handled};
-use crate::supervise::startup::{ChanRead, Listened};
+use crate::notify::{self, Handled, Rules};
+use crate::supervise::guest::{Answering, Progress, Token};
+use crate::supervise::memory_evidence::MemoryEvidence;
 use crate::sys;
 
+use super::super::SessionShared;
 use super::super::launch::Child;
-use super::*;
+use super::Session;
 
-impl Session {
-    /// Exec mode: set-up records until end-of-file (the exec happened); a child that breaks
-    /// the set-up protocol is killed (supervise/startup.rs).
-    pub(super) fn on_chan(&mut self) {
-        let Child::Exec(e) = &mut self.child else {
-            return;
-        };
-        if e.start.read_chan() == ChanRead::Kill {
-            self.kill(); // recorded as wfjail's own kill
-        }
+/// A session's notification state is shared (the zygote router and the report read it): on
+/// the session's own thread these locks are uncontended.
+impl Answering for Arc<SessionShared> {
+    fn charge(
+        &mut self,
+        listener: std::os::fd::BorrowedFd<'_>,
+        n: &sys::Notif,
+        kill: &dyn Fn(),
+    ) -> bool {
+        notify::charge(&mut self.budget.lock().unwrap(), listener, n, kill)
     }
 
-    /// Exec mode: the guest's own seccomp notifications.
-    pub(super) fn on_listener(&mut self, rev: PollFlags) {
-        let Child::Exec(e) = &mut self.child else {
-            return;
-        };
-        let n = match e.start.on_listener(rev) {
-            Listened::Guest(n) => n,
-            Listened::Nothing => return,
-            Listened::ExecStopFailed(err) => {
-                eprintln!("wfjail: session {}: {err}", self.id);
-                let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-                return;
-            }
-        };
-        let Some(l) = e.start.listener() else { return };
-        // The supervisor's work for the session is bounded (notify::Budget).
-        let pidfd = e.pidfd.clone();
-        let kill = || {
-            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        };
-        if !notify::charge(&mut self.shared.budget.lock().unwrap(), l.as_fd(), &n, kill) {
-            self.shared.mark_killed();
-            return;
-        }
-        // Kernel evidence for the memory limit (memory_evidence.rs).
-        self.memory
-            .on_notification(l, &n, e.pid, &self.server.policy, &e.plan.rules.decisions);
-        let mut v = self.shared.violations.lock().unwrap();
-        let mut det = self.shared.determinism.lock().unwrap();
+    fn answer(
+        &mut self,
+        listener: std::os::fd::BorrowedFd<'_>,
+        n: &sys::Notif,
+        rules: Rules<'_>,
+        kill: &dyn Fn(),
+    ) -> Handled {
+        let mut v = self.violations.lock().unwrap();
+        let mut det = self.determinism.lock().unwrap();
         let det = &mut *det;
-        let clock = det.clock;
         let state = notify::State {
             violations: &mut v,
             entropy: det.entropy.as_mut(),
-            clock,
+            clock: det.clock,
             monotonic: &mut det.monotonic,
             learned: None,
         };
-        let rules = notify::Rules::new(&e.plan, &e.grants);
-        let handled = notify::handle(l.as_fd(), &n, rules, state, || {
-            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        });
-        drop((v, det));
-        if handled == Handled::Killed {
-            self.shared.mark_killed();
+        notify::handle(listener, n, rules, state, kill)
+    }
+}
+
+impl Session {
+    /// Exec mode: the supervisor's descriptor `token` was ready with `rev`.
+    pub(super) fn on_exec(&mut self, token: Token, rev: PollFlags) {
+        let Child::Exec(e) = &mut self.child else {
+            return;
+        };
+        match e.sup.on_ready(token, rev) {
+            Progress::Nothing => {}
+            Progress::Exited => {
+                if e.reaped.is_none() {
+                    e.reaped = sys::wait4(e.sup.pid()).ok();
+                }
+            }
+            // A child that broke the set-up protocol: wfjail's own kill.
+            Progress::SetupBroken => self.killed = true,
+            Progress::ExecStopFailed(err) => eprintln!("wfjail: session {}: {err}", self.id),
+            Progress::OverBudget | Progress::KilledForViolation => self.shared.mark_killed(),
         }
+    }
+
+    /// Kernel evidence for the memory limit: the supervisor's in exec mode (it also reads the
+    /// guest's notifications), the session's own in zygote mode.
+    pub(super) fn memory(&self) -> &MemoryEvidence {
+        match &self.child {
+            Child::Exec(e) => &e.sup.memory,
+            Child::Zygote { .. } => &self.memory,
+        }
+    }
+
+    pub(super) fn memory_mut(&mut self) -> &mut MemoryEvidence {
+        match &mut self.child {
+            Child::Exec(e) => &mut e.sup.memory,
+            Child::Zygote { .. } => &mut self.memory,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::OnViolation;
+    use crate::supervise::guest::tests::{drive, supervised_with};
+
+    #[test]
+    fn a_sessions_supervisor_records_into_the_state_the_session_shares() {
+        // The zygote router and the session's report read SessionShared: what the embedded
+        // supervisor answered must be there, and the budget charged there.
+        let shared = SessionShared::new(1, false).unwrap();
+        let mut sup = supervised_with(
+            "strict",
+            &["/usr/bin/python3", "-c", "import os; os.urandom(8)"],
+            |j| j.on_violation = OnViolation::Deny,
+            shared.clone(),
+        );
+        drive(&mut sup, Duration::from_secs(30));
+        let _ = sys::wait4(sup.pid());
+        let v = shared.violations.lock().unwrap();
+        assert!(
+            v.list.iter().any(|v| v.syscall == "getrandom"),
+            "{:?}",
+            v.list
+        );
+        assert!(shared.budget.lock().unwrap().answered > 0);
     }
 }

@@ -4,13 +4,14 @@
 //! guest's socket (the guest protocol, docs/protocol.md), the guest's stdout and stderr (a
 //! pipe of the session's own, echoed behind `[session N] ` and bounded by `limits.output`),
 //! and how the guest can end: a zygote's EXITED report (woken through a pipe) or, in exec
-//! mode, the pidfd — plus, in exec mode, the set-up channel and the guest's own seccomp
-//! listener. What the session does with what it reads is decided by its phase machine
-//! (phases.rs); the session carries out the machine's actions. This file holds the session,
-//! its poll loop and its end; beside it, one file per job: `actions.rs` (the machine's
-//! actions), `guest_io.rs` (the guest's frames and output, the worker's frames, all bounded),
-//! `exec.rs` (exec mode: start-up and the guest's notifications), `pause.rs` (the guest
-//! stopped between calls), `samples.rs` (memory and call CPU read on a timer) and `report.rs`.
+//! mode, the descriptors of the guest's `supervise::guest::Supervisor` (its pidfd, set-up
+//! channel and seccomp listener), the same supervisor `wfjail run` embeds. What the session
+//! does with what it reads is decided by its phase machine (phases.rs); the session carries
+//! out the machine's actions. This file holds the session, its poll loop and its end; beside
+//! it, one file per job: `actions.rs` (the machine's actions), `guest_io.rs` (the guest's
+//! frames and output, the worker's frames, all bounded), `exec.rs` (exec mode: the embedded
+//! supervisor, answering with the session's shared state), `pause.rs` (the guest stopped
+//! between calls), `samples.rs` (memory and call CPU read on a timer) and `report.rs`.
 //!
 //! Against a hostile guest: each turn reads at most [`READ_TURN`] bytes per descriptor and
 //! checks the deadline, every frame is charged to `limits.output`, the guest is not read
@@ -41,7 +42,8 @@ use crate::protocol::guest::{self as gp, Conversation, Outbox};
 use crate::protocol::worker::{self, Capacity};
 use crate::protocol::{Kind, MAX_FRAME, encode};
 use crate::supervise::assemble::Applied;
-use crate::supervise::memory_evidence::MemoryEvidence;
+use crate::supervise::guest;
+use crate::supervise::memory_evidence::{MemoryEvidence, SampleClock};
 use crate::supervise::output::OutputMeter;
 use crate::supervise::{VM_SAMPLE_WAIT, poll_timeout};
 use crate::sys;
@@ -75,12 +77,14 @@ enum Token {
     Output,
     /// Zygote mode: the pipe that wakes the session when the zygote reported the exit.
     Wake,
-    /// Exec mode: the guest's pidfd (readable once it exited).
-    Pidfd,
-    /// Exec mode: the set-up channel, until the exec.
-    Chan,
-    /// Exec mode: the guest's seccomp listener.
-    Listener,
+    /// Exec mode: the guest's supervisor's (pidfd, set-up channel, seccomp listener).
+    Exec(guest::Token),
+}
+
+impl From<guest::Token> for Token {
+    fn from(t: guest::Token) -> Self {
+        Token::Exec(t)
+    }
 }
 
 struct Session {
@@ -125,10 +129,10 @@ struct Session {
     applied: Applied,
     /// wfjail killed the guest itself (a SIGKILL it did not send is the CPU limit's).
     killed: bool,
-    /// Kernel evidence for the memory limit: the largest peak address space read while the
-    /// guest ran, and a mapping seen asking for more than RLIMIT_AS left (exec mode).
+    /// Zygote mode: kernel evidence for the memory limit, the largest peak address space read
+    /// while the guest ran (in exec mode, the supervisor's: `memory()`).
     memory: MemoryEvidence,
-    last_sample: Option<Instant>,
+    samples: SampleClock,
     /// The guest wrote output since the last sample (sample again sooner: a guest whose
     /// allocation failed prints why, then exits).
     output_since_sample: bool,
@@ -251,7 +255,7 @@ impl Session {
             memory: MemoryEvidence::new(applied.memory),
             applied,
             killed: false,
-            last_sample: None,
+            samples: SampleClock::default(),
             output_since_sample: false,
         }
     }
@@ -260,9 +264,7 @@ impl Session {
     fn kill(&mut self) {
         self.killed = true;
         match &mut self.child {
-            Child::Exec(e) => {
-                let _ = sys::pidfd_send_signal(e.pidfd.as_fd(), libc::SIGKILL);
-            }
+            Child::Exec(e) => e.sup.kill(),
             Child::Zygote {
                 zygote,
                 ns_pid,
@@ -283,7 +285,7 @@ impl Session {
     /// The guest's pid and pidfd (in zygote mode known once its first message arrived).
     fn guest_process(&self) -> Option<(libc::pid_t, BorrowedFd<'_>)> {
         match &self.child {
-            Child::Exec(e) => Some((e.pid, e.pidfd.as_fd())),
+            Child::Exec(e) => Some((e.sup.pid(), e.sup.pidfd().as_fd())),
             Child::Zygote {
                 pid: Some(p),
                 pidfd: Some(fd),
@@ -340,15 +342,7 @@ impl Session {
             Child::Zygote { .. } => {
                 watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
             }
-            Child::Exec(e) => {
-                watch(e.pidfd.as_fd(), PollFlags::POLLIN, Token::Pidfd);
-                if let Some(c) = e.start.chan() {
-                    watch(c, PollFlags::POLLIN, Token::Chan);
-                }
-                if let Some(l) = e.start.listener() {
-                    watch(l, PollFlags::POLLIN, Token::Listener);
-                }
-            }
+            Child::Exec(e) => e.sup.register(&mut fds, &mut tokens),
         }
         (fds, tokens)
     }
@@ -418,15 +412,7 @@ impl Session {
                         let mut b = [0u8; 8];
                         let _ = nix::unistd::read(&self.shared.wake_r, &mut b);
                     }
-                    Token::Pidfd => {
-                        if let Child::Exec(e) = &mut self.child
-                            && e.reaped.is_none()
-                        {
-                            e.reaped = sys::wait4(e.pid).ok();
-                        }
-                    }
-                    Token::Chan => self.on_chan(),
-                    Token::Listener => self.on_listener(rev),
+                    Token::Exec(t) => self.on_exec(t, rev),
                 }
             }
         }

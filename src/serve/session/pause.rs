@@ -62,7 +62,7 @@ impl Session {
         }
         // The peak address space is a high-water mark: a sample taken a sampling period
         // into the call sees everything before it, so a short call costs no read of /proc.
-        self.last_sample = Some(Instant::now());
+        self.samples.sampled();
         if let Some((_, pidfd)) = self.guest_process() {
             let _ = sys::pidfd_send_signal(pidfd, libc::SIGCONT);
         }

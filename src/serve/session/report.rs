@@ -3,7 +3,6 @@
 
 use crate::report::Report;
 use crate::supervise::assemble::{self, Account};
-use crate::supervise::startup::StartupError;
 use crate::supervise::verdict::{self, Ending, Facts, SetupFailed};
 
 use super::super::Server;
@@ -34,8 +33,8 @@ impl Session {
                 let layers = assemble::layers(
                     &e.plan,
                     &e.base,
-                    e.start.startup().degraded(),
-                    e.start.startup().has_listener(),
+                    e.sup.start().startup().degraded(),
+                    e.sup.start().startup().has_listener(),
                 );
                 let (cpu, rss) = e.reaped.map_or((0.0, 0), |r| (r.cpu_ms(), r.max_rss_kb()));
                 (e.reaped.map(|r| r.status), cpu, rss, layers, false)
@@ -46,11 +45,16 @@ impl Session {
         let list = violations.list.clone();
         drop(violations);
         let fatal = match &self.child {
-            Child::Exec(e) => e.start.startup().fatal().map(|(step, errno)| SetupFailed {
-                step,
-                errno,
-                command: e.plan.command.display().to_string(),
-            }),
+            Child::Exec(e) => e
+                .sup
+                .start()
+                .startup()
+                .fatal()
+                .map(|(step, errno)| SetupFailed {
+                    step,
+                    errno,
+                    command: e.plan.command.display().to_string(),
+                }),
             Child::Zygote { .. } => None,
         };
         let errored = self.phases.guest_error().is_some();
@@ -61,10 +65,7 @@ impl Session {
                 .file_at_limit(std::time::SystemTime::now() - self.started.elapsed())
                 .is_some();
         let channel_error = match &self.child {
-            Child::Exec(e) => match e.start.startup().error() {
-                Some(err @ StartupError::Channel(_)) => Some(err.to_string()),
-                _ => None,
-            },
+            Child::Exec(e) => e.sup.start().startup().channel_error(),
             Child::Zygote { .. } => None,
         };
         let facts = Facts {
@@ -85,8 +86,8 @@ impl Session {
             // own budget is measured here (`call_cpu_exceeded`).
             cpu_limit: self.server.policy.limits.session_cpu.map(|c| c.0),
             memory_limit: self.applied.memory,
-            vm_peak: self.memory.vm_peak,
-            memory_refused: self.memory.refused.is_some(),
+            vm_peak: self.memory().vm_peak,
+            memory_refused: self.memory().refused.is_some(),
             file_at_limit,
             errored,
             ending: Ending::Session(self.phases.end()),

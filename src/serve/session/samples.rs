@@ -1,11 +1,7 @@
 //! What the session reads of its guest on a timer: the peak address space (kernel evidence
 //! for `limits.memory`) and the CPU time of the call in progress (`limits.cpu`).
 
-use std::time::Instant;
-
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-
-use crate::supervise::{VM_SAMPLE_AFTER_OUTPUT, VM_SAMPLE_EVERY};
 
 use super::super::launch::Child;
 use super::super::phases::Failure;
@@ -13,23 +9,17 @@ use super::*;
 
 impl Session {
     /// Kernel evidence for the memory limit (`limits.memory` set): the guest's peak address
-    /// space (`VmPeak`, a high-water mark the kernel keeps until the guest exits), read at
-    /// most every [`VM_SAMPLE_EVERY`] ([`VM_SAMPLE_AFTER_OUTPUT`] after output), or now
-    /// (`force`).
+    /// space (`VmPeak`, a high-water mark the kernel keeps until the guest exits), read when
+    /// its `SampleClock` says (as `wfjail run` does), or now (`force`).
     pub(super) fn sample_memory(&mut self, force: bool) {
         if self.applied.memory.is_none() || self.ended() {
             return;
         }
-        let every = if self.output_since_sample {
-            VM_SAMPLE_AFTER_OUTPUT
-        } else {
-            VM_SAMPLE_EVERY
-        };
-        if !force && self.last_sample.is_some_and(|t| t.elapsed() < every) {
+        if !force && !self.samples.due(self.output_since_sample) {
             return;
         }
         if let Child::Exec(e) = &self.child
-            && e.start.chan().is_some()
+            && !e.sup.execd()
         {
             return; // not exec'd yet: wfjail's own image
         }
@@ -42,9 +32,9 @@ impl Session {
         let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
         let exited = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
         if !exited {
-            self.memory.peak(peak);
+            self.memory_mut().peak(peak);
         }
-        self.last_sample = Some(Instant::now());
+        self.samples.sampled();
         self.output_since_sample = false;
     }
 
