@@ -255,10 +255,15 @@ fn clock_and_seed_flags_say_what_they_need() {
 }
 
 const WORKFLOWS: &str = r#"
-import json, os, random, time, uuid, datetime
+import ctypes, json, os, random, time, uuid, datetime
 def facts(req):
+    # AT_RANDOM: the 16 bytes the kernel hands a process at exec (glibc's stack canary and
+    # pointer guard), overwritten at the exec stop with bytes of the session's seed.
+    libc = ctypes.CDLL(None)
+    libc.getauxval.restype = ctypes.c_ulong
+    at_random = ctypes.string_at(libc.getauxval(25), 16).hex()
     return json.dumps([time.time(), datetime.datetime.now().isoformat(), random.random(),
-                       str(uuid.uuid4()), os.urandom(4).hex()]).encode()
+                       str(uuid.uuid4()), os.urandom(4).hex(), at_random]).encode()
 "#;
 
 const WORKER: &str = r#"
@@ -328,6 +333,17 @@ fn serve_sessions_get_their_seed_and_each_calls_time() {
                     &format!("{mode}: seed 6: call {i} value {j} differs"),
                 );
             }
+        }
+        if !zygote {
+            // An exec'd session's AT_RANDOM comes from OPEN's seed (a zygote's sessions are
+            // forks of it: theirs is the zygote's, the same in every session).
+            out.check(
+                a[0][5] == b[0][5] && a[0][5] != c[0][5],
+                &format!(
+                    "exec: AT_RANDOM follows the seed ({} {} {})",
+                    a[0][5], b[0][5], c[0][5]
+                ),
+            );
         }
         out.check(
             a[3]["seed"] == 5,
