@@ -17,7 +17,6 @@ import errno
 import json
 import os
 import sys
-import traceback
 
 from . import protocol as P
 from . import wire
@@ -321,6 +320,11 @@ def error_payload(exc: BaseException) -> bytes:
     except Exception:
         message = "<str() of %s failed>" % type(exc).__name__
     try:
+        # Imported here, not at the top: `traceback` (with linecache, tokenize, textwrap and
+        # contextlib) costs an exec'd guest milliseconds at every start, and only a failing
+        # handler needs it. A zygote imports it before its children start (zygote.py).
+        import traceback
+
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     except Exception:
         tb = "<the traceback could not be formatted>\n"

@@ -346,6 +346,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             error = "preloading %s: %s: %s" % (name, type(exc).__name__, exc)
             break
     from . import guest, protocol  # noqa: F401  (the children need them; load them now)
+    import traceback  # noqa: F401  (guest.error_payload imports it when a handler fails)
 
     protocol.frame_cap()  # read once here, for every child
 
