@@ -202,8 +202,7 @@ impl Determinism {
         let virtual_clock = crate::policy::rules::clock::answered(policy);
         let seed = seeded.then(|| seed.unwrap_or(0));
         Determinism {
-            clock: virtual_clock
-                .then(|| time_ns.unwrap_or_else(crate::answers::workflow_time::host_now)),
+            clock: virtual_clock.then(|| time_ns.unwrap_or_else(crate::workflow_time::host_now)),
             entropy: seed.map(crate::answers::entropy::Entropy::new),
             seed,
             monotonic: Default::default(),

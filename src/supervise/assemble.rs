@@ -236,7 +236,7 @@ pub fn report(facts: &Facts, account: Account) -> Report {
         guest_error: account.guest_error,
         command: account.command,
         seed: account.seed,
-        clock: account.clock.map(crate::answers::workflow_time::format),
+        clock: account.clock.map(crate::workflow_time::format),
         skipped_paths: account.skipped_paths,
         learned: account.learned,
         exit_status: v.exit_status,

@@ -31,7 +31,7 @@ use nix::poll::PollTimeout;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use crate::answers::{entropy, monotonic, vdso, workflow_time};
+use crate::answers::{entropy, monotonic, vdso};
 use crate::notify;
 use crate::notify::violations::Violations;
 use crate::policy::Policy;
@@ -39,6 +39,7 @@ use crate::process::Spawned;
 use crate::process::channel::Step;
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
+use crate::workflow_time;
 use memory_evidence::MemoryEvidence;
 
 use framed::Framed;
