@@ -1,0 +1,90 @@
+"""A pytest plugin (`-p wfjail_runner_plugin`, no conftest) for running Temporal's own SDK
+tests under a chosen workflow runner.
+
+WFJAIL_SUITE_RUNNER (unsandboxed | sandboxed | jailed) picks the runner that every `Worker`
+and `Replayer` gets when the test does not pass `workflow_runner=` itself: the constructors'
+default is replaced, nothing else. `sandboxed` leaves the SDK's own default alone (its
+`SandboxedWorkflowRunner`). WFJAIL_SUITE_JSON names the file where the outcome of every test
+is written (passed/failed/skipped/error node ids and the first lines of each failure).
+
+Imported before the SDK checkout's conftest, so `temporalio` here is the installed wheel
+(run pytest with `--import-mode=append`: the checkout's own `temporalio/` sources, which have
+no native bridge, must not shadow it, in this process or in a jailed runner's zygote, which
+gets this process's `sys.path`).
+"""
+
+import functools
+import json
+import os
+
+import temporalio.worker
+
+RUNNER = os.environ.get("WFJAIL_SUITE_RUNNER", "sandboxed")
+if RUNNER not in ("unsandboxed", "sandboxed", "jailed"):
+    raise SystemExit("WFJAIL_SUITE_RUNNER: unsandboxed, sandboxed or jailed, not %r" % RUNNER)
+
+
+def _make_runner():
+    if RUNNER == "unsandboxed":
+        return temporalio.worker.UnsandboxedWorkflowRunner()
+    from wfjail.temporal import JailedWorkflowRunner
+
+    return JailedWorkflowRunner()
+
+
+def _default_runner(cls):
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if "workflow_runner" not in kwargs:
+            kwargs["workflow_runner"] = _make_runner()
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
+if RUNNER != "sandboxed":
+    _default_runner(temporalio.worker.Worker)
+    _default_runner(temporalio.worker.Replayer)
+
+_results = {"runner": RUNNER, "passed": [], "failed": [], "skipped": [], "error": [], "errors": {}}
+
+
+def pytest_report_header(config):
+    return "wfjail: default workflow runner %s (temporalio from %s)" % (
+        RUNNER, os.path.dirname(temporalio.__file__))
+
+
+def pytest_runtest_logreport(report):
+    nodeid = report.nodeid
+    if report.when == "call" or (report.when in ("setup", "teardown") and report.outcome != "passed"):
+        if report.skipped:
+            if nodeid not in _results["skipped"]:
+                _results["skipped"].append(nodeid)
+            return
+        if report.failed:
+            key = "failed" if report.when == "call" else "error"
+            if nodeid not in _results[key]:
+                _results[key].append(nodeid)
+            text = getattr(report, "longreprtext", "") or ""
+            # The exception lines ("E   ...") say the cause; keep a few of them.
+            lines = [l for l in text.splitlines() if l.startswith("E ")][:12]
+            _results["errors"][nodeid] = "\n".join(lines) or text[-2000:]
+            return
+        if report.when == "call":
+            _results["passed"].append(nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("WFJAIL_SUITE_JSON")
+    if not path:
+        return
+    # A test that passed its call and then failed its teardown counts as an error only.
+    _results["passed"] = [n for n in _results["passed"]
+                          if n not in _results["error"] and n not in _results["failed"]]
+    _results["exitstatus"] = int(exitstatus)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(_results, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
