@@ -17,12 +17,14 @@ keys = ("passed", "failed", "error", "skipped")
 print("%-12s" % "runner" + "".join("%9s" % k for k in keys) + "%9s" % "total")
 for r, res in results.items():
     counts = [len(res[k]) for k in keys]
-    print("%-12s" % r + "".join("%9d" % c for c in counts) + "%9d" % sum(counts))
+    print("%-12s" % r + "".join("%9d" % c for c in counts) + "%9d" % sum(counts)
+          + ("" if res.get("complete") else "  (stopped before the end)"))
 if "unsandboxed" in results and "jailed" in results:
     jailed = results["jailed"]
     ran = set().union(*(jailed[k] for k in keys))
     lost = [n for n in results["unsandboxed"]["passed"] if n in ran and n not in jailed["passed"]]
-    print("\npasses unsandboxed, fails jailed: %d" % len(lost))
+    print("\npasses unsandboxed, fails jailed: %d (of the %d tests both ran)"
+          % (len(lost), len(ran & set().union(*(results["unsandboxed"][k] for k in keys)))))
     for n in lost:
         print("  " + n)
         for line in jailed["errors"].get(n, "skipped").splitlines()[:3]:

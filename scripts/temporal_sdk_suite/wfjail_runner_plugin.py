@@ -56,6 +56,25 @@ def pytest_report_header(config):
         RUNNER, os.path.dirname(temporalio.__file__))
 
 
+def _write(exitstatus=None):
+    path = os.environ.get("WFJAIL_SUITE_JSON")
+    if not path:
+        return
+    # A test that passed its call and then failed its teardown counts as an error only.
+    bad = set(_results["error"]) | set(_results["failed"])
+    out = dict(_results, passed=[n for n in _results["passed"] if n not in bad],
+               exitstatus=exitstatus, complete=exitstatus is not None)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    # After every test, so that a run stopped by a timeout still says what it measured.
+    _write()
+
+
 def pytest_runtest_logreport(report):
     nodeid = report.nodeid
     if report.when == "call" or (report.when in ("setup", "teardown") and report.outcome != "passed"):
@@ -77,14 +96,4 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("WFJAIL_SUITE_JSON")
-    if not path:
-        return
-    # A test that passed its call and then failed its teardown counts as an error only.
-    _results["passed"] = [n for n in _results["passed"]
-                          if n not in _results["error"] and n not in _results["failed"]]
-    _results["exitstatus"] = int(exitstatus)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(_results, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    _write(int(exitstatus))
