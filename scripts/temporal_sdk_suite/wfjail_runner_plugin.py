@@ -14,8 +14,10 @@ gets this process's `sys.path`).
 """
 
 import functools
+import inspect
 import json
 import os
+import sys
 
 import temporalio.worker
 
@@ -25,6 +27,7 @@ if RUNNER not in ("unsandboxed", "sandboxed", "jailed"):
 
 
 def _make_runner():
+    _results["runners_made"] += 1
     if RUNNER == "unsandboxed":
         return temporalio.worker.UnsandboxedWorkflowRunner()
     from wfjail.temporal import JailedWorkflowRunner
@@ -32,12 +35,29 @@ def _make_runner():
     return JailedWorkflowRunner()
 
 
+def _helper_defaults():
+    """The runner objects that the SDK's test helpers pass when their caller chose none
+    (`tests.helpers.new_worker(..., workflow_runner=SandboxedWorkflowRunner())` passes its
+    default on to `Worker`): these count as "not chosen" too, by identity."""
+    helpers = sys.modules.get("tests.helpers")
+    found = []
+    for name in ("new_worker",):
+        fn = getattr(helpers, name, None)
+        if fn is None:
+            continue
+        param = inspect.signature(fn).parameters.get("workflow_runner")
+        if param is not None and param.default is not inspect.Parameter.empty:
+            found.append(param.default)
+    return [d for d in found if d is not None]
+
+
 def _default_runner(cls):
     init = cls.__init__
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        if "workflow_runner" not in kwargs:
+        if "workflow_runner" not in kwargs or any(
+                kwargs["workflow_runner"] is d for d in _helper_defaults()):
             kwargs["workflow_runner"] = _make_runner()
         init(self, *args, **kwargs)
 
@@ -48,7 +68,8 @@ if RUNNER != "sandboxed":
     _default_runner(temporalio.worker.Worker)
     _default_runner(temporalio.worker.Replayer)
 
-_results = {"runner": RUNNER, "passed": [], "failed": [], "skipped": [], "error": [], "errors": {}}
+_results = {"runner": RUNNER, "passed": [], "failed": [], "skipped": [], "error": [], "errors": {},
+            "runners_made": 0}
 
 
 def pytest_report_header(config):
