@@ -306,6 +306,41 @@ def _enter_session_domain() -> "Optional[str]":
     return None
 
 
+def _use_scratch() -> "Optional[str]":
+    """Before preloading: the scratch directory wfjail made for this zygote (the only place it
+    may write, until READY) becomes ``TMPDIR``, unless the policy sets one, so that code which
+    probes a temporary directory at import (``tempfile.gettempdir()``) finds one, as it did in
+    the worker. Returns the directory to drop before READY."""
+    scratch = os.environ.pop("WFJAIL_ZYGOTE_SCRATCH", None)
+    if scratch and "TMPDIR" not in os.environ:
+        os.environ["TMPDIR"] = scratch
+    return scratch
+
+
+def _drop_scratch(scratch: str) -> "Optional[str]":
+    """After preloading, before READY: empty the scratch directory (wfjail removes it once
+    READY arrives, before any session: a session child may not write, there or anywhere the
+    policy does not grant), and give the children the ``TMPDIR`` they had without it. None,
+    or why it could not."""
+    import shutil
+    import tempfile
+
+    if os.environ.get("TMPDIR") == scratch:
+        del os.environ["TMPDIR"]
+    # A later gettempdir() looks again (and, in a session, is judged like any write).
+    if tempfile.tempdir is not None and os.path.abspath(tempfile.tempdir) == scratch:
+        tempfile.tempdir = None
+    try:
+        for entry in os.scandir(scratch):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+    except OSError as exc:
+        return "emptying the zygote's scratch directory %s: %s" % (scratch, exc)
+    return None
+
+
 def _fork() -> int:
     """os.fork(), retried: the fork waits for the supervisor (seccomp user notification),
     and a SIGCHLD arriving meanwhile interrupts it with EINTR."""
@@ -334,6 +369,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     # Before preloading (its opens may be watched after it): the sessions' Landlock domain.
     session_domain = _prepare_session_domain()
 
+    scratch = _use_scratch()
     preloaded, error = [], None
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
@@ -347,8 +383,15 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             break
     from . import guest, protocol  # noqa: F401  (the children need them; load them now)
     import traceback  # noqa: F401  (guest.error_payload imports it when a handler fails)
+    if scratch and not error:
+        error = _drop_scratch(scratch)
 
     protocol.frame_cap()  # read once here, for every child
+
+    # Threads a preloaded module started stay in the zygote (a child has only the thread that
+    # forked it): Python 3.12+ warns at every fork of a multi-threaded process.
+    import warnings
+    warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
 
     gc.collect()
     gc.freeze()

@@ -15,6 +15,8 @@ pub struct Call {
     pub check: Option<Check>,
     /// `fork`, `vfork`, or `clone` without `CLONE_THREAD`.
     pub forks: bool,
+    /// `clone` with `CLONE_THREAD`: a new thread of the caller's process.
+    pub spawns_thread: bool,
     /// A signal (`kill`, `tkill`, `tgkill`) to the caller's own pid or thread group in the
     /// namespace.
     pub signals_itself: bool,
@@ -26,8 +28,11 @@ pub struct Call {
 /// Who asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asker {
-    /// The zygote itself (preloading, forking, waiting between sessions).
+    /// The zygote itself (preloading, forking, waiting between sessions): its main thread.
     Zygote,
+    /// Another thread of the zygote's process: one a preloaded module started at import (grpc
+    /// does). It is the zygote's code, but never forks sessions.
+    ZygoteThread,
     /// A session's guest (its budget is charged before [`route_session`]).
     Session,
     /// A spare before it has a session, or a pid the router does not know.
@@ -75,9 +80,14 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
     }
     match asker() {
         Asker::Zygote if call.native && call.forks => Routed::Continue,
+        // The worker imported its modules unconfined, threads and all: the zygote may too.
+        // Only the forking thread exists in a child, whose own threads stay the policy's.
+        Asker::Zygote | Asker::ZygoteThread if call.native && call.spawns_thread => {
+            Routed::Continue
+        }
         // While preloading it reads real entropy (the SDK needs randomness at import), and it
         // waits with a timeout between sessions; sessions get theirs after the fork.
-        Asker::Zygote
+        Asker::Zygote | Asker::ZygoteThread
             if call.native
                 && matches!(
                     call.check,
@@ -86,7 +96,8 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
         {
             Routed::Continue
         }
-        Asker::Zygote => Routed::ZygoteHandles,
+        // A fork of another thread is judged (and denied, never killed), like any of its calls.
+        Asker::Zygote | Asker::ZygoteThread => Routed::ZygoteHandles,
         Asker::Unknown if call.native => match call.check {
             // Python reseeds `random` in every forked child; a failing getrandom would make
             // CPython give up on it for the life of the process.
@@ -121,6 +132,7 @@ mod tests {
             native: true,
             check,
             forks: false,
+            spawns_thread: false,
             signals_itself: false,
             signals_session_pid: false,
         }
@@ -161,21 +173,56 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_of_the_zygote_does_not_fork() {
+        let fork = Call {
+            forks: true,
+            ..call(Some(Check::Violation))
+        };
+        assert_eq!(route(fork, || Asker::ZygoteThread), Routed::ZygoteHandles);
+    }
+
+    #[test]
+    fn the_zygote_and_its_threads_start_threads_and_no_one_else_does() {
+        let thread = Call {
+            spawns_thread: true,
+            ..call(Some(Check::Violation))
+        };
+        for asker in [Asker::Zygote, Asker::ZygoteThread] {
+            assert_eq!(route(thread, || asker), Routed::Continue);
+        }
+        // A session's thread is judged under the full policy (threads = "deny": a violation).
+        assert_eq!(route(thread, || Asker::Session), Routed::Session);
+        assert_eq!(route(thread, || Asker::Unknown), Routed::RefuseUnknown);
+        let foreign = Call {
+            native: false,
+            ..thread
+        };
+        assert_eq!(route(foreign, || Asker::Zygote), Routed::ZygoteHandles);
+    }
+
+    #[test]
     fn the_zygote_reads_real_entropy_usage_and_pid_and_waits() {
         for check in [Check::Seeded, Check::Usage, Check::Pid, Check::TimedWait] {
-            assert_eq!(route(call(Some(check)), || Asker::Zygote), Routed::Continue);
+            for asker in [Asker::Zygote, Asker::ZygoteThread] {
+                assert_eq!(route(call(Some(check)), || asker), Routed::Continue);
+            }
         }
     }
 
     #[test]
-    fn the_zygotes_clock_reads_and_violations_go_to_the_handler() {
+    fn the_zygotes_clock_reads_writes_and_violations_go_to_the_handler() {
+        // Its writes are judged against its own grants: the policy's and its scratch
+        // directory (`zygote/start.rs`), which no session has.
         for check in [
             Some(Check::Clock),
             Some(Check::Stat),
+            Some(Check::Writes),
             Some(Check::Violation),
             None,
         ] {
-            assert_eq!(route(call(check), || Asker::Zygote), Routed::ZygoteHandles);
+            for asker in [Asker::Zygote, Asker::ZygoteThread] {
+                assert_eq!(route(call(check), || asker), Routed::ZygoteHandles);
+            }
         }
     }
 

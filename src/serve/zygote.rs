@@ -249,7 +249,21 @@ impl Zygote {
         None
     }
 
-    fn route_notifications(self: Arc<Self>, listener: OwnedFd, rules: notify::Rules<'_>) {
+    /// Whether global task `tid` is a thread of the zygote's process other than its main one
+    /// (the caller waits on its notification: its id cannot have been reused).
+    fn is_zygote_thread(&self, tid: u32) -> bool {
+        crate::procfs::Status::of(tid).and_then(|s| s.number("Tgid")) == Some(self.pid as u64)
+    }
+
+    /// Answers every notification of the zygote's filter. `rules` are the sessions'; the
+    /// zygote's own calls are judged with `own_grants` as their write grants (the sessions'
+    /// and the zygote's scratch directory).
+    fn route_notifications(
+        self: Arc<Self>,
+        listener: OwnedFd,
+        rules: notify::Rules<'_>,
+        own_grants: &Grants,
+    ) {
         // The zygote's own virtual monotonic clock (`clock = "virtual"`).
         let mut own_clock = crate::answers::monotonic::Monotonic::default();
         // Whether the policy pins a session's pid (`getpid` then reaches the router).
@@ -280,6 +294,7 @@ impl Zygote {
                 check: rules.decisions.get(n.nr as u32).map(|d| d.check),
                 forks: matches!(name, "fork" | "vfork")
                     || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0),
+                spawns_thread: name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 != 0,
                 signals_itself: signal
                     && native
                     && (crate::procfs::ns_pid(n.pid) == Some(n.args[0] as i32)
@@ -297,6 +312,9 @@ impl Zygote {
             let asker = || {
                 if n.pid == self.pid as u32 {
                     return route::Asker::Zygote;
+                }
+                if self.is_zygote_thread(n.pid) {
+                    return route::Asker::ZygoteThread;
                 }
                 found = self
                     .session_for(n.pid)
@@ -331,6 +349,7 @@ impl Zygote {
                     let rules = notify::Rules {
                         on_violation: crate::policy::OnViolation::Deny,
                         late_reads: false,
+                        grants: own_grants,
                         ..rules
                     };
                     let state = notify::State {

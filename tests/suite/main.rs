@@ -62,5 +62,6 @@ mod run {
 mod serve {
     mod hostile;
     mod limits;
+    mod preload;
     mod sessions;
 }

@@ -22,13 +22,24 @@ impl Zygote {
             argv.push("--preload".into());
             argv.push(cfg.preload.join(","));
         }
+        // Removed once READY has come (`ScratchDir`), and whatever the start's end.
+        let scratch = ScratchDir::create(index).map_err(ZygoteError::Scratch)?;
+        let mut grants = cfg.grants.clone();
+        grants.push(ExtraGrant {
+            path: scratch.0.clone(),
+            write: true,
+        });
         let req = PlanRequest {
             session: false,
             argv,
-            grants: cfg.grants.clone(),
+            grants,
             extra_env: {
                 let mut env = vec![
                     ("WFJAIL_ZYGOTE_FD".into(), "3".into()),
+                    (
+                        "WFJAIL_ZYGOTE_SCRATCH".into(),
+                        scratch.0.display().to_string(),
+                    ),
                     (
                         "WFJAIL_GETRANDOM".into(),
                         policy.random.getrandom.as_str().into(),
@@ -89,7 +100,11 @@ impl Zygote {
             pidfd,
             ctl: Mutex::new(ours),
             layers,
-            applied: crate::supervise::assemble::Applied::of(&plan),
+            applied: {
+                let mut applied = crate::supervise::assemble::Applied::of(&plan);
+                applied.write.retain(|p| p != &scratch.0);
+                applied
+            },
             pending: Mutex::new(HashMap::new()),
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),
@@ -106,7 +121,16 @@ impl Zygote {
         }
         if let Some(listener) = listener {
             let z = zygote.clone();
-            let grants = Grants::new(&plan.write);
+            // The scratch directory is the zygote's alone: a session's writes are judged
+            // without it (and by READY it is gone, its Landlock rule on a dead inode).
+            let own_grants = Grants::new(&plan.write);
+            let session_writes: Vec<PathBuf> = plan
+                .write
+                .iter()
+                .filter(|p| **p != scratch.0)
+                .cloned()
+                .collect();
+            let grants = Grants::new(&session_writes);
             let late = policy.zygote.reads_after_preload == Toggle::Deny;
             let decisions = plan.rules.decisions.clone();
             let on_violation = policy.on_violation;
@@ -120,11 +144,16 @@ impl Zygote {
                         on_violation,
                         reads: None,
                     };
-                    z.route_notifications(listener, rules)
+                    z.route_notifications(listener, rules, &own_grants)
                 })
                 .map_err(ZygoteError::Thread)?;
         }
-        if let Err(e) = zygote.check_ready(ready_rx.recv_timeout(READY_TIMEOUT), cfg) {
+        // No session before the scratch directory is gone (a spare forked meanwhile is no
+        // session's: the router refuses its writes).
+        let ready = zygote
+            .check_ready(ready_rx.recv_timeout(READY_TIMEOUT), cfg)
+            .and_then(|()| scratch.remove().map_err(ZygoteError::Scratch));
+        if let Err(e) = ready {
             zygote.kill();
             return Err(e);
         }
@@ -171,6 +200,43 @@ impl Zygote {
     }
 }
 
+/// A zygote's scratch directory: where what it preloads may write until READY (its
+/// `TMPDIR`, unless the policy sets one: `tempfile.gettempdir()` at import then finds a
+/// directory it can write, as it did in the worker). The zygote empties it before
+/// READY and wfjail removes it once READY has come, before any session: no session child
+/// ever writes there (its Landlock rule is left on a dead inode).
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn create(index: usize) -> std::io::Result<ScratchDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // Resolved, as the plan records its grants.
+        let path = std::fs::canonicalize(std::env::temp_dir())?.join(format!(
+            "wfjail-zygote{index}-{}-{nanos:09}",
+            std::process::id()
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(ScratchDir(path))
+    }
+}
+
+impl ScratchDir {
+    /// Removes it: what the zygote left there, and the directory (which it cannot remove:
+    /// that is a write to its parent).
+    fn remove(&self) -> std::io::Result<()> {
+        std::fs::remove_dir_all(&self.0)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// How long a zygote may take to preload.
 pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -185,6 +251,8 @@ pub enum ZygoteError {
     DevNull(#[source] std::io::Error),
     #[error("log pipe: {0}")]
     LogPipe(#[source] std::io::Error),
+    #[error("the zygote's scratch directory: {0}")]
+    Scratch(#[source] std::io::Error),
     #[error(transparent)]
     Spawn(#[from] SpawnError),
     /// Its set-up failed before or at its exec.
