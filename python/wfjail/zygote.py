@@ -380,6 +380,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             preloaded.append(name)
         except BaseException as exc:
             error = "preloading %s: %s: %s" % (name, type(exc).__name__, exc)
+            import traceback
+            traceback.print_exc()  # where it raised: on wfjail's stderr as [zygote i] lines
             break
     from . import guest, protocol  # noqa: F401  (the children need them; load them now)
     import traceback  # noqa: F401  (guest.error_payload imports it when a handler fails)

@@ -3,21 +3,85 @@ policy file that lets the zygote import what the worker imports, its start and i
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Sequence
+from typing import IO, Sequence
 
 from ..client import Client
 from ..errors import ProtocolError
 from .child import WARM_ENV, WARM_UP
+from .stack import escape
 
 # How long a server may take to say it is ready (its zygotes preloaded and warmed up).
 READY_WITHIN = 120
+# What a failed start's error keeps of the server's stderr (its own error, its zygotes'
+# ``[zygote i]`` lines): the last lines, each cut, all escaped.
+STDERR_TAIL_LINES = 40
+STDERR_LINE_CHARS = 1024
+# After a failed start, the same server is not started again for this long (doubling with
+# each failure in a row, up to RETRY_AFTER_MAX): every retried workflow task fails at once
+# with the remembered error instead of starting (and failing) a new server.
+RETRY_AFTER = 5.0
+RETRY_AFTER_MAX = 300.0
+
+_log = logging.getLogger("wfjail.temporal")
+
+
+class _StderrTail:
+    """Copies a server's stderr to the worker's as it comes (its messages read as they did
+    when it inherited the worker's stderr) and keeps its last lines for a failed start."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._lines: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True,
+                                        name="wfjail-serve-stderr")
+        self._thread.start()
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        with stream:
+            # Lines read up to a bound: a longer one comes in pieces.
+            for line in iter(lambda: stream.readline(STDERR_LINE_CHARS * 4), b""):
+                with self._lock:
+                    self._lines.append(line)
+                try:
+                    os.write(2, line)
+                except OSError:
+                    pass
+
+    def text(self, wait: float = 1.0) -> str:
+        """The last lines, escaped (one line each, cut to STDERR_LINE_CHARS), after waiting
+        up to ``wait`` s for the server's stderr to end (it has exited)."""
+        self._thread.join(wait)
+        with self._lock:
+            lines = list(self._lines)
+        return "\n".join(escape(line.decode("utf-8", "replace").rstrip("\n"),
+                                 STDERR_LINE_CHARS) for line in lines)
+
+
+class _Failed:
+    """A start that failed: its error, when, and how many failed in a row."""
+
+    def __init__(self, message: str, at: float, in_a_row: int) -> None:
+        self.message, self.at, self.in_a_row = message, at, int(in_a_row)
+
+    @property
+    def retry_after(self) -> float:
+        return min(RETRY_AFTER * 2.0 ** (self.in_a_row - 1), RETRY_AFTER_MAX)
+
+
+# The last failed start of each server configuration (wfjail, argv but its socket and
+# temporary directory): not started again within its retry_after.
+_failed: dict[tuple[str, ...], _Failed] = {}
+_failed_lock = threading.Lock()
 
 
 class Server:
@@ -29,19 +93,34 @@ class Server:
         if not wfjail:
             raise RuntimeError("wfjail: the `wfjail` binary is not on PATH; pass "
                                "JailedWorkflowRunner(wfjail=...)")
-        self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
-        sock = socket or os.path.join(self.tmp, "serve.sock")
         # The warm-up (WARM_UP) where the import of this package warmed up before: right
         # after temporalio.worker, before the workflows' modules (it imports them).
         preload = ["temporalio.worker", WARM_UP] + list(preload)
+        key = (wfjail, policy, ",".join(classes), ",".join(preload), str(max_sessions),
+               str(zygotes), socket or "")
+        _raise_if_failed_recently(key)
+        self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
+        sock = socket or os.path.join(self.tmp, "serve.sock")
         argv = [wfjail, "serve", "-q", "-p", policy_file(self.tmp, policy, classes),
                 "--socket", sock, "--max-executions", str(max_sessions), "--zygote",
                 "--python", sys.executable, "--preload", ",".join(preload),
                 "--exit-with-parent"]
         if zygotes:
             argv += ["--zygotes", str(zygotes)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.proc.stderr is not None
+        self._stderr = _StderrTail(self.proc.stderr)
         self.client = Client(sock)
+        try:
+            self._await_ready()
+        except RuntimeError as e:
+            stop(self.proc, self.tmp)
+            _remember_failure(key, str(e))
+            raise
+        with _failed_lock:
+            _failed.pop(key, None)
+
+    def _await_ready(self) -> None:
         deadline = time.monotonic() + READY_WITHIN
         while True:
             try:
@@ -49,16 +128,40 @@ class Server:
                 return
             except (OSError, ProtocolError):
                 if self.proc.poll() is not None:
-                    raise RuntimeError("wfjail serve exited with status %s before it was "
-                                       "ready (its messages are above)"
-                                       % self.proc.returncode) from None
+                    raise RuntimeError(
+                        "wfjail serve exited with status %s before it was ready; its last "
+                        "messages:\n%s" % (self.proc.returncode, self._stderr.text())) from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError("wfjail serve was not ready within %d s"
-                                       % READY_WITHIN) from None
+                    raise RuntimeError("wfjail serve was not ready within %d s; its last "
+                                       "messages:\n%s" % (READY_WITHIN, self._stderr.text(0)),
+                                       ) from None
                 time.sleep(0.02)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def _raise_if_failed_recently(key: tuple[str, ...]) -> None:
+    """Raises the remembered error of the last start of ``key`` if it failed less than its
+    retry_after ago, saying when the next start is."""
+    with _failed_lock:
+        failed = _failed.get(key)
+    if failed is None:
+        return
+    ago = time.monotonic() - failed.at
+    if ago < failed.retry_after:
+        raise RuntimeError("%s\n(wfjail did not start the server again: it failed %.0f s ago, "
+                           "%d time(s) in a row; the next start is tried after %.0f s)" % (
+                               failed.message, ago, failed.in_a_row,
+                               failed.retry_after - ago))
+
+
+def _remember_failure(key: tuple[str, ...], message: str) -> None:
+    """Notes a failed start of ``key`` (and logs it, once per start)."""
+    _log.error("%s", message)
+    with _failed_lock:
+        last = _failed.get(key)
+        _failed[key] = _Failed(message, time.monotonic(), last.in_a_row + 1 if last else 1)
 
 
 def absolute_policy(policy: str) -> str:
