@@ -1,15 +1,22 @@
 """What the runner's zygote preloads, against a real dev server: a workflow module that starts
 a thread and probes a temporary directory at import; a module that cannot be preloaded (its
-error in the task failure and the worker's log, and no new server per retried task).
+error in the task failure and the worker's log, and no new server per retried task); a
+workflow class defined in the script the worker runs.
 
     WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Preload
 """
 
 import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
 import uuid
 
 from temporalio.worker import Worker
+from wfjail.temporal import main_script
 
 from test_jailed_runner import DevServerTestCase, _Capture
 from starter import task_failure
@@ -17,6 +24,8 @@ from wfjail.temporal import JailedWorkflowRunner
 
 import preload_broken_workflows as broken
 import preload_thread_workflows as threaded
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class PreloadTests(DevServerTestCase):
@@ -69,3 +78,50 @@ class PreloadTests(DevServerTestCase):
         # Each start that failed was logged once on wfjail.temporal; a remembered one not.
         starts = [r.getMessage() for r in logged if "preload-broken" in r.getMessage()]
         self.assertEqual(len(starts), len(failures) - len(remembered), (starts, failures))
+
+
+class MainScriptTests(DevServerTestCase):
+    def run_script(self, name):
+        async def up():
+            await self.server.client()
+
+        asyncio.run(up())
+        return subprocess.run(
+            [sys.executable, os.path.join(HERE, name), self.server.target,
+             "main-" + uuid.uuid4().hex], capture_output=True, text=True, timeout=180)
+
+    def test_a_workflow_in_the_script_the_worker_runs_completes_jailed(self):
+        done = self.run_script("main_script_worker.py")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        # Rebuilt in the child from the script imported under another name: its start, under
+        # the guard, did not run there.
+        self.assertEqual(done.stdout.strip(), "hello script from %s" % main_script.MAIN_ALIAS)
+
+    def test_a_script_without_a_main_guard_is_refused_with_the_fix(self):
+        done = self.run_script("main_script_unguarded_worker.py")
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("defined in the script run as __main__", done.stderr)
+        self.assertIn('has no `if __name__ == "__main__":` guard', done.stderr)
+        self.assertIn("Put the start under that guard", done.stderr)
+
+
+class MainGuardTests(unittest.TestCase):
+    """How the runner tells whether a script guards its start (no server needed)."""
+
+    def guarded(self, text):
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write(text)
+        try:
+            return main_script.has_main_guard(f.name)
+        finally:
+            os.unlink(f.name)
+
+    def test_a_top_level_guard_either_way_round(self):
+        self.assertTrue(self.guarded('if __name__ == "__main__":\n    main()\n'))
+        self.assertTrue(self.guarded("if '__main__' == __name__:\n    main()\n"))
+
+    def test_no_guard_a_nested_one_or_another_comparison(self):
+        self.assertFalse(self.guarded("main()\n"))
+        self.assertFalse(self.guarded('def f():\n    if __name__ == "__main__":\n        main()\n'))
+        self.assertFalse(self.guarded('if __name__ != "__main__":\n    main()\n'))
+        self.assertFalse(self.guarded("this is not python"))

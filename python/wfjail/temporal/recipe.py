@@ -16,7 +16,7 @@ import temporalio.worker
 from temporalio.api.common.v1 import Payloads
 from temporalio.api.failure.v1 import Failure
 
-from . import sdk
+from . import main_script, sdk
 from .relays import LOCAL_EXTERN
 
 # A recipe: a JSON object (the session's init).
@@ -26,6 +26,8 @@ Recipe = dict[str, Any]
 def class_path(cls: Any, what: str) -> str:
     """``module:qualname`` of ``cls``, which a fresh interpreter must be able to import."""
     module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
+    if module == "__main__" and "<locals>" not in qualname:
+        return main_script.class_path(cls, what)
     if not module or module == "__main__" or "<locals>" in qualname:
         raise ValueError(
             "%s %r cannot run in a confined process: it is defined in %s; move it to a "
@@ -38,6 +40,8 @@ def class_path(cls: Any, what: str) -> str:
 def load(path: str) -> Any:
     """The object at ``module:qualname`` (``class_path``), imported."""
     module, _, qualname = path.partition(":")
+    if module == main_script.MAIN_ALIAS:
+        main_script.import_main()
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)

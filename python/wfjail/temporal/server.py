@@ -17,6 +17,7 @@ from typing import IO, Sequence
 
 from ..client import Client
 from ..errors import ProtocolError
+from . import main_script
 from .child import WARM_ENV, WARM_UP
 from .stack import escape
 
@@ -95,7 +96,9 @@ class Server:
                                "JailedWorkflowRunner(wfjail=...)")
         # The warm-up (WARM_UP) where the import of this package warmed up before: right
         # after temporalio.worker, before the workflows' modules (it imports them).
-        preload = ["temporalio.worker", WARM_UP] + list(preload)
+        # The worker's script first when a workflow class is defined there (main_script).
+        preload = (["temporalio.worker"] + main_script.preload(list(classes)) + [WARM_UP]
+                   + list(preload))
         key = (wfjail, policy, ",".join(classes), ",".join(preload), str(max_sessions),
                str(zygotes), socket or "")
         _raise_if_failed_recently(key)
@@ -183,10 +186,15 @@ def policy_file(tmp: str, policy: str, classes: Sequence[str]) -> str:
                 os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
     reads = path + [p for i, p in enumerate(prefixes)
                     if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
-    text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\n"
-            "set = { PYTHONPATH = %s, %s = %s }\n") % (
+    env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes)}
+    script = main_script.main_file()
+    if script:  # classes defined in the worker's script are imported from it
+        env[main_script.MAIN_ENV] = script
+        if os.path.dirname(script) not in reads:
+            reads.append(os.path.dirname(script))
+    text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\nset = { %s }\n") % (
         json.dumps(absolute_policy(policy)), ", ".join(json.dumps(p) for p in reads),
-        json.dumps(os.pathsep.join(path)), WARM_ENV, json.dumps(",".join(classes)))
+        ", ".join("%s = %s" % (k, json.dumps(v)) for k, v in env.items()))
     out = os.path.join(tmp, "policy.toml")
     with open(out, "w") as f:
         f.write(text)
