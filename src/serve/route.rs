@@ -17,6 +17,8 @@ pub struct Call {
     pub forks: bool,
     /// `clone` with `CLONE_THREAD`: a new thread of the caller's process.
     pub spawns_thread: bool,
+    /// `nanosleep` or `clock_nanosleep`: a sleep.
+    pub sleeps: bool,
     /// A signal (`kill`, `tkill`, `tgkill`) to the caller's own pid or thread group in the
     /// namespace.
     pub signals_itself: bool,
@@ -96,6 +98,15 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
         {
             Routed::Continue
         }
+        // Its other threads are the libraries' (a client's background loop), never the
+        // workflows': they sleep and read the real clock, as a spare does, whatever the
+        // policy says of workflow code (`sleep = "deny"`, `clock = "virtual"`), which would
+        // make their waits spin. What they compute is no module's import.
+        Asker::ZygoteThread
+            if call.native && (call.sleeps || matches!(call.check, Some(Check::Clock))) =>
+        {
+            Routed::Continue
+        }
         // A fork of another thread is judged (and denied, never killed), like any of its calls.
         Asker::Zygote | Asker::ZygoteThread => Routed::ZygoteHandles,
         Asker::Unknown if call.native => match call.check {
@@ -133,6 +144,7 @@ mod tests {
             check,
             forks: false,
             spawns_thread: false,
+            sleeps: false,
             signals_itself: false,
             signals_session_pid: false,
         }
@@ -201,6 +213,22 @@ mod tests {
     }
 
     #[test]
+    fn the_zygotes_other_threads_sleep_and_read_the_real_clock_and_its_main_thread_does_not() {
+        let sleep = Call {
+            sleeps: true,
+            ..call(Some(Check::Violation))
+        };
+        let clock = call(Some(Check::Clock));
+        for c in [sleep, clock] {
+            assert_eq!(route(c, || Asker::ZygoteThread), Routed::Continue);
+            // The main thread's clock is the preload instant; it does not sleep.
+            assert_eq!(route(c, || Asker::Zygote), Routed::ZygoteHandles);
+            assert_eq!(route(c, || Asker::Session), Routed::Session);
+        }
+        assert_eq!(route(sleep, || Asker::Unknown), Routed::RefuseUnknown);
+    }
+
+    #[test]
     fn the_zygote_reads_real_entropy_usage_and_pid_and_waits() {
         for check in [Check::Seeded, Check::Usage, Check::Pid, Check::TimedWait] {
             for asker in [Asker::Zygote, Asker::ZygoteThread] {
@@ -214,7 +242,6 @@ mod tests {
         // Its writes are judged against its own grants: the policy's and its scratch
         // directory (`zygote/start.rs`), which no session has.
         for check in [
-            Some(Check::Clock),
             Some(Check::Stat),
             Some(Check::Writes),
             Some(Check::Violation),
@@ -224,6 +251,10 @@ mod tests {
                 assert_eq!(route(call(check), || asker), Routed::ZygoteHandles);
             }
         }
+        assert_eq!(
+            route(call(Some(Check::Clock)), || Asker::Zygote),
+            Routed::ZygoteHandles
+        );
     }
 
     #[test]

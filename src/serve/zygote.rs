@@ -295,6 +295,7 @@ impl Zygote {
                 forks: matches!(name, "fork" | "vfork")
                     || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0),
                 spawns_thread: name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 != 0,
+                sleeps: matches!(name, "nanosleep" | "clock_nanosleep"),
                 signals_itself: signal
                     && native
                     && (crate::procfs::ns_pid(n.pid) == Some(n.args[0] as i32)

@@ -8,24 +8,48 @@ use crate::common::{PY, serve_scratch, wfjail_with};
 /// `tempfile` for a directory it can write (gettempdir() creates and removes a file there),
 /// then writes a file of its own there; and a session's handlers.
 const STARTS_A_THREAD_AND_PROBES_TEMP: &str = r#"
-import os, tempfile, threading
-_event = threading.Event()
-threading.Thread(target=_event.wait, name="preloaded-bg", daemon=True).start()
+import os, tempfile, threading, time
+_idle, _ticked, _outcome = threading.Event(), threading.Event(), []
+def _background():
+    # A client library's loop: it sleeps and reads the clock, then waits.
+    try:
+        start = time.monotonic()
+        for _ in range(3):
+            time.sleep(0.01)
+        _outcome.append("slept %s" % (time.monotonic() - start >= 0.03))
+    except BaseException as e:
+        _outcome.append(repr(e))
+    finally:
+        _ticked.set()
+    _idle.wait()
+threading.Thread(target=_background, name="preloaded-bg", daemon=True).start()
+_ticked.wait()
+BACKGROUND = _outcome[0]
 TMP = tempfile.gettempdir()
 with open(os.path.join(TMP, "cache"), "w") as f:
     f.write("written at import")
 def hello(req):
-    return ("%s|%d" % (TMP, threading.active_count())).encode()
+    return ("%s|%d|%s" % (TMP, threading.active_count(), BACKGROUND)).encode()
 def thread(req):
-    threading.Thread(target=print).start()
-    return b"started"
+    try:
+        threading.Thread(target=print).start()
+        return b"started"
+    except RuntimeError as e:
+        return str(e).encode()
 def write_tmp(req):
-    with open(os.path.join(TMP, "from-session"), "w") as f:
-        f.write("x")
-    return b"written"
+    import errno
+    try:
+        with open(os.path.join(TMP, "from-session"), "w") as f:
+            f.write("x")
+        return b"written"
+    except OSError as e:
+        return errno.errorcode[e.errno].encode()
 def gettempdir(req):
     tempfile.tempdir = None
-    return tempfile.gettempdir().encode()
+    try:
+        return tempfile.gettempdir().encode()
+    except OSError as e:
+        return type(e).__name__.encode()
 "#;
 
 #[test]
@@ -35,17 +59,15 @@ import os
 c = Client()
 out = {}
 with c.session(handler=MOD + ":hello") as s:
-    tmp, threads = s.call(b"").decode().split("|")
+    tmp, threads, out["background"] = s.call(b"").decode().split("|")
 out["threads_in_session"] = int(threads)
 out["scratch_is_gone"] = not os.path.lexists(tmp)
 out["scratch_was_private"] = os.path.basename(tmp).startswith("wfjail-zygote")
 for name in ["thread", "write_tmp", "gettempdir"]:
-    try:
-        with c.session(handler=MOD + ":" + name) as s:
-            out[name] = s.call(b"").decode()
-    except (Violation, GuestError):  # the call's denial, or what the code raised after it
-        v = s.report["violations"][0]
-        out[name] = [v["category"], v["syscall"], s.report["status"]]
+    with c.session(handler=MOD + ":" + name) as s:
+        out[name] = s.call(b"").decode()
+        v = s.violations[0]
+        out[name] = [out[name], v["category"], v["syscall"], v["action"], v["rule"]]
 print(json.dumps(out))
 "#;
     let (s, module) = serve_scratch(
@@ -80,20 +102,41 @@ print(json.dumps(out))
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     // The zygote's thread is not in its children: only the thread that forked is.
     assert_eq!(r["threads_in_session"], 1, "{r}");
+    // The zygote's own thread slept and read the real clock while the zygote preloaded.
+    assert_eq!(r["background"], "slept True", "{r}");
     assert_eq!(r["scratch_is_gone"], true, "{r}");
     assert_eq!(r["scratch_was_private"], true, "{r}");
-    // A session child starts no thread and writes nowhere, the zygote's scratch included.
+    // A session child starts no thread and writes nowhere, the zygote's scratch included:
+    // each call fails as it would in any session, and its violation reaches the worker.
     assert_eq!(
         r["thread"],
-        serde_json::json!(["thread", "clone", "violation"])
+        serde_json::json!([
+            "can't start new thread",
+            "thread",
+            "clone",
+            "denied",
+            "process.threads = \"deny\""
+        ])
     );
+    let write_denied = |answer: &str, rule: &str| {
+        serde_json::json!([answer, "filesystem", "openat", "denied", rule])
+    };
+    // The scratch directory is gone: no grant can be shown for a path in it.
     assert_eq!(
         r["write_tmp"],
-        serde_json::json!(["filesystem", "openat", "violation"])
+        write_denied(
+            "EACCES",
+            "a write the supervisor cannot judge is refused (filesystem.write must be shown \
+             to grant it)"
+        )
     );
+    // Without the zygote's TMPDIR a session probes /tmp first, as it did before.
     assert_eq!(
         r["gettempdir"],
-        serde_json::json!(["filesystem", "openat", "violation"])
+        write_denied(
+            "FileNotFoundError",
+            "filesystem.write does not grant this path"
+        )
     );
     assert!(
         !out.stderr.contains("zygote 0: violation"),
