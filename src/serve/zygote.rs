@@ -314,11 +314,13 @@ impl Zygote {
                 if n.pid == self.pid as u32 {
                     return route::Asker::Zygote;
                 }
-                if self.is_zygote_thread(n.pid) {
+                // A known session's task first (the common case: no /proc read).
+                let known = self.by_pid.lock().unwrap().get(&n.pid).cloned();
+                if known.is_none() && self.is_zygote_thread(n.pid) {
                     return route::Asker::ZygoteThread;
                 }
-                found = self
-                    .session_for(n.pid)
+                found = known
+                    .or_else(|| self.session_for(n.pid))
                     .or_else(|| self.await_session(n.pid));
                 match found {
                     Some(_) => route::Asker::Session,
