@@ -11,6 +11,12 @@ spare is forked after the answer. A child runs ``wfjail.guest.run`` with the ses
 on the session socket it was handed, and exits when the session ends. Only the zygote may
 fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
 
+What it preloads may do what it did in the worker: start threads (they stay in the zygote; a
+child has only the thread that forked it, and may start none) and write to ``TMPDIR`` (unless
+the policy sets one: a scratch directory wfjail made for this zygote, emptied here before
+READY and removed by wfjail before any session, so that ``tempfile.gettempdir()`` at import
+finds a directory, as it did in the worker).
+
 Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per packet):
 
     supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds

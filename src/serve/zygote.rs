@@ -5,8 +5,9 @@
 //! `zygote/reader.rs`) and a notification router. Its start (spawn, exec, READY checked) is
 //! `zygote/start.rs`. Every task under the zygote's filter notifies the same listener, so
 //! the router decides by pid: the zygote's own `clone` (fork) is let through — only the zygote
-//! may fork — and a child's notification is judged under the full policy and recorded in its
-//! session.
+//! may fork — and so are the threads it and its threads start (a preloaded module's, by
+//! `Tgid`), while a child's notification is judged under the full policy and recorded in its
+//! session (`route.rs` has the rules).
 //!
 //! Sessions share the zygote's uid, PID namespace and `/proc` (the host's, or the zygote's
 //! private one, where siblings are still listed), so each session

@@ -2,7 +2,7 @@
 //! unconfined (start a thread, as grpc does; probe a temporary directory, as litellm does),
 //! while every session child forked from it stays under the whole policy.
 
-use crate::common::{PY, serve_scratch, wfjail_with};
+use crate::common::serve_scratch;
 
 /// A module whose import starts a thread that lives on (it waits on an event) and asks
 /// `tempfile` for a directory it can write (gettempdir() creates and removes a file there),
@@ -78,26 +78,7 @@ print(json.dumps(out))
         &[],
         worker,
     );
-    let args = [
-        "serve",
-        "-p",
-        &s.path("policy.toml").display().to_string(),
-        "--zygote",
-        "--zygotes",
-        "1",
-        "--python",
-        PY,
-        "--preload",
-        &module,
-        "--",
-        PY,
-        &s.path("worker.py").display().to_string(),
-    ]
-    .map(String::from);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = super::sessions::serve(&s, &module, true, &["--zygotes", "1"]);
     out.check(out.code == 0, "wfjail serve exits 0 (the zygote got ready)");
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     // The zygote's thread is not in its children: only the thread that forked is.

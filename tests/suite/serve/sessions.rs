@@ -108,7 +108,7 @@ fn serve_args(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Vec<Str
 }
 
 /// Runs `wfjail serve` (see [`serve_args`]) in the fixture's directory until the worker ends.
-fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Outcome {
+pub(super) fn serve(s: &Scratch, module: &str, zygote: bool, args: &[&str]) -> Outcome {
     let all = serve_args(s, module, zygote, args);
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     wfjail_with(&all, |c| {
