@@ -81,14 +81,30 @@ class PreloadTests(DevServerTestCase):
 
 
 class MainScriptTests(DevServerTestCase):
-    def run_script(self, name):
+    def run_script(self, *how):
+        """Runs ``python *how TARGET QUEUE`` in this directory (``how``: a script, ``-m`` and a
+        module, or ``-c`` and code)."""
         async def up():
             await self.server.client()
 
         asyncio.run(up())
+        if len(how) == 1:
+            how = (os.path.join(HERE, how[0]),)
         return subprocess.run(
-            [sys.executable, os.path.join(HERE, name), self.server.target,
-             "main-" + uuid.uuid4().hex], capture_output=True, text=True, timeout=180)
+            [sys.executable, *how, self.server.target, "main-" + uuid.uuid4().hex],
+            capture_output=True, text=True, timeout=180, cwd=HERE)
+
+    def test_a_worker_run_as_python_m_names_its_module(self):
+        done = self.run_script("-m", "main_script_worker")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.strip(), "hello script from main_script_worker")
+
+    def test_a_main_without_a_file_is_refused_with_the_fix(self):
+        with open(os.path.join(HERE, "main_script_worker.py")) as f:
+            done = self.run_script("-c", f.read())
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("defined in the script run as __main__, which has no file (a REPL, "
+                      "python -c)", done.stderr)
 
     def test_a_workflow_in_the_script_the_worker_runs_completes_jailed(self):
         done = self.run_script("main_script_worker.py")
