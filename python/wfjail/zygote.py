@@ -337,6 +337,7 @@ def _drop_scratch(scratch: str) -> "Optional[str]":
     if tempfile.tempdir is not None and os.path.abspath(tempfile.tempdir) == scratch:
         tempfile.tempdir = None
     try:
+        device = os.stat(scratch).st_dev
         for entry in os.scandir(scratch):
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
@@ -344,6 +345,25 @@ def _drop_scratch(scratch: str) -> "Optional[str]":
                 os.unlink(entry.path)
     except OSError as exc:
         return "emptying the zygote's scratch directory %s: %s" % (scratch, exc)
+    return _kept_open(device)
+
+
+def _kept_open(device: int) -> "Optional[str]":
+    """Why the zygote cannot serve if what it preloaded keeps a file of its scratch directory
+    open (a regular file on its device, removed): every session child would inherit that
+    descriptor, and could write where no session may."""
+    import resource
+    import stat
+
+    for fd in range(min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536)):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and st.st_dev == device:
+            return ("a preloaded module keeps a file of its temporary directory open (fd %d): "
+                    "every session would inherit it and could write there; close it at "
+                    "import, or have it opened when a workflow needs it" % fd)
     return None
 
 

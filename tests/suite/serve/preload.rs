@@ -125,3 +125,20 @@ print(json.dumps(out))
         out.stderr
     );
 }
+
+#[test]
+fn a_preloaded_module_that_keeps_a_temp_file_open_is_refused_with_the_reason() {
+    // Every session child would inherit the descriptor and could write to it.
+    let keeps_open = "import tempfile\n_cache = tempfile.TemporaryFile()\n";
+    let (s, module) = serve_scratch("preload-open", "pre", keeps_open, "", &[], "");
+    let out = super::sessions::serve(&s, &module, true, &["--zygotes", "1"]);
+    out.check(out.code == 125, "wfjail refuses to serve");
+    assert!(
+        out.stderr.contains(
+            "the zygote could not preload: a preloaded module keeps a file of its temporary \
+             directory open"
+        ),
+        "{}",
+        out.stderr
+    );
+}
