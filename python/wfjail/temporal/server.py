@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from ..client import Client
 from ..errors import ProtocolError
@@ -165,6 +165,94 @@ def _remember_failure(key: tuple[str, ...], message: str) -> None:
     with _failed_lock:
         last = _failed.get(key)
         _failed[key] = _Failed(message, time.monotonic(), last.in_a_row + 1 if last else 1)
+
+
+# A server no runner holds any more is stopped this long after its last runner let it go
+# (``release``), unless a runner of the same configuration takes it again first: a worker
+# made again in the same process (a test suite makes one per test, a worker restarted with
+# new options) reuses the running server and its warm zygotes instead of waiting seconds for
+# new ones on its first workflow task.
+LINGER = 60.0
+
+# A shared server's configuration: everything that goes into its argv and policy file but
+# the warm-up's class list (any class of the same modules runs in its zygote's children).
+ServerKey = tuple[object, ...]
+
+
+def server_key(wfjail: str | None, policy: str, *, socket: str | None, classes: Sequence[str],
+               preload: Sequence[str], max_sessions: int, zygotes: int | None) -> ServerKey:
+    """The configuration a server of these arguments would have (``Server``)."""
+    return (wfjail, absolute_policy(policy), socket or "", tuple(preload),
+            tuple(main_script.preload(list(classes))), main_script.main_file() or "",
+            tuple(sys.path), sys.executable, max_sessions, zygotes)
+
+
+class _Shared:
+    """A server of one configuration, the runners that hold it and its pending stop."""
+
+    def __init__(self) -> None:
+        self.starting = threading.Lock()  # one start at a time per configuration
+        self.server: Server | None = None
+        self.holders = 0
+        self.stop_timer: threading.Timer | None = None
+
+
+_shared: dict[ServerKey, _Shared] = {}
+_shared_lock = threading.Lock()
+
+
+def acquire(key: ServerKey, start: Callable[[], Server]) -> Server:
+    """The running server of configuration ``key``, started by ``start()`` when there is
+    none (or it died); the caller holds it until ``release``."""
+    with _shared_lock:
+        entry = _shared.setdefault(key, _Shared())
+        entry.holders += 1
+        if entry.stop_timer is not None:
+            entry.stop_timer.cancel()
+            entry.stop_timer = None
+    try:
+        with entry.starting:
+            if entry.server is None or not entry.server.alive():
+                if entry.server is not None:
+                    stop(entry.server.proc, entry.server.tmp)
+                entry.server = None
+                entry.server = start()
+            return entry.server
+    except BaseException:
+        release(key, linger=False)
+        raise
+
+
+def release(key: ServerKey, linger: bool = True) -> None:
+    """Lets go of a server ``acquire`` gave: the last holder's release stops it, after
+    LINGER seconds (``linger``) or now."""
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None or entry.holders <= 0:
+            return
+        entry.holders -= 1
+        if entry.holders:
+            return
+        if linger and entry.server is not None and entry.server.alive():
+            entry.stop_timer = threading.Timer(LINGER, _stop_unheld, (key, entry))
+            entry.stop_timer.daemon = True
+            entry.stop_timer.start()
+            return
+        del _shared[key]
+        server = entry.server
+    if server is not None:
+        stop(server.proc, server.tmp)
+
+
+def _stop_unheld(key: ServerKey, entry: _Shared) -> None:
+    """(A LINGER timer.) Stops ``entry``'s server unless a runner took it again."""
+    with _shared_lock:
+        if entry.holders or _shared.get(key) is not entry:
+            return
+        del _shared[key]
+        server = entry.server
+    if server is not None:
+        stop(server.proc, server.tmp)
 
 
 def absolute_policy(policy: str) -> str:

@@ -40,7 +40,7 @@ from .relays import (
     split_reply,
     upcalls_in_worker,
 )
-from .server import Server, stop
+from .server import Server, ServerKey, acquire, release, server_key
 from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, escape, stack_text
 
 # How long an eviction waits for a stuck activation to answer its interruption.
@@ -49,6 +49,8 @@ INTERRUPT_WAIT = 1.0
 # thread, off the worker's event loop), so that its stack reaches the deadlock failure before
 # the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
 DEADLOCK_INTERRUPT_AFTER = 1.5
+# How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
+EARLY_START_AFTER = 0.05
 
 _log = logging.getLogger("wfjail.temporal")
 
@@ -102,8 +104,16 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._modules: list[str] = []
         self._classes: list[str] = []
         self._lock = threading.Lock()
-        self._servers: dict[str, Server] = {}
+        # policy -> (the configuration, the server) this runner holds (``server.acquire``):
+        # shared with other runners of the same configuration in this process. Let go when
+        # the runner is closed or dropped (``weakref.finalize``: the finalizer holds this
+        # dict, not the runner).
+        self._held: dict[str, tuple[ServerKey, Server]] = {}
+        weakref.finalize(self, _release_all, self._held)
         self._failure_types: list[str] = []
+        # The start of the servers as soon as the worker has prepared its workflows (a timer
+        # each prepare_workflow re-arms), not on the first workflow task.
+        self._early_start: threading.Timer | None = None
 
     # -- WorkflowRunner ------------------------------------------------------------------------
 
@@ -115,6 +125,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         module = path.partition(":")[0]
         if module not in self._modules:
             self._modules.append(module)
+        self._start_soon(self._policy_of(defn))
 
     def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
                                                  ) -> None:
@@ -158,25 +169,72 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def _ensure_server(self, policy: str | None = None) -> Client:
         policy = policy or self._policy
+        socket = self._socket if policy == self._policy else None
+        key = server_key(self._wfjail, policy, socket=socket, classes=self._classes,
+                         preload=self._modules + self._preload,
+                         max_sessions=self._max_sessions, zygotes=self._zygotes)
         with self._lock:
-            server = self._servers.get(policy)
-            if server is None or not server.alive():
-                server = Server(self._wfjail, policy,
-                                socket=self._socket if policy == self._policy else None,
-                                classes=self._classes, preload=self._modules + self._preload,
-                                max_sessions=self._max_sessions, zygotes=self._zygotes)
-                self._servers[policy] = server
-                # A server ends with the worker's process; a runner dropped earlier stops it.
-                weakref.finalize(self, stop, server.proc, server.tmp)
+            held = self._held.get(policy)
+            if held is not None and held[0] == key and held[1].alive():
+                return held[1].client
+            if held is not None:  # another configuration now (more workflows), or it died
+                del self._held[policy]
+                release(held[0])
+            server = acquire(key, lambda: Server(
+                self._wfjail, policy, socket=socket, classes=self._classes,
+                preload=self._modules + self._preload, max_sessions=self._max_sessions,
+                zygotes=self._zygotes))
+            self._held[policy] = (key, server)
             return server.client
 
+    @property
+    def _servers(self) -> dict[str, Server]:
+        """policy -> the server this runner holds for it."""
+        return {policy: server for policy, (_, server) in self._held.items()}
+
+    def _start_soon(self, policy: str) -> None:
+        """Starts ``policy``'s server on a thread of its own shortly after the last of the
+        worker's ``prepare_workflow`` calls (they come one by one, in the Worker's
+        constructor), so that the first workflow task does not wait for a server and zygote
+        to start (seconds). A start that fails there is remembered (``server``) and raised by
+        the first workflow task's."""
+        policies = {policy}
+        if self._early_start is not None:
+            self._early_start.cancel()
+            policies |= getattr(self._early_start, "policies", set())
+        ref = weakref.ref(self)
+
+        def start() -> None:
+            runner = ref()
+            for p in sorted(policies):
+                if runner is None:
+                    return
+                try:
+                    runner._ensure_server(p)
+                except Exception:  # noqa: BLE001  (remembered; the first task raises it)
+                    pass
+
+        timer = threading.Timer(EARLY_START_AFTER, start)
+        timer.policies = policies  # type: ignore[attr-defined]
+        timer.daemon = True
+        self._early_start = timer
+        timer.start()
+
     def close(self) -> None:
-        """Stops the servers (they also end with the worker's process, or when the runner is
-        dropped); the next workflow run starts new ones."""
+        """Lets go of the runner's servers: each stops unless another runner of the same
+        configuration holds it (they also end with the worker's process); the next workflow
+        run starts new ones."""
+        if self._early_start is not None:
+            self._early_start.cancel()
         with self._lock:
-            for server in self._servers.values():
-                stop(server.proc, server.tmp)
-            self._servers.clear()
+            _release_all(self._held, linger=False)
+
+
+def _release_all(held: dict[str, tuple[ServerKey, Server]], linger: bool = True) -> None:
+    """Lets go of every server in ``held`` (a runner's), emptying it."""
+    while held:
+        _, (key, _server) = held.popitem()
+        release(key, linger=linger)
 
 
 def _start_ns(info: temporalio.workflow.Info) -> int | None:
