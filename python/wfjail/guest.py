@@ -89,6 +89,12 @@ def run(handler: "Handler", *, fds: "Optional[Tuple[int, int]]" = None) -> "NoRe
     os._exit(status)
 
 
+def connected() -> bool:
+    """Whether this process is in ``run`` (its handshake done): LOG and UPCALL reach the
+    supervisor."""
+    return _session is not None
+
+
 def log(text: object, level: int = 20) -> None:
     """Send a LOG frame (10 debug, 20 info, 30 warning, 40 error).
 
