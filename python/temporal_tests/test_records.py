@@ -161,6 +161,33 @@ class RecordsTests(DevServerTestCase):
         self.assertEqual((app[0].wfjail_logger, app[0].levelno), ("records.app",
                                                                  logging.WARNING))
 
+    def test_both_layers_warnings_and_records_reach_the_worker_from_the_sdks_sandbox(self):
+        async def go():
+            client = await self.server.client()
+            queue = "records-sandboxed-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=[R.Warns, R.Logs],
+                              workflow_runner=JailedWorkflowRunner(sandboxed=True)):
+                h = await client.start_workflow(R.Warns.run, id=str(uuid.uuid4()),
+                                                task_queue=queue)
+                await h.signal(R.Warns.hang)
+                g = await client.start_workflow(R.Logs.run, id=str(uuid.uuid4()),
+                                                task_queue=queue)
+                await g.execute_update(R.Logs.my_update, "two", id="update-two")
+                return await h.result(), await g.result()
+
+        with warnings.catch_warnings(record=True) as seen, \
+                _Capture("temporalio.workflow", logging.INFO) as kept:
+            warnings.simplefilter("always")
+            self.assertEqual(asyncio.run(go()), ("warned", "logged"))
+        categories = [w.category.__name__ for w in seen]
+        self.assertIn("UnfinishedSignalHandlersWarning", categories)
+        self.assertEqual(len([w for w in seen if str(w.message).startswith(
+            "records: a warning of the workflow")]), 1, categories)
+        update = [r for r in kept if r.getMessage().startswith("records: update two")]
+        self.assertEqual(len(update), 1)
+        self.assertEqual((update[0].funcName, update[0].temporal_workflow["update_id"]),
+                         ("my_update", "update-two"))
+
     def test_the_workers_logger_settings_hold_in_the_child(self):
         async def go():
             client = await self.server.client()
