@@ -99,7 +99,7 @@ class ForgedRecords:
     """Sends the worker records and warnings of its own making: a record claiming another
     run's identity and setting LogRecord attributes, with newlines and escapes in every
     text; a record that nests deep; a warning naming a module for the worker to import; and
-    a flood of warnings."""
+    floods of warnings and records."""
 
     @workflow.run
     async def run(self) -> str:
@@ -137,4 +137,6 @@ class ForgedRecords:
                 "lineno": -1, "module": "m" + FORGED}).encode())))
         for i in range(500):
             warnings.warn("records: flood %d" % i, RecordsWarning)
+        for i in range(1500):
+            workflow.logger.info("records: spam %d", i)
         return json.dumps(answers)

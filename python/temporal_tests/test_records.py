@@ -262,6 +262,10 @@ class RecordsTests(DevServerTestCase):
             self.assertEqual((w.filename, w.lineno), ("/etc/passwd" + CHILD, 0))
         flood = [w for w in seen if str(w.message).startswith("records: flood")]
         self.assertEqual(len(flood), relays.MAX_WARNINGS - 4)
+        # Its one activation relays MAX_LOG_RECORDS records (4 forged ones before the spam).
+        spam = [r for r in kept if r.getMessage().startswith("records: spam")]
+        self.assertEqual(len(spam), relays.MAX_LOG_RECORDS - 4)
+        self.assertEqual(len(kept) + len(other), relays.MAX_LOG_RECORDS)
         record = next(r for r in kept if r.getMessage().startswith("forged"))
         self.assertEqual(record.getMessage(), "forged" + _escaped(R.FORGED))
         # The run's identity is the worker's; the child's update id stays, escaped.

@@ -1,7 +1,8 @@
 """In the confined child (and the zygote it is forked from): the session handler that builds
 the run's workflow instance and answers each activation (``instance_factory``), the extern
-functions it proxies to the worker, the metric meter whose records ride on the completions,
-and the zygote's warm-up (``warm_up``), called explicitly, never on import."""
+functions it proxies to the worker, the log records and warnings it sends the worker
+(``_relay_records``), the metric meter whose records ride on the completions, and the
+zygote's warm-up (``warm_up``), called explicitly, never on import."""
 
 from __future__ import annotations
 
@@ -202,7 +203,8 @@ def _relay_records(settings: dict[str, Any] | None) -> None:
 
 
 # The warnings sent to the worker in the activation in progress (at most MAX_WARNINGS),
-# and where a warning goes outside a session (the zygote): Python's own showwarning.
+# and where a warning goes outside a call (the zygote; between calls): Python's own
+# showwarning, to this child's stderr.
 _warnings_sent = 0
 _show_here: Callable[..., None] = warnings.showwarning
 
@@ -213,7 +215,7 @@ def _warning_to_worker(message: Warning | str, category: type[Warning], filename
     ``warnings`` machinery, during the activation (an upcall); when the worker's filters
     make it an error, it is raised here, in the workflow's code, as in process."""
     global _warnings_sent
-    if file is not None or not guest.connected():
+    if file is not None or not guest.in_call():  # (an upcall is legal only in a call)
         _show_here(message, category, filename, lineno, file, line)
         return
     if _warnings_sent >= MAX_WARNINGS:

@@ -1,8 +1,8 @@
 """The worker's side of what a confined child sends besides its completion, each bounded
 and checked as a hostile child's words: the reply's parts (``split_reply``), its log records
-(``LogRelay``), its metric records (``record_metrics``) and its upcalls: extern functions
-and the patch activation callback (``upcalls_in_worker``). Nothing a child sends is unpickled
-or evaluated."""
+and warnings (``LogRelay``), its metric records (``record_metrics``) and its upcalls: extern
+functions and the patch activation callback (``upcalls_in_worker``). Nothing a child sends
+is unpickled, imported or evaluated."""
 
 from __future__ import annotations
 
@@ -359,8 +359,9 @@ class LogRelay:
                 message = None
         if message is None:
             category = UserWarning
-            message = UserWarning("%s (a %s in the confined child)" % (
-                text, escape(doc.get("category"), MAX_STACK_NAME)))
+            message = UserWarning("%s (warning category %s of the confined child, not one "
+                                  "the worker has)" % (
+                                      text, escape(doc.get("category"), MAX_STACK_NAME)))
         if len(self._warning_registry) > 1000:
             self._warning_registry.clear()
         try:
