@@ -37,20 +37,21 @@ def _line_of(marker):
 
 
 class RecordsTests(DevServerTestCase):
-    async def _worker(self, client, queue, workflows):
-        return Worker(client, task_queue=queue, workflows=workflows,
-                      workflow_runner=JailedWorkflowRunner())
-
-    def test_warnings_reach_the_workers_warnings_machinery_with_the_workflows_file_and_line(self):
+    def jailed(self, workflows, run, then, **runner):
+        """Starts ``run`` on a worker of ``workflows`` with ``JailedWorkflowRunner(**runner)``
+        and returns ``await then(client, handle)``, the worker still running."""
         async def go():
             client = await self.server.client()
-            queue = "records-warn-" + uuid.uuid4().hex
-            async with await self._worker(client, queue, [R.Warns]):
-                h = await client.start_workflow(R.Warns.run, id=str(uuid.uuid4()),
+            queue = "records-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=workflows,
+                              workflow_runner=JailedWorkflowRunner(**runner)):
+                h = await client.start_workflow(run, id="records-" + uuid.uuid4().hex,
                                                 task_queue=queue)
-                await h.signal(R.Warns.hang)
-                return await h.result()
+                return await then(client, h)
 
+        return asyncio.run(go())
+
+    def test_warnings_reach_the_workers_warnings_machinery_with_the_workflows_file_and_line(self):
         with warnings.catch_warnings(record=True) as seen:
             warnings.resetwarnings()
             # The worker's filters decide, by the child's module name too: a
@@ -60,7 +61,7 @@ class RecordsTests(DevServerTestCase):
                                     module="records_workflows")
             warnings.simplefilter("always", UserWarning)
             warnings.simplefilter("always", workflow.UnfinishedSignalHandlersWarning)
-            self.assertEqual(asyncio.run(go()), "warned")
+            self.assertEqual(self.jailed([R.Warns], R.Warns.run, _hang_then_result), "warned")
         by_class = {}
         for w in seen:
             by_class.setdefault(w.category, []).append(w)
@@ -77,39 +78,27 @@ class RecordsTests(DevServerTestCase):
         self.assertTrue(unfinished[0].filename.endswith("_workflow_instance.py" + CHILD))
 
     def test_a_warning_the_workers_filters_make_an_error_fails_the_task_as_in_process(self):
-        async def go():
-            client = await self.server.client()
-            queue = "records-error-" + uuid.uuid4().hex
-            async with await self._worker(client, queue, [R.Warns]):
-                h = await client.start_workflow(R.Warns.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                await h.signal(R.Warns.hang)
-                failed = await task_failure(h, wait=30.0)
-                await h.terminate()
-                return failed
+        async def then(client, h):
+            await h.signal(R.Warns.hang)
+            failed = await task_failure(h, wait=30.0)
+            await h.terminate()
+            return failed
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", workflow.UnfinishedSignalHandlersWarning)
-            failed = asyncio.run(go())
+            failed = self.jailed([R.Warns], R.Warns.run, then)
         # The SDK's own message: the warning raised in the workflow's activation.
         self.assertIsNotNone(failed)
         self.assertTrue(failed.startswith(
             "[TMPRL1102] Workflow finished while signal handlers are still running"), failed)
 
     def test_log_records_keep_the_sdks_fields_and_extra_once_each(self):
-        async def go():
-            client = await self.server.client()
-            queue = "records-log-" + uuid.uuid4().hex
-            # More workflow classes (each warmed up three times in the zygote): still one
-            # record per call.
-            async with await self._worker(client, queue, [R.Logs, R.Warns, W.Greeting]):
-                h = await client.start_workflow(R.Logs.run, id="records-" + uuid.uuid4().hex,
-                                                task_queue=queue)
-                await h.signal(R.Logs.my_signal, "one")
-                await h.query(R.Logs.my_query)
-                await h.execute_update(R.Logs.my_update, "two", id="update-two")
-                return h.id, await h.result()
+        async def then(client, h):
+            await h.signal(R.Logs.my_signal, "one")
+            await h.query(R.Logs.my_query)
+            await h.execute_update(R.Logs.my_update, "two", id="update-two")
+            return h.id, await h.result()
 
         adapter = workflow.logger
         saved = adapter.full_workflow_info_on_extra
@@ -117,7 +106,9 @@ class RecordsTests(DevServerTestCase):
         try:
             with _Capture("temporalio.workflow", logging.DEBUG) as kept, \
                     _Capture(relays.CHILD_LOGGER, logging.INFO) as other:
-                wid, result = asyncio.run(go())
+                # More workflow classes (each warmed up three times in the zygote): still
+                # one record per call.
+                wid, result = self.jailed([R.Logs, R.Warns, W.Greeting], R.Logs.run, then)
         finally:
             adapter.full_workflow_info_on_extra = saved
         self.assertEqual(result, "logged")
@@ -162,23 +153,17 @@ class RecordsTests(DevServerTestCase):
                                                                  logging.WARNING))
 
     def test_both_layers_warnings_and_records_reach_the_worker_from_the_sdks_sandbox(self):
-        async def go():
-            client = await self.server.client()
-            queue = "records-sandboxed-" + uuid.uuid4().hex
-            async with Worker(client, task_queue=queue, workflows=[R.Warns, R.Logs],
-                              workflow_runner=JailedWorkflowRunner(sandboxed=True)):
-                h = await client.start_workflow(R.Warns.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                await h.signal(R.Warns.hang)
-                g = await client.start_workflow(R.Logs.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                await g.execute_update(R.Logs.my_update, "two", id="update-two")
-                return await h.result(), await g.result()
+        async def then(client, h):
+            g = await client.start_workflow(R.Logs.run, id=str(uuid.uuid4()),
+                                            task_queue=(await h.describe()).task_queue)
+            return (await _hang_then_result(client, h),
+                    await _update_then_result(client, g))
 
         with warnings.catch_warnings(record=True) as seen, \
                 _Capture("temporalio.workflow", logging.INFO) as kept:
             warnings.simplefilter("always")
-            self.assertEqual(asyncio.run(go()), ("warned", "logged"))
+            self.assertEqual(self.jailed([R.Warns, R.Logs], R.Warns.run, then, sandboxed=True),
+                             ("warned", "logged"))
         categories = [w.category.__name__ for w in seen]
         self.assertIn("UnfinishedSignalHandlersWarning", categories)
         self.assertEqual(len([w for w in seen if str(w.message).startswith(
@@ -189,22 +174,14 @@ class RecordsTests(DevServerTestCase):
                          ("my_update", "update-two"))
 
     def test_the_workers_logger_settings_hold_in_the_child(self):
-        async def go():
-            client = await self.server.client()
-            queue = "records-settings-" + uuid.uuid4().hex
-            async with await self._worker(client, queue, [R.Logs]):
-                h = await client.start_workflow(R.Logs.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                await h.execute_update(R.Logs.my_update, "two", id="update-two")
-                return await h.result()
-
         adapter = workflow.logger
         saved = (adapter.workflow_info_on_message, adapter.workflow_info_on_extra)
         adapter.workflow_info_on_message = adapter.workflow_info_on_extra = False
         try:
             # INFO: the debug record of the query is not even sent.
             with _Capture("temporalio.workflow", logging.INFO) as kept:
-                self.assertEqual(asyncio.run(go()), "logged")
+                self.assertEqual(self.jailed([R.Logs], R.Logs.run, _update_then_result),
+                                 "logged")
         finally:
             adapter.workflow_info_on_message, adapter.workflow_info_on_extra = saved
         update = next(r for r in kept if r.getMessage().startswith("records: update two"))
@@ -215,18 +192,13 @@ class RecordsTests(DevServerTestCase):
     def test_the_sdks_internal_loggers_are_forwarded_by_name(self):
         import temporalio.worker._workflow_instance as instance_module
 
-        async def go():
-            client = await self.server.client()
-            queue = "records-internal-" + uuid.uuid4().hex
-            async with await self._worker(client, queue, [R.BadSignal]):
-                h = await client.start_workflow(R.BadSignal.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                await h.signal("take", "not a Param")
-                await h.signal(R.BadSignal.take, R.Param("good"))
-                return h.id, await h.result()
+        async def then(client, h):
+            await h.signal("take", "not a Param")
+            await h.signal(R.BadSignal.take, R.Param("good"))
+            return h.id, await h.result()
 
         with _Capture(instance_module.logger.name, logging.INFO) as kept:
-            wid, result = asyncio.run(go())
+            wid, result = self.jailed([R.BadSignal], R.BadSignal.run, then)
         self.assertEqual(result, 1)
         bad = [r for r in kept if r.getMessage().startswith("Failed deserializing signal input")]
         self.assertEqual(len(bad), 1, [r.getMessage() for r in kept])
@@ -235,19 +207,14 @@ class RecordsTests(DevServerTestCase):
         self.assertEqual(bad[0].temporal_workflow["workflow_type"], "BadSignal")
 
     def test_forged_records_and_warnings_are_bounded_and_escaped(self):
-        async def go():
-            client = await self.server.client()
-            queue = "records-forged-" + uuid.uuid4().hex
-            async with await self._worker(client, queue, [R.ForgedRecords]):
-                h = await client.start_workflow(R.ForgedRecords.run, id=str(uuid.uuid4()),
-                                                task_queue=queue)
-                return h.id, await h.result()
+        async def then(client, h):
+            return h.id, await h.result()
 
         with warnings.catch_warnings(record=True) as seen, \
                 _Capture("temporalio.workflow", logging.INFO) as kept, \
                 _Capture(relays.CHILD_LOGGER, logging.INFO) as other:
             warnings.simplefilter("always")
-            wid, result = asyncio.run(go())
+            wid, result = self.jailed([R.ForgedRecords], R.ForgedRecords.run, then)
         # The category named a module the worker had not imported: not imported, a
         # UserWarning that says it; a name that is not a Warning class: the same.
         self.assertNotIn("antigravity", sys.modules)
@@ -302,6 +269,16 @@ class RecordsTests(DevServerTestCase):
         names = sorted(r.wfjail_logger for r in other)
         self.assertEqual(names, sorted(["temporalio.nonexistent" + _escaped(R.FORGED),
                                         "temporalio.nonexistent.logger"]))
+
+
+async def _hang_then_result(client, h):
+    await h.signal(R.Warns.hang)
+    return await h.result()
+
+
+async def _update_then_result(client, h):
+    await h.execute_update(R.Logs.my_update, "two", id="update-two")
+    return await h.result()
 
 
 def _escaped(text):
