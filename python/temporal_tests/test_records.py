@@ -117,6 +117,9 @@ class RecordsTests(DevServerTestCase):
                       "records: caught", "records: query (debug)"):
             self.assertEqual(len([t for t in texts if t.startswith(start)]), 1,
                              (start, texts))
+        # In the order the workflow logged them (one activation).
+        self.assertLess(texts.index(next(t for t in texts if t.startswith("records: run"))),
+                        texts.index(next(t for t in texts if t.startswith("records: caught"))))
         started = next(r for r in kept if r.getMessage().startswith("records: run started"))
         self.assertEqual(started.name, "temporalio.workflow")
         self.assertEqual(started.levelno, logging.INFO)
