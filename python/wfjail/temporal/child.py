@@ -81,7 +81,10 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
         try:
             completion = instance.activate(act)
         except Exception as err:  # noqa: BLE001  (the SDK's worker fails the task with it)
-            if isinstance(err, guest.Interrupted):
+            # (Not an interruption, which the worker reads as where the workflow was, nor
+            # an eviction, which the worker completes whatever became of the child.)
+            if isinstance(err, guest.Interrupted) or any(
+                    j.HasField("remove_from_cache") for j in act.jobs):
                 raise
             completion = _activation_failed(det, act, err)
         data = completion.SerializeToString()
