@@ -179,21 +179,22 @@ def _relay_records(settings: dict[str, Any] | None) -> None:
     """Every record that reaches this child's root logger travels to the worker, through
     one handler per process, however many instances it builds (the zygote's warm-up builds
     several before it forks this child; when each added its own, every record went to the
-    worker once per handler); so do its warnings (``_warning_to_worker``). ``settings``
-    (``relays.logging_settings``, the worker's; none in the zygote's warm-up) set the
-    loggers' levels and ``workflow.logger``'s settings as the worker has them."""
+    worker once per handler). ``settings`` (``relays.logging_settings``, the worker's; none
+    in the zygote's warm-up, whose warnings stay its own) set the loggers' levels and
+    ``workflow.logger``'s settings as the worker has them, and send every warning to the
+    worker (``_warning_to_worker``)."""
     root = logging.getLogger()
     if not any(isinstance(h, _ToWorker) for h in root.handlers):
         root.addHandler(_ToWorker())
+    if not settings:
+        return
+    global _show_here
     if warnings.showwarning is not _warning_to_worker:
-        global _show_here
         _show_here = warnings.showwarning
         warnings.showwarning = _warning_to_worker
     # Every warning reaches the worker, whose filters decide (workflow code's own filters,
     # set later, come first).
     warnings.simplefilter("always")
-    if not settings:
-        return
     for name, level in settings.get("levels", {}).items():
         if isinstance(level, int):
             logging.getLogger(name or None).setLevel(level)
