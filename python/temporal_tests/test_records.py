@@ -11,6 +11,8 @@ import asyncio
 import json
 import logging
 import sys
+import types
+import unittest
 import uuid
 import warnings
 
@@ -274,6 +276,39 @@ class RecordsTests(DevServerTestCase):
                                         "temporalio.nonexistent.logger"]))
 
 
+class RecordsCategoryTests(unittest.TestCase):
+    """The worker maps a child's category name (no server needed)."""
+
+    def test_a_category_is_one_the_worker_has_never_imported_or_made_by_a_modules_code(self):
+        touched = []
+
+        class Lazy(types.ModuleType):
+            def __getattr__(self, name):
+                touched.append(name)
+                return R.RecordsWarning
+
+            def __getattribute__(self, name):
+                touched.append(name)
+                return types.ModuleType.__getattribute__(self, name)
+
+        sys.modules["records_lazy"] = Lazy("records_lazy")
+        try:
+            self.assertIsNone(relays.warning_category("records_lazy:RecordsWarning"))
+        finally:
+            del sys.modules["records_lazy"]
+        self.assertEqual(touched, [])
+        self.assertIs(relays.warning_category("records_workflows:RecordsWarning"),
+                      R.RecordsWarning)
+        cls = workflow.UnfinishedUpdateHandlersWarning
+        self.assertIs(relays.warning_category("%s:%s" % (cls.__module__, cls.__qualname__)), cls)
+        self.assertIs(relays.warning_category("builtins:DeprecationWarning"), DeprecationWarning)
+        for name in ("builtins:Exception", "os:system", "antigravity:Warning", "builtins",
+                     "builtins:__import__", "builtins:DeprecationWarning.__base__",
+                     "records_workflows:RecordsWarning\n", 42, "a:" + "b" * 600):
+            self.assertIsNone(relays.warning_category(name), name)
+        self.assertNotIn("antigravity", sys.modules)
+
+
 async def _hang_then_result(client, h):
     await h.signal(R.Warns.hang)
     return await h.result()
@@ -291,6 +326,4 @@ def _escaped(text):
 
 
 if __name__ == "__main__":
-    import unittest
-
     unittest.main()
