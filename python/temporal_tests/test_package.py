@@ -79,8 +79,10 @@ class WorkflowLogTests(unittest.TestCase):
                       "child.warm_up(['direct_workflows:Direct']); "
                       "child.warm_up(['direct_workflows:Direct']); "
                       "sent = []; child.guest.log = lambda text, level: sent.append(text); "
+                      "child.guest.connected = lambda: True; "
                       "logging.getLogger('temporalio.workflow').warning('once'); "
-                      "print(sent)")
+                      "import json; print([json.loads(t[len(child.RECORD_MARK):])['msg'] "
+                      "for t in sent])")
         self.assertEqual(out, "['once']")
 
 

@@ -89,6 +89,17 @@ def run(handler: "Handler", *, fds: "Optional[Tuple[int, int]]" = None) -> "NoRe
     os._exit(status)
 
 
+def connected() -> bool:
+    """Whether this process is in ``run`` (its handshake done): LOG reaches the
+    supervisor."""
+    return _session is not None
+
+
+def in_call() -> bool:
+    """Whether the handler is answering a call: UPCALL (``upcall``) is legal only then."""
+    return _session is not None and _calling
+
+
 def log(text: object, level: int = 20) -> None:
     """Send a LOG frame (10 debug, 20 info, 30 warning, 40 error).
 

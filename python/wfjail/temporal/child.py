@@ -1,7 +1,8 @@
 """In the confined child (and the zygote it is forked from): the session handler that builds
 the run's workflow instance and answers each activation (``instance_factory``), the extern
-functions it proxies to the worker, the metric meter whose records ride on the completions,
-and the zygote's warm-up (``warm_up``), called explicitly, never on import."""
+functions it proxies to the worker, the log records and warnings it sends the worker
+(``_relay_records``), the metric meter whose records ride on the completions, and the
+zygote's warm-up (``warm_up``), called explicitly, never on import."""
 
 from __future__ import annotations
 
@@ -11,19 +12,30 @@ import json
 import logging
 import os
 import struct
+import sys
+import warnings
 from typing import Any, Callable
 
 import temporalio.common
 import temporalio.converter
+import temporalio.exceptions
 import temporalio.worker
 import temporalio.workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 
 from .. import guest, typed_json
 from . import sdk
 from .recipe import Recipe, details, load, recipe
-from .relays import MAX_METRIC_RECORDS, PATCH_UPCALL
+from .relays import (
+    FULL_INFO_KEY,
+    MAX_METRIC_RECORDS,
+    MAX_WARNINGS,
+    PATCH_UPCALL,
+    RECORD_MARK,
+    WARNING_MARK,
+)
 
 # The session handler the zygote resolves: a factory called with the run's recipe.
 FACTORY = "wfjail.temporal.child:instance_factory"
@@ -50,7 +62,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     det = details(recipe, {**local_extern_functions(), **{
         name: _extern_proxy(name) for name in recipe.get("extern", [])}},
         _patch_proxy if recipe.get("patch_callback") else None)
-    _relay_workflow_logs(recipe.get("log_level", logging.INFO))
+    _relay_records(recipe.get("logging"))
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -63,8 +75,18 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     instance = sdk.build_in_loop(loop, lambda: runner.create_instance(det))
 
     def activate(request: bytes) -> bytes:
+        global _warnings_sent
+        _warnings_sent = 0
         act = WorkflowActivation.FromString(request)
-        completion = instance.activate(act)
+        try:
+            completion = instance.activate(act)
+        except Exception as err:  # noqa: BLE001  (the SDK's worker fails the task with it)
+            # (Not an interruption, which the worker reads as where the workflow was, nor
+            # an eviction, which the worker completes whatever became of the child.)
+            if isinstance(err, guest.Interrupted) or any(
+                    j.HasField("remove_from_cache") for j in act.jobs):
+                raise
+            completion = _activation_failed(det, act, err)
         data = completion.SerializeToString()
         side = {"metrics": _take_metric_records()}
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
@@ -72,26 +94,153 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     return activate, loop
 
 
+# A LogRecord's own attributes: what is not one of them is the record's ``extra``.
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# What the child sends of a record's text, traceback or stack (the worker cuts them further).
+_MAX_SENT_TEXT = 64 * 1024
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """An extra value as JSON: scalars, lists and dicts as they are (to a depth), anything
+    else as its repr (cut); the worker bounds them again."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value if not isinstance(value, str) else value[:_MAX_SENT_TEXT]
+    if depth < 8 and isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value[:1000]]
+    if depth < 8 and isinstance(value, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in list(value.items())[:1000]}
+    return repr(value)[:1024]
+
+
+def _activation_failed(det: temporalio.worker.WorkflowInstanceDetails, act: WorkflowActivation,
+                       err: Exception) -> WorkflowActivationCompletion:
+    """The completion the SDK's worker makes of an activation that raised out of the
+    instance (a warning that the worker's filters made an error, among others), and its
+    log record: the task fails with the exception (a non-retryable ApplicationError fails
+    the workflow), as in process (``temporalio.worker._workflow``)."""
+    logging.getLogger("temporalio.worker._workflow").exception(
+        "Failed handling activation on workflow with run ID %s", act.run_id)
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    payloads = det.payload_converter_factory()
+    if isinstance(err, temporalio.exceptions.ApplicationError) and err.non_retryable:
+        failure = completion.successful.commands.add().fail_workflow_execution.failure
+    else:
+        failure = completion.failed.failure
+    failure.SetInParent()
+    try:
+        det.failure_converter_class().to_failure(err, payloads, failure)
+    except Exception as inner:  # noqa: BLE001
+        logging.getLogger("temporalio.worker._workflow").exception(
+            "Failed converting activation exception on workflow with run ID %s", act.run_id)
+        failure.message = "Failed converting activation exception: %s" % inner
+    return completion
+
+
 class _ToWorker(logging.Handler):
-    """Sends each record of ``workflow.logger`` to the worker (a LOG frame)."""
+    """Sends each record that reaches the root logger to the worker, as the record: a LOG
+    frame whose text is ``RECORD_MARK`` and JSON (logger name, level, message, function,
+    line, file, exception, stack, extra); the worker makes it again on its own logger
+    (``relays.LogRelay``). Outside a session (the zygote) it goes to stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            guest.log(record.getMessage(), record.levelno)
+            if not guest.connected():
+                sys.stderr.write("%s %s: %s\n" % (record.levelname, record.name,
+                                                   record.getMessage()))
+                return
+            doc: dict[str, Any] = {
+                "name": record.name, "level": record.levelno,
+                "msg": record.getMessage()[:_MAX_SENT_TEXT], "func": record.funcName,
+                "line": record.lineno, "path": record.pathname,
+            }
+            if record.exc_info and record.exc_info[1] is not None:
+                import traceback
+
+                exc = record.exc_info[1]
+                kind = type(exc)
+                doc["exc"] = {
+                    "type": kind.__qualname__ if kind.__module__ == "builtins" else
+                    "%s.%s" % (kind.__module__, kind.__qualname__),
+                    "message": str(exc)[:_MAX_SENT_TEXT],
+                    "traceback": "".join(traceback.format_exception(
+                        kind, exc, exc.__traceback__))[-_MAX_SENT_TEXT:]}
+            if record.stack_info:
+                doc["stack"] = record.stack_info[-_MAX_SENT_TEXT:]
+            extra = {k: (True if k == FULL_INFO_KEY else _plain(v))
+                     for k, v in record.__dict__.items() if k not in _RECORD_ATTRIBUTES}
+            if extra:
+                doc["extra"] = extra
+            guest.log(RECORD_MARK + json.dumps(doc), min(max(record.levelno, 0), 255))
         except Exception:  # noqa: BLE001  (a log record must never fail the workflow)
-            pass
+            self.handleError(record)
 
 
-def _relay_workflow_logs(level: int) -> None:
-    """``workflow.logger``'s records at ``level`` and above travel to the worker, not to this
-    child's stderr: through one handler per process, however many instances it builds (the
-    zygote's warm-up builds several before it forks this child; each added its own, and
-    every record went to the worker once per handler)."""
-    wf_logger = logging.getLogger("temporalio.workflow")
-    if not any(isinstance(h, _ToWorker) for h in wf_logger.handlers):
-        wf_logger.addHandler(_ToWorker())
-    wf_logger.setLevel(level)
-    wf_logger.propagate = False
+def _relay_records(settings: dict[str, Any] | None) -> None:
+    """Every record that reaches this child's root logger travels to the worker, through
+    one handler per process, however many instances it builds (the zygote's warm-up builds
+    several before it forks this child; when each added its own, every record went to the
+    worker once per handler). ``settings`` (``relays.logging_settings``, the worker's; none
+    in the zygote's warm-up, whose warnings stay its own) set the loggers' levels and
+    ``workflow.logger``'s settings as the worker has them, and send every warning to the
+    worker (``_warning_to_worker``)."""
+    root = logging.getLogger()
+    if not any(isinstance(h, _ToWorker) for h in root.handlers):
+        root.addHandler(_ToWorker())
+    if not settings:
+        return
+    global _show_here
+    if warnings.showwarning is not _warning_to_worker:
+        _show_here = warnings.showwarning
+        warnings.showwarning = _warning_to_worker
+    # Every warning reaches the worker, whose filters decide (workflow code's own filters,
+    # set later, come first).
+    warnings.simplefilter("always")
+    for name, level in settings.get("levels", {}).items():
+        if isinstance(level, int):
+            logging.getLogger(name or None).setLevel(level)
+    if isinstance(settings.get("disable"), int):
+        logging.disable(settings["disable"])
+    adapter = temporalio.workflow.logger
+    for key, value in settings.get("adapter", {}).items():
+        if isinstance(value, bool) and isinstance(getattr(adapter, key, None), bool):
+            setattr(adapter, key, value)
+
+
+# The warnings sent to the worker in the activation in progress (at most MAX_WARNINGS),
+# and where a warning goes outside a call (the zygote; between calls): Python's own
+# showwarning, to this child's stderr.
+_warnings_sent = 0
+_show_here: Callable[..., None] = warnings.showwarning
+
+
+def _warning_to_worker(message: Warning | str, category: type[Warning], filename: str,
+                       lineno: int, file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` in the child: the warning goes through the worker's
+    ``warnings`` machinery, during the activation (an upcall); when the worker's filters
+    make it an error, it is raised here, in the workflow's code, as in process."""
+    global _warnings_sent
+    if file is not None or not guest.in_call():  # (an upcall is legal only in a call)
+        _show_here(message, category, filename, lineno, file, line)
+        return
+    if _warnings_sent >= MAX_WARNINGS:
+        return
+    _warnings_sent += 1
+    # The module that warned (the worker's filters match module names): the innermost
+    # frame of the warning's file.
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename != filename:
+        frame = frame.f_back  # type: ignore[assignment]
+    module = frame.f_globals.get("__name__") if frame is not None else None
+    doc = {"category": "%s:%s" % (category.__module__, category.__qualname__),
+           "message": str(message)[:_MAX_SENT_TEXT], "filename": filename,
+           "lineno": lineno, "module": module}
+    try:
+        answer = json.loads(guest.upcall(WARNING_MARK + json.dumps(doc).encode()))
+    except Exception:  # noqa: BLE001  (no worker to ask: shown here)
+        _show_here(message, category, filename, lineno, file, line)
+        return
+    if answer == "raise":
+        raise message if isinstance(message, Warning) else category(message)
 
 
 def warm_up_from_env() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import logging
 import pickle
 from typing import Any, Callable, Iterable, Mapping
 
@@ -72,8 +71,6 @@ def recipe(det: temporalio.worker.WorkflowInstanceDetails, failure_types: Iterab
         "extern": sorted(n for n in det.extern_functions if n not in LOCAL_EXTERN),
         "patch_callback": det.patch_activation_callback is not None,
         "failure_types": list(failure_types),
-        # Records below what the worker would show are not sent at all.
-        "log_level": logging.getLogger("temporalio.workflow").getEffectiveLevel(),
         "data": base64.b64encode(pickle.dumps(data)).decode("ascii"),
     }
 

@@ -1,8 +1,8 @@
 """The worker's side of what a confined child sends besides its completion, each bounded
 and checked as a hostile child's words: the reply's parts (``split_reply``), its log records
-(``LogRelay``), its metric records (``record_metrics``) and its upcalls: extern functions
-and the patch activation callback (``upcalls_in_worker``). Nothing a child sends is unpickled
-or evaluated."""
+and warnings (``LogRelay``), its metric records (``record_metrics``) and its upcalls: extern
+functions and the patch activation callback (``upcalls_in_worker``). Nothing a child sends
+is unpickled, imported or evaluated."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import json
 import logging
 import re
 import struct
-from typing import Any, Callable
+import sys
+import types
+import warnings
+from typing import Any, Callable, Mapping
 
 import temporalio.worker
 import temporalio.workflow
@@ -20,7 +23,7 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 from .. import typed_json
 from ..errors import ProtocolError
 from . import sdk
-from .stack import escape
+from .stack import CHILD_FILE_SUFFIX, MAX_CHILD_MESSAGE, MAX_STACK_NAME, escape, stack_text
 
 # The largest completion taken from a child, by default: what the server takes in a task
 # completion (its gRPC limit, 4 MiB). A reply's protobuf decodes to some 30 times its size in
@@ -79,44 +82,308 @@ def split_reply(reply: bytes, max_bytes: int = MAX_REPLY_BYTES,
     return completion, metrics
 
 
-# -- log records ----------------------------------------------------------------------------
+# -- log records and warnings ---------------------------------------------------------------
 
 # A log record of a child shows at most this many characters of its text, and at most this
 # many records of an activation are relayed (a LOG frame costs its child six bytes).
 MAX_LOG_TEXT = 16 * 1024
 MAX_LOG_RECORDS = 1000
+# A structured record (the child's ``_ToWorker``): a LOG frame whose text is RECORD_MARK
+# then a JSON object, read only below MAX_RECORD_BYTES (JSON decodes to many times its size).
+RECORD_MARK = "wfjail.record:"
+MAX_RECORD_BYTES = 256 * 1024
+# A warning raised in workflow code: an upcall whose payload is WARNING_MARK then a JSON
+# object (the child waits for the worker's warnings machinery: shown, or raised when a
+# filter says "error"). At most MAX_WARNINGS of an activation reach the machinery.
+WARNING_MARK = b"wfjail.warning:"
+MAX_WARNINGS = 100
+MAX_WARNING_BYTES = 64 * 1024
+# Where the records of a child's loggers that are not one of the worker's own
+# ``temporalio.*`` loggers go (the child's logger name in the record's ``wfjail_logger``).
+CHILD_LOGGER = "wfjail.temporal.child"
+# A child's ``extra``: at most this many keys (names as Python identifiers, at most 64
+# characters), values JSON of at most this depth, items and characters of a string.
+MAX_EXTRA_KEYS = 32
+MAX_EXTRA_DEPTH = 4
+MAX_EXTRA_ITEMS = 256
+MAX_EXTRA_TEXT = 1024
+# What a child's extra may not set: a LogRecord's own attributes (msg, args, exc_info,
+# levelno...), what formatters add, and what the relay sets itself.
+RESERVED_RECORD_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {
+    "message", "asctime", "wfjail", "wfjail_logger"}
+# The keys of the SDK's ``temporal_workflow`` extra that say which run logged: the worker's
+# own values, whatever the child says (the child may add others: an update's id and name).
+IDENTITY_KEYS = ("attempt", "namespace", "run_id", "task_queue", "workflow_id",
+                 "workflow_type")
+# The SDK's extra that carries the whole ``workflow.Info``: the worker's own object.
+FULL_INFO_KEY = "workflow_info"
+# At most this many characters of logger names and levels cross to a child at session open
+# (the session's init is at most 32 KiB).
+MAX_LEVELS_TEXT = 4096
+
+_EXTRA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}\Z")
+
+
+def logging_settings() -> dict[str, Any]:
+    """What the worker's logging says that a child applies before its run (the session's
+    recipe): the levels set on the worker's loggers (the root's as ``""``; ``temporalio``'s
+    first, at most MAX_LEVELS_TEXT characters of names), ``logging.disable``'s level, and
+    the boolean settings of the SDK's ``workflow.logger`` (``workflow_info_on_message``,
+    ``workflow_info_on_extra``, ``full_workflow_info_on_extra``, ``log_during_replay``...),
+    so that a child sends the records the worker would show, as the SDK makes them."""
+    manager = logging.Logger.manager
+    named = sorted(((n, lg.level) for n, lg in list(manager.loggerDict.items())
+                    if isinstance(lg, logging.Logger) and lg.level),
+                   key=lambda nl: (not nl[0].startswith("temporalio"), nl[0]))
+    levels = {"": logging.getLogger().level}
+    size = 0
+    for name, level in named:
+        size += len(name) + 8
+        if size > MAX_LEVELS_TEXT:
+            break
+        levels[name] = level
+    adapter = {k: v for k, v in vars(temporalio.workflow.logger).items()
+               if isinstance(v, bool)}
+    return {"levels": levels, "disable": manager.disable, "adapter": adapter}
+
+
+def warning_category(name: object) -> type[Warning] | None:
+    """The worker's Warning subclass a child names (``module:qualname``), if the worker has
+    it already: looked up in ``sys.modules`` and the namespaces' own dicts (no import, no
+    ``__getattr__`` of a module run); None for anything else."""
+    if not isinstance(name, str) or len(name) > 512:
+        return None
+    module, _, qualname = name.partition(":")
+    if not _DOTTED.match(module) or not _DOTTED.match(qualname):
+        return None
+    obj: Any = sys.modules.get(module)
+    if not isinstance(obj, types.ModuleType):
+        return None
+    for part in qualname.split("."):
+        try:
+            namespace = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            return None
+        obj = namespace.get(part) if isinstance(namespace, Mapping) else None
+        if obj is None:
+            return None
+    return obj if isinstance(obj, type) and issubclass(obj, Warning) else None
+
+
+def _text(value: object, limit: int) -> str | None:
+    """A string of a child's, escaped and cut to ``limit``; None when it is not a string."""
+    return escape(value, limit) if isinstance(value, str) else None
+
+
+def _line(value: object) -> int:
+    """A line number of a child's: an int in [0, 10**9), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value < 10**9 else 0
+
+
+class _Budget:
+    """The items one record's extra may still have (MAX_EXTRA_ITEMS)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_EXTRA_ITEMS
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _extra_value(value: object, depth: int, budget: _Budget) -> Any:
+    """A child's extra value as the worker keeps it: JSON scalars (strings escaped and cut
+    to MAX_EXTRA_TEXT), lists and dicts (string keys) to MAX_EXTRA_DEPTH; the rest of a
+    container past MAX_EXTRA_ITEMS, or deeper, is left out (None for a value left out)."""
+    if not budget.take():
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return escape(value, MAX_EXTRA_TEXT)
+    if depth >= MAX_EXTRA_DEPTH:
+        return None
+    if isinstance(value, list):
+        out = []
+        for v in value:
+            if budget.left <= 0:
+                break
+            out.append(_extra_value(v, depth + 1, budget))
+        return out
+    if isinstance(value, dict):
+        kept = {}
+        for k, v in value.items():
+            if budget.left <= 0:
+                break
+            if isinstance(k, str):
+                kept[escape(k, MAX_EXTRA_TEXT)] = _extra_value(v, depth + 1, budget)
+        return kept
+    return None
 
 
 class LogRelay:
-    """The worker side of the run's log records: they go to the worker's own
-    ``temporalio.workflow`` logger, with the workflow's context in ``extra`` as the SDK's
-    ``workflow.logger`` puts it (the text already carries it). The text is the child's: one
-    line of the worker's log, escaped (``escape``: no forged records, no terminal escapes)
-    and cut to MAX_LOG_TEXT characters; the level is kept between DEBUG and CRITICAL. At most
-    MAX_LOG_RECORDS records of an activation (``begin``) are relayed; ``dropped`` counts the
-    rest."""
+    """The worker side of a run's log records and warnings.
+
+    A record (the child's ``_ToWorker``: RECORD_MARK and JSON) is made again on the worker's
+    logger of the same name (one of the worker's own ``temporalio.*`` loggers; anything
+    else on CHILD_LOGGER, the child's name in ``wfjail_logger``), with its level, message,
+    function, line, file (``pathname`` and ``filename`` marked ``[confined child]``: the
+    worker never opens it), traceback and stack (parsed: ``stack.stack_text``) and the
+    SDK's ``extra``; the run's identity in ``temporal_workflow`` and the whole
+    ``workflow_info`` are the worker's own, never the child's. A LOG frame of plain text
+    (``wfjail.guest.log``) goes to ``temporalio.workflow`` with the run's identity. Every
+    text is one line of the worker's log, escaped (``escape``: no forged records, no
+    terminal escapes) and bounded; a child's extra never sets a LogRecord attribute
+    (RESERVED_RECORD_KEYS); every record carries ``wfjail = True``. At most MAX_LOG_RECORDS
+    records of an activation (``begin``) are relayed; ``dropped`` counts the rest.
+
+    A warning (``warning``, an upcall) goes through the worker's ``warnings`` machinery
+    while the child waits, with the worker's Warning class of the name the child gives
+    (``warning_category``; an unknown name is a ``UserWarning`` that says it) and the
+    workflow's file (marked) and line; when a filter makes it an error, the child raises it
+    in workflow code, as in process. At most MAX_WARNINGS of an activation."""
 
     def __init__(self, info: temporalio.workflow.Info) -> None:
+        self._info = info
         self._logger = logging.getLogger("temporalio.workflow")
-        self._extra = {"temporal_workflow": {
+        self._identity = {
             "namespace": info.namespace, "task_queue": info.task_queue,
             "workflow_id": info.workflow_id, "run_id": info.run_id,
             "workflow_type": info.workflow_type, "attempt": info.attempt,
-        }, "wfjail": True}
+        }
+        self._extra = {"temporal_workflow": self._identity, "wfjail": True}
+        # The "default"/"module" actions' registry for this run's warnings (bounded).
+        self._warning_registry: dict[Any, Any] = {}
         self.relayed = 0
         self.dropped = 0
+        self.warned = 0
 
     def begin(self) -> None:
-        self.relayed = self.dropped = 0
+        self.relayed = self.dropped = self.warned = 0
 
     def __call__(self, level: int, text: str) -> None:
         if self.relayed >= MAX_LOG_RECORDS:
             self.dropped += 1
             return
         self.relayed += 1
+        if text.startswith(RECORD_MARK) and len(text) <= MAX_RECORD_BYTES:
+            try:
+                doc = json.loads(text[len(RECORD_MARK):])
+            except (ValueError, RecursionError):
+                doc = None
+            if isinstance(doc, dict):
+                self._record(doc)
+                return
         level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
         if self._logger.isEnabledFor(level):
             self._logger.log(level, "%s", escape(text, MAX_LOG_TEXT), extra=self._extra)
+
+    def _record(self, doc: dict[str, Any]) -> None:
+        level = doc.get("level")
+        level = min(max(level if isinstance(level, int) else logging.INFO, logging.DEBUG),
+                    logging.CRITICAL)
+        name = doc.get("name")
+        logger = None
+        if isinstance(name, str) and (name == "temporalio" or name.startswith("temporalio.")) \
+                and _DOTTED.match(name):
+            found = logging.Logger.manager.loggerDict.get(name)
+            logger = found if isinstance(found, logging.Logger) else None
+        extra: dict[str, Any] = {"wfjail": True}
+        if logger is None:
+            logger = logging.getLogger(CHILD_LOGGER)
+            extra["wfjail_logger"] = escape(name, MAX_STACK_NAME)
+        if not logger.isEnabledFor(level):
+            return
+        extra.update(self._child_extra(doc.get("extra")))
+        path = _text(doc.get("path"), MAX_STACK_NAME * 4)
+        stack = doc.get("stack")
+        record = logger.makeRecord(
+            logger.name, level, (path or "(unknown file)") + CHILD_FILE_SUFFIX,
+            _line(doc.get("line")), escape(doc.get("msg", ""), MAX_LOG_TEXT), (), None,
+            _text(doc.get("func"), MAX_STACK_NAME), extra,
+            "Stack (most recent call last) [confined child]:\n" + stack_text(stack).rstrip("\n")
+            if isinstance(stack, str) else None)
+        exc = doc.get("exc")
+        if isinstance(exc, dict):
+            # The child's exception as a formatter shows it (exc_text), its frames parsed;
+            # exc_info stays None: the worker has no exception object of the child's.
+            tb = exc.get("traceback")
+            record.exc_text = "Traceback (most recent call last) [confined child]:\n%s%s: %s" % (
+                stack_text(tb) if isinstance(tb, str) else "",
+                escape(exc.get("type"), MAX_STACK_NAME), escape(exc.get("message"),
+                                                               MAX_CHILD_MESSAGE))
+        logger.handle(record)
+
+    def _child_extra(self, given: object) -> dict[str, Any]:
+        """The child's extra as the record gets it (see the class)."""
+        if not isinstance(given, dict):
+            return {}
+        out: dict[str, Any] = {}
+        budget = _Budget()
+        for key, value in list(given.items())[:MAX_EXTRA_KEYS]:
+            if not isinstance(key, str) or not _EXTRA_KEY.match(key) \
+                    or key in RESERVED_RECORD_KEYS:
+                continue
+            if key == "temporal_workflow":
+                kept = _extra_value(value, 0, budget)
+                out[key] = {**(kept if isinstance(kept, dict) else {}), **self._identity}
+            elif key == FULL_INFO_KEY:
+                out[key] = self._info
+            else:
+                out[key] = _extra_value(value, 0, budget)
+        return out
+
+    def warning(self, payload: bytes) -> bytes:
+        """A warning of the child's (WARNING_MARK and JSON: ``category``, ``message``,
+        ``filename``, ``lineno``, ``module``) through the worker's ``warnings`` machinery;
+        the answer is ``"raise"`` when a filter made it an error, else ``"shown"`` (or
+        ``"dropped"`` past MAX_WARNINGS of an activation, or when it is malformed)."""
+        if self.warned >= MAX_WARNINGS or len(payload) > MAX_WARNING_BYTES:
+            return b'"dropped"'
+        self.warned += 1
+        try:
+            doc = json.loads(payload[len(WARNING_MARK):])
+        except (ValueError, RecursionError):
+            return b'"dropped"'
+        if not isinstance(doc, dict):
+            return b'"dropped"'
+        text = escape(doc.get("message", ""), MAX_LOG_TEXT)
+        category = warning_category(doc.get("category"))
+        message: Warning | None = None
+        if category is not None:
+            try:
+                message = category(text)
+            except Exception:  # noqa: BLE001  (a class whose constructor wants more)
+                message = None
+        if message is None:
+            category = UserWarning
+            message = UserWarning("%s (warning category %s of the confined child, not one "
+                                  "the worker has)" % (
+                                      text, escape(doc.get("category"), MAX_STACK_NAME)))
+        if len(self._warning_registry) > 1000:
+            self._warning_registry.clear()
+        try:
+            warnings.warn_explicit(
+                message, category,
+                (_text(doc.get("filename"), MAX_STACK_NAME * 4) or "(unknown file)")
+                + CHILD_FILE_SUFFIX, _line(doc.get("lineno")),
+                module=_text(doc.get("module"), MAX_STACK_NAME) or "(unknown module)",
+                registry=self._warning_registry)
+        except Exception:  # noqa: BLE001  (a filter said "error": the workflow raises it)
+            return b'"raise"'
+        return b'"shown"'
+
+    def upcalls(self, on_upcall: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+        """``on_upcall`` that takes the child's warnings (``warning``) first."""
+
+        def either(payload: bytes) -> bytes:
+            if payload.startswith(WARNING_MARK):
+                return self.warning(payload)
+            return on_upcall(payload)
+
+        return either
 
 
 # -- metric records -------------------------------------------------------------------------

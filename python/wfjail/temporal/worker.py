@@ -36,6 +36,7 @@ from .relays import (
     LogRelay,
     ReplyRefused,
     Series,
+    logging_settings,
     record_metrics,
     split_reply,
     upcalls_in_worker,
@@ -137,6 +138,8 @@ class JailedWorkflowRunner(WorkflowRunner):
         client = self._ensure_server(self._policy_of(det.defn))
         made = recipe(det, self._failure_types)
         made["sandboxed"] = self._sandboxed
+        # The worker's logger levels and workflow.logger's settings hold in the child.
+        made["logging"] = logging_settings()
         try:
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
@@ -144,7 +147,8 @@ class JailedWorkflowRunner(WorkflowRunner):
             run_log = LogRelay(det.info)
             session = client.session(handler=FACTORY, init=made, timeout=self._call_timeout,
                                      on_log=run_log,
-                                     on_upcall=upcalls_in_worker(det),
+                                     # Warnings go through the worker's machinery.
+                                     on_upcall=run_log.upcalls(upcalls_in_worker(det)),
                                      # A child's frames are read only up to what the worker
                                      # takes of them (a reply and its side channel).
                                      max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
