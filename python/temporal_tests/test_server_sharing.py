@@ -32,8 +32,11 @@ def _wait_for_server(runner, policy="temporal-python", within=120.0):
 
 class ServerSharingTests(DevServerTestCase):
     def test_the_worker_constructor_starts_the_server_and_the_next_runner_shares_it(self):
-        first, second, other = (JailedWorkflowRunner(), JailedWorkflowRunner(),
-                                JailedWorkflowRunner(max_sessions=7))
+        # A configuration of this test's own (max_sessions), so that no runner of another
+        # test of this process (dropped, not yet collected) holds the same server.
+        first, second, other = (JailedWorkflowRunner(max_sessions=1009),
+                                JailedWorkflowRunner(max_sessions=1009),
+                                JailedWorkflowRunner(max_sessions=1013))
         try:
             async def go():
                 client = await self.server.client()
