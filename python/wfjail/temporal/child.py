@@ -48,8 +48,7 @@ def instance_factory(recipe: Recipe) -> Activate:
 def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     """``instance_factory``'s handler, and the event loop its instance was built in."""
     det = details(recipe, {**local_extern_functions(), **{
-        name: _extern_proxy(name) for name in recipe.get("extern", [])}},
-        _patch_proxy if recipe.get("patch_callback") else None)
+        name: _extern_proxy(name) for name in recipe.get("extern", [])}}, _patch_proxy)
     _relay_workflow_logs(recipe.get("log_level", logging.INFO))
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
@@ -152,9 +151,12 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
     return call
 
 
-def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> bool:
-    return bool(json.loads(guest.upcall(json.dumps(
-        {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode())))
+def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> Any:
+    """The worker's patch activation callback when it could not be sent by value: its answer
+    as the worker says it (None for a result that was not a bool: the SDK then fails the
+    task as in process, "Patch activation callback must return true or false")."""
+    return json.loads(guest.upcall(json.dumps(
+        {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode()))
 
 
 def local_extern_functions() -> dict[str, Callable[..., Any]]:

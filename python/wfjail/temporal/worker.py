@@ -8,6 +8,7 @@ child ended). What the worker takes from a child is checked in ``relays``, ``con
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import logging
 import shutil
 import threading
@@ -26,7 +27,7 @@ from ..errors import ProtocolError
 from . import sdk
 from .child import FACTORY
 from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
-from .recipe import class_path, recipe
+from .recipe import ClassRef, class_path, class_ref, recipe
 from .relays import (
     MAX_LOG_RECORDS,
     MAX_REPLY_BYTES,
@@ -51,6 +52,10 @@ INTERRUPT_WAIT = 1.0
 DEADLOCK_INTERRUPT_AFTER = 1.5
 
 _log = logging.getLogger("wfjail.temporal")
+
+# What a child needs to unpickle what went by value (recipe.by_value): preloaded by the
+# zygote when installed, so that a child does not import it anew.
+_BY_VALUE_PRELOAD = ["cloudpickle"] if importlib.util.find_spec("cloudpickle") else []
 
 
 class JailedWorkflowRunner(WorkflowRunner):
@@ -103,7 +108,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._classes: list[str] = []
         self._lock = threading.Lock()
         self._servers: dict[str, Server] = {}
-        self._failure_types: list[str] = []
+        self._failure_types: list[ClassRef] = []
 
     # -- WorkflowRunner ------------------------------------------------------------------------
 
@@ -118,7 +123,7 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
                                                  ) -> None:
-        self._failure_types = [class_path(t, "failure exception type") for t in types]
+        self._failure_types = [class_ref(t, "failure exception type") for t in types]
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
@@ -163,7 +168,8 @@ class JailedWorkflowRunner(WorkflowRunner):
             if server is None or not server.alive():
                 server = Server(self._wfjail, policy,
                                 socket=self._socket if policy == self._policy else None,
-                                classes=self._classes, preload=self._modules + self._preload,
+                                classes=self._classes,
+                                preload=self._modules + self._preload + _BY_VALUE_PRELOAD,
                                 max_sessions=self._max_sessions, zygotes=self._zygotes)
                 self._servers[policy] = server
                 # A server ends with the worker's process; a runner dropped earlier stops it.
