@@ -108,14 +108,23 @@ def drawing_random(input):
     return True
 
 
-def recording_in_worker(calls, decision):
-    """A callback that cannot be pickled (it holds a lock): it runs in the worker, where it
-    records its calls."""
+def recording(calls, decision):
+    """A callback that records its calls in the worker's memory (``calls``)."""
+
+    def callback(input) -> bool:
+        calls.append((input.workflow_info.workflow_id, input.patch_id))
+        return decision
+
+    return callback
+
+
+def locked_recording(calls, decision):
+    """``recording``, but it cannot be pickled (it holds a lock)."""
     lock = threading.Lock()
+    record = recording(calls, decision)
 
     def callback(input) -> bool:
         with lock:
-            calls.append((input.workflow_info.workflow_id, input.patch_id))
-        return decision
+            return record(input)
 
     return callback

@@ -99,55 +99,136 @@ class ByValueTests(DevServerTestCase):
 
 
 class PatchActivationTests(DevServerTestCase):
-    """``patch_activation_callback`` is called by the SDK's instance in the child, in the
-    workflow's read-only context, as in process; one that cannot be pickled runs in the
-    worker, its result checked as strictly."""
+    """``patch_activation_callback`` runs in the worker by default (it records into the
+    worker's memory, as in process), its result checked as strictly as the SDK checks it;
+    with ``patch_callback_in_child=True`` the SDK's instance in the child calls a copy, in
+    the workflow's read-only context, as in process."""
 
-    async def _patched(self, callback):
-        client = await self.server.client()
+    async def _worker(self, client, callback, in_child):
         queue = "patch-" + uuid.uuid4().hex
-        async with Worker(client, task_queue=queue, workflows=[B.Patched],
-                          workflow_runner=JailedWorkflowRunner(),
-                          patch_activation_callback=callback):
+        return queue, Worker(client, task_queue=queue, workflows=[B.Patched],
+                             workflow_runner=JailedWorkflowRunner(
+                                 patch_callback_in_child=in_child),
+                             patch_activation_callback=callback)
+
+    async def _patched(self, callback, in_child=False):
+        client = await self.server.client()
+        queue, worker = await self._worker(client, callback, in_child)
+        async with worker:
             return await client.execute_workflow(B.Patched.run, id=str(uuid.uuid4()),
                                                  task_queue=queue)
 
-    async def _failure(self, callback, contains):
+    async def _failure(self, callback, contains, in_child=False):
         client = await self.server.client()
-        queue = "patch-" + uuid.uuid4().hex
-        async with Worker(client, task_queue=queue, workflows=[B.Patched],
-                          workflow_runner=JailedWorkflowRunner(),
-                          patch_activation_callback=callback):
+        queue, worker = await self._worker(client, callback, in_child)
+        async with worker:
             handle = await client.start_workflow(B.Patched.run, id=str(uuid.uuid4()),
                                                  task_queue=queue)
             message = await task_failure(handle, contains)
             await handle.terminate()
             return message
 
-    def test_a_callback_decides_in_the_child(self):
-        self.assertIs(asyncio.run(self._patched(B.deciding(True))), True)
-        self.assertIs(asyncio.run(self._patched(B.deciding(False))), False)
+    def test_a_callback_decides_in_the_worker_with_the_workers_state(self):
+        calls = []
+        self.assertIs(asyncio.run(self._patched(B.recording(calls, False))), False)
+        self.assertEqual([patch for _, patch in calls], ["my-patch"])
+        self.assertIs(asyncio.run(self._patched(B.recording(calls, True))), True)
+        self.assertEqual(len(calls), 2)
 
     def test_a_callback_that_returns_no_bool_fails_the_task(self):
-        message = asyncio.run(self._failure(
-            B.not_a_bool, "Patch activation callback must return true or false"))
-        self.assertIn("Patch activation callback must return true or false", message or "")
+        expected = "Patch activation callback must return true or false"
+        for in_child in (False, True):
+            message = asyncio.run(self._failure(B.not_a_bool, expected, in_child))
+            self.assertIn(expected, message or "", in_child)
 
-    def test_a_callback_runs_in_the_read_only_context(self):
+    def test_in_the_child_a_callback_decides_in_the_read_only_context(self):
+        self.assertIs(asyncio.run(self._patched(B.deciding(True), True)), True)
+        self.assertIs(asyncio.run(self._patched(B.deciding(False), True)), False)
         for callback, expected in ((B.upserting_memo, "action attempted: add command"),
                                    (B.drawing_random, "action attempted: random")):
-            message = asyncio.run(self._failure(callback, expected))
+            message = asyncio.run(self._failure(callback, expected, True))
             self.assertIn(expected, message or "", callback)
 
-    def test_a_callback_that_cannot_be_pickled_runs_in_the_worker(self):
+    def test_in_the_child_a_callback_that_cannot_be_pickled_runs_in_the_worker(self):
         calls = []
-        self.assertIs(asyncio.run(self._patched(B.recording_in_worker(calls, False))), False)
+        self.assertIs(asyncio.run(self._patched(B.locked_recording(calls, False), True)),
+                      False)
         self.assertEqual([patch for _, patch in calls], ["my-patch"])
-        # Its result is checked as strictly as in process.
-        broken = B.recording_in_worker([], "yes")
-        message = asyncio.run(self._failure(
-            broken, "Patch activation callback must return true or false"))
-        self.assertIn("Patch activation callback must return true or false", message or "")
+
+
+class PluginTests(DevServerTestCase):
+    """``temporalio.contrib``'s plugins, whose workflow interceptor classes are made inside
+    ``workflow_interceptor_class``, on a worker with ``JailedWorkflowRunner()``."""
+
+    async def _run_with_plugin(self, plugin, workflows, run, arg, runner, activities=()):
+        await self.server.client()  # the server is up
+        client = await Client.connect(self.server.target, plugins=[plugin])
+        queue = "plugin-" + uuid.uuid4().hex
+        async with Worker(client, task_queue=queue, workflows=workflows,
+                          activities=list(activities), workflow_runner=runner):
+            return await client.execute_workflow(run, arg, id=str(uuid.uuid4()),
+                                                 task_queue=queue)
+
+    def test_the_opentelemetry_plugin_carries_the_trace_to_the_activity(self):
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+        from temporalio.contrib.opentelemetry import (
+            OpenTelemetryPlugin,
+            ReplaySafeTracerProvider,
+            create_tracer_provider,
+        )
+
+        # The plugin wants the global provider to be one of create_tracer_provider's (it
+        # can be set once per process).
+        if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
+            trace.set_tracer_provider(create_tracer_provider())
+        provider = trace.get_tracer_provider()
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = trace.get_tracer(__name__)
+
+        def spans(runner):
+            exporter.clear()
+
+            async def go():
+                with tracer.start_as_current_span("caller") as caller:
+                    result = await self._run_with_plugin(
+                        OpenTelemetryPlugin(add_temporal_spans=True), [B.Traced],
+                        B.Traced.run, "traced", runner, [B.shout])
+                return result, caller.get_span_context().trace_id
+
+            result, trace_id = asyncio.run(go())
+            self.assertEqual(result, "TRACED")
+            return {s.name: s for s in exporter.get_finished_spans()}, trace_id
+
+        plain, _ = spans(UnsandboxedWorkflowRunner())
+        jailed, trace_id = spans(JailedWorkflowRunner())
+        # In process the workflow's own spans are exported too; jailed, what the worker
+        # makes is (the client's, the activity's), in the caller's trace: the context
+        # crossed from the client through the confined workflow to the activity.
+        for name in ("StartWorkflow:Traced", "RunActivity:shout"):
+            self.assertIn(name, plain)
+            self.assertIn(name, jailed)
+            self.assertEqual(jailed[name].context.trace_id, trace_id, name)
+        self.assertIn("RunWorkflow:Traced", plain)
+        self.assertNotIn("RunWorkflow:Traced", jailed)
+        self.assertIsNotNone(jailed["RunActivity:shout"].parent)
+
+    def test_the_langgraph_plugin_runs_a_graph_whose_node_is_an_activity(self):
+        from temporalio.langgraph import LangGraphPlugin
+
+        import byvalue_langgraph_workflows as G
+
+        def run(runner):
+            return asyncio.run(self._run_with_plugin(
+                LangGraphPlugin(graphs={"shouting": G.make_graph()}), [G.Graphed],
+                G.Graphed.run, "graphed", runner))
+
+        self.assertEqual(run(JailedWorkflowRunner()), {"text": "GRAPHED!"})
+        self.assertEqual(run(UnsandboxedWorkflowRunner()), {"text": "GRAPHED!"})
 
 
 if __name__ == "__main__":

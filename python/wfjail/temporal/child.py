@@ -152,8 +152,8 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
 
 
 def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> Any:
-    """The worker's patch activation callback when it could not be sent by value: its answer
-    as the worker says it (None for a result that was not a bool: the SDK then fails the
+    """The worker's patch activation callback when it runs in the worker: its answer as the
+    worker says it (None for a result that was not a bool: the SDK then fails the
     task as in process, "Patch activation callback must return true or false")."""
     return json.loads(guest.upcall(json.dumps(
         {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import io
 import logging
 import pickle
 import weakref
@@ -77,7 +78,9 @@ def by_value(obj: Any, what: str) -> str:
             "installed (pip install 'wfjail[temporal]', or cloudpickle); or move it to a "
             "module the worker imports" % (what, obj)) from None
     try:
-        text = base64.b64encode(cloudpickle.dumps(obj)).decode("ascii")
+        out = io.BytesIO()
+        _pickler(cloudpickle)(out).dump(obj)
+        text = base64.b64encode(out.getvalue()).decode("ascii")
     except Exception as e:  # noqa: BLE001  (anything an object's reduction raises)
         raise ValueError(
             "%s %r cannot run in a confined process: it is defined in a function "
@@ -99,6 +102,48 @@ def by_value(obj: Any, what: str) -> str:
     return text
 
 
+def _module_dict(name: str) -> dict[str, Any]:
+    """(In the child.) The globals of module ``name``, imported."""
+    return importlib.import_module(name).__dict__
+
+
+class _ModuleGlobals:
+    """Pickles as the globals of an importable module (``_module_dict``), by name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _module_dict, (self.name,)
+
+
+def _pickler(cloudpickle: Any) -> Any:
+    """cloudpickle's Pickler, except that a function made inside a function of an importable
+    module keeps that module's globals in the child, where cloudpickle gives it a copy of
+    those it uses: LangGraph's plugin registers each run's graphs in a module-level dict
+    from its interceptor class (made in a method), and its own ``graph()`` reads them from
+    that dict. (Uses cloudpickle's ``_make_function`` and ``_function_getstate``/
+    ``_function_setstate``, as its own ``_dynamic_function_reduce`` does: cloudpickle 3.1.)"""
+    import sys
+
+    from cloudpickle import cloudpickle as impl
+
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def _dynamic_function_reduce(self, func: Any) -> Any:
+            name = func.__globals__.get("__name__")
+            module = sys.modules.get(name) if isinstance(name, str) else None
+            if (name == "__main__" or module is None
+                    or getattr(module, "__dict__", None) is not func.__globals__):
+                return super()._dynamic_function_reduce(func)
+            code, _, fname, argdefs, closure = self._function_getnewargs(func)
+            state, slotstate = impl._function_getstate(func)
+            slotstate["__globals__"] = {}  # the module's own, as imported in the child
+            return (impl._make_function, (code, _ModuleGlobals(name), fname, argdefs, closure),
+                    (state, slotstate), None, None, impl._function_setstate)
+
+    return Pickler
+
+
 def load_ref(ref: ClassRef) -> Any:
     """(In the child.) The object ``ref`` names: imported by its path, or unpickled (what the
     worker pickled by value: the worker never unpickles what a child sends)."""
@@ -116,14 +161,18 @@ def load(path: str) -> Any:
     return obj
 
 
-def patch_callback_ref(callback: Callable[..., Any] | None) -> ClassRef | None:
-    """How the worker's ``patch_activation_callback`` reaches a child: by value, so that the
-    SDK's instance calls it as in process (in the workflow's read-only context, its result
-    checked to be a bool); or, when it cannot be pickled, ``"worker"``: the child's proxy
-    asks the worker, which calls it (outside any workflow context; said once, as a
-    warning on ``wfjail.temporal``)."""
+def patch_callback_ref(callback: Callable[..., Any] | None, in_child: bool = False,
+                       ) -> ClassRef | None:
+    """Where the worker's ``patch_activation_callback`` runs. By default ``"worker"``: the
+    child's proxy asks the worker, which calls it (it sees and changes the worker's own
+    state, as in process, but outside the workflow's read-only context). With
+    ``in_child``, by value: the SDK's instance in the child calls a copy as in process
+    (in the read-only context, its result checked to be a bool), or, when it cannot be
+    pickled, in the worker after all (said once, as a warning on ``wfjail.temporal``)."""
     if callback is None:
         return None
+    if not in_child:
+        return "worker"
     try:
         return _patch_refs[callback]
     except (KeyError, TypeError):
@@ -147,7 +196,7 @@ _patch_refs: "weakref.WeakKeyDictionary[Any, ClassRef]" = weakref.WeakKeyDiction
 
 
 def recipe(det: temporalio.worker.WorkflowInstanceDetails, failure_types: Iterable[ClassRef],
-           ) -> Recipe:
+           patch_callback_in_child: bool = False) -> Recipe:
     """What a child needs to rebuild the instance: class paths (or classes made inside a
     function, by value), and the details that are plain data (pickled: the child unpickles
     what the worker sends, never the other way round)."""
@@ -169,7 +218,8 @@ def recipe(det: temporalio.worker.WorkflowInstanceDetails, failure_types: Iterab
         "interceptors": [class_ref(c, "interceptor class") for c in det.interceptor_classes],
         # Extern functions run in the worker: the child gets proxies by name (upcalls).
         "extern": sorted(n for n in det.extern_functions if n not in LOCAL_EXTERN),
-        "patch_callback": patch_callback_ref(det.patch_activation_callback),
+        "patch_callback": patch_callback_ref(det.patch_activation_callback,
+                                             patch_callback_in_child),
         "failure_types": list(failure_types),
         # Records below what the worker would show are not sent at all.
         "log_level": logging.getLogger("temporalio.workflow").getEffectiveLevel(),

@@ -77,6 +77,11 @@ class JailedWorkflowRunner(WorkflowRunner):
     ``max_reply_bytes``: the largest completion the worker takes from a child (default 4 MiB,
     what the server takes in a task completion); raise it only when a payload storage driver
     takes large payloads out of completions in the worker.
+    ``patch_callback_in_child``: run the worker's ``patch_activation_callback`` in each
+    child, a copy sent by value (the SDK calls it in the workflow's read-only context, as in
+    process; but it sees the worker's state as it was when first pickled, and what it
+    changes stays in the child); by default it runs in the worker, through an upcall,
+    outside that context.
 
     Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
     this runner was tested with (it relies on private parts of the SDK: ``sdk``).
@@ -88,7 +93,8 @@ class JailedWorkflowRunner(WorkflowRunner):
                  call_timeout: str = "30s", sandboxed: bool = False,
                  policies: Mapping[Any, str] | None = None,
                  reserved_metric_prefixes: Iterable[str] | None = None,
-                 max_reply_bytes: int | None = None) -> None:
+                 max_reply_bytes: int | None = None,
+                 patch_callback_in_child: bool = False) -> None:
         sdk.check_version()
         self._policy = policy
         self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
@@ -109,6 +115,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._lock = threading.Lock()
         self._servers: dict[str, Server] = {}
         self._failure_types: list[ClassRef] = []
+        self._patch_callback_in_child = bool(patch_callback_in_child)
 
     # -- WorkflowRunner ------------------------------------------------------------------------
 
@@ -129,7 +136,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         """Opens the run's session (on the worker's event-loop thread, not on the timed
         activation path): the zygote forks a child, which builds the workflow instance."""
         client = self._ensure_server(self._policy_of(det.defn))
-        made = recipe(det, self._failure_types)
+        made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
         try:
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
