@@ -234,7 +234,7 @@ def details(recipe: Recipe, extern_functions: Mapping[str, Callable[..., Any]],
     extern functions (proxies of the worker's) and the worker's patch activation callback:
     its copy, or ``patch_proxy`` when it runs in the worker."""
     data = pickle.loads(base64.b64decode(recipe["data"]))
-    defn = sdk.definition(load_ref(recipe["workflow"]))
+    defn = sdk.definition(load(recipe["workflow"]))
     converter_class = (load_ref(recipe["payload_converter"]) if recipe.get("payload_converter")
                        else temporalio.converter.DefaultPayloadConverter)
     patch = recipe.get("patch_callback")
