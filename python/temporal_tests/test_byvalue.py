@@ -169,7 +169,7 @@ class PluginTests(DevServerTestCase):
             return await client.execute_workflow(run, arg, id=str(uuid.uuid4()),
                                                  task_queue=queue)
 
-    def test_the_opentelemetry_plugin_carries_the_trace_to_the_activity(self):
+    def test_the_opentelemetry_plugin_exports_the_workflows_spans(self):
         from opentelemetry import trace
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
@@ -204,18 +204,20 @@ class PluginTests(DevServerTestCase):
             self.assertEqual(result, "TRACED")
             return {s.name: s for s in exporter.get_finished_spans()}, trace_id
 
-        plain, _ = spans(UnsandboxedWorkflowRunner())
+        plain, plain_trace = spans(UnsandboxedWorkflowRunner())
         jailed, trace_id = spans(JailedWorkflowRunner())
-        # In process the workflow's own spans are exported too; jailed, what the worker
-        # makes is (the client's, the activity's), in the caller's trace: the context
-        # crossed from the client through the confined workflow to the activity.
-        for name in ("StartWorkflow:Traced", "RunActivity:shout"):
-            self.assertIn(name, plain)
-            self.assertIn(name, jailed)
-            self.assertEqual(jailed[name].context.trace_id, trace_id, name)
-        self.assertIn("RunWorkflow:Traced", plain)
-        self.assertNotIn("RunWorkflow:Traced", jailed)
-        self.assertIsNotNone(jailed["RunActivity:shout"].parent)
+        # The spans made in the confined workflow (RunWorkflow, StartActivity) reach the
+        # worker's exporter too: the same spans as in process, in the caller's trace, the
+        # activity's the child of the workflow's StartActivity.
+        self.assertEqual(sorted(jailed), sorted(plain))
+        for got, caller in ((plain, plain_trace), (jailed, trace_id)):
+            for name in ("StartWorkflow:Traced", "RunWorkflow:Traced", "StartActivity:shout",
+                         "RunActivity:shout"):
+                self.assertEqual(got[name].context.trace_id, caller, name)
+            self.assertEqual(got["RunActivity:shout"].parent.span_id,
+                             got["StartActivity:shout"].context.span_id)
+            self.assertEqual(got["StartActivity:shout"].parent.span_id,
+                             got["RunWorkflow:Traced"].context.span_id)
 
     def test_the_langgraph_plugin_runs_a_graph_whose_node_is_an_activity(self):
         from temporalio.langgraph import LangGraphPlugin
@@ -229,6 +231,40 @@ class PluginTests(DevServerTestCase):
 
         self.assertEqual(run(JailedWorkflowRunner()), {"text": "GRAPHED!"})
         self.assertEqual(run(UnsandboxedWorkflowRunner()), {"text": "GRAPHED!"})
+
+
+class SpanRecordTests(unittest.TestCase):
+    """What the worker takes of a child's span records (no server): well-formed ones reach
+    the provider's processors, bounded; anything else is dropped."""
+
+    def test_forged_and_oversized_records_are_dropped(self):
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+        from temporalio.contrib.opentelemetry import create_tracer_provider
+
+        from wfjail.temporal import spans
+
+        provider = create_tracer_provider()
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        good = {"name": "RunWorkflow:X", "scope": "s", "trace_id": 7, "span_id": 9,
+                "parent_id": 3, "parent_remote": True, "kind": "SERVER", "start": 1, "end": 2,
+                "attributes": {"a": "x" * 10_000, "b": [1], "c": 1}, "status": ["ERROR", "e"]}
+        forged = [None, 1, "span", {}, dict(good, trace_id=0), dict(good, span_id=2**64),
+                  dict(good, kind="NOPE"), dict(good, status=["NOPE", None]),
+                  dict(good, start=True), dict(good, parent_id="3"), dict(good, name=5)]
+        spans.export(provider, forged + [good] * (spans.MAX_SPANS + 5))
+        got = exporter.get_finished_spans()
+        self.assertEqual(len(got), spans.MAX_SPANS - len(forged))
+        span = got[0]
+        self.assertEqual((span.name, span.context.trace_id, span.context.span_id,
+                          span.parent.span_id, span.parent.is_remote),
+                         ("RunWorkflow:X", 7, 9, 3, True))
+        self.assertEqual(dict(span.attributes), {"a": "x" * spans.MAX_SPAN_TEXT, "c": 1})
+        self.assertEqual(span.status.description, "e")
+        self.assertEqual(spans.from_reply(b"\x00\x00\x00\x00" + b"not json"), [])
 
 
 if __name__ == "__main__":

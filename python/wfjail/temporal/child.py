@@ -21,7 +21,7 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 
 from .. import guest, typed_json
-from . import sdk
+from . import sdk, spans
 from .recipe import Recipe, details, load, recipe
 from .relays import MAX_METRIC_RECORDS, PATCH_UPCALL
 
@@ -50,6 +50,9 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     det = details(recipe, {**local_extern_functions(), **{
         name: _extern_proxy(name) for name in recipe.get("extern", [])}}, _patch_proxy)
     _relay_workflow_logs(recipe.get("log_level", logging.INFO))
+    relay_spans = bool(recipe.get("otel_spans"))
+    if relay_spans:
+        spans.record_in_child()
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -65,7 +68,9 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
         act = WorkflowActivation.FromString(request)
         completion = instance.activate(act)
         data = completion.SerializeToString()
-        side = {"metrics": _take_metric_records()}
+        side: dict[str, Any] = {"metrics": _take_metric_records()}
+        if relay_spans:
+            side["spans"] = spans.take()
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     return activate, loop

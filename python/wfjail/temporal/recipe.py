@@ -18,7 +18,7 @@ import temporalio.worker
 from temporalio.api.common.v1 import Payloads
 from temporalio.api.failure.v1 import Failure
 
-from . import sdk
+from . import sdk, spans
 from .relays import LOCAL_EXTERN
 
 _log = logging.getLogger("wfjail.temporal")
@@ -221,6 +221,9 @@ def recipe(det: temporalio.worker.WorkflowInstanceDetails, failure_types: Iterab
         "patch_callback": patch_callback_ref(det.patch_activation_callback,
                                              patch_callback_in_child),
         "failure_types": list(failure_types),
+        # The worker's tracer provider is the OpenTelemetry plugin's: the child makes its
+        # spans with one of its own and sends them back (``spans``).
+        "otel_spans": spans.worker_provider() is not None,
         # Records below what the worker would show are not sent at all.
         "log_level": logging.getLogger("temporalio.workflow").getEffectiveLevel(),
         "data": base64.b64encode(pickle.dumps(data)).decode("ascii"),

@@ -24,7 +24,7 @@ from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, Workflo
 
 from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
-from . import sdk
+from . import sdk, spans
 from .child import FACTORY
 from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
 from .recipe import ClassRef, class_path, class_ref, recipe
@@ -56,6 +56,14 @@ _log = logging.getLogger("wfjail.temporal")
 # What a child needs to unpickle what went by value (recipe.by_value): preloaded by the
 # zygote when installed, so that a child does not import it anew.
 _BY_VALUE_PRELOAD = ["cloudpickle"] if importlib.util.find_spec("cloudpickle") else []
+
+
+def _span_preload() -> list[str]:
+    """What a child that records spans imports (``spans.record_in_child``), for the zygote
+    to preload when the worker uses the OpenTelemetry plugin's provider."""
+    if spans.worker_provider() is None:
+        return []
+    return ["opentelemetry.sdk.trace", "temporalio.contrib.opentelemetry"]
 
 
 class JailedWorkflowRunner(WorkflowRunner):
@@ -157,8 +165,11 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
-                               run_log)
+        instance = _JailedInstance(session, det, self._reserved_metrics,
+                                   self._max_reply_bytes, run_log)
+        # The OpenTelemetry plugin's provider: the child's spans are exported through it.
+        instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
+        return instance
 
     def _policy_of(self, defn: sdk.Definition) -> str:
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -176,7 +187,8 @@ class JailedWorkflowRunner(WorkflowRunner):
                 server = Server(self._wfjail, policy,
                                 socket=self._socket if policy == self._policy else None,
                                 classes=self._classes,
-                                preload=self._modules + self._preload + _BY_VALUE_PRELOAD,
+                                preload=(self._modules + self._preload + _BY_VALUE_PRELOAD
+                                         + _span_preload()),
                                 max_sessions=self._max_sessions, zygotes=self._zygotes)
                 self._servers[policy] = server
                 # A server ends with the worker's process; a runner dropped earlier stops it.
@@ -250,6 +262,8 @@ class _JailedInstance(WorkflowInstance):
         self._overdue = False
         # The metric series the run's child has added (at most MAX_METRIC_SERIES).
         self._metric_series: set[Series] = set()
+        # The worker's replay-safe tracer provider, when the child relays its spans.
+        self._span_provider: Any = None
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -293,6 +307,8 @@ class _JailedInstance(WorkflowInstance):
             while len(self._contexts) > MAX_COMMAND_CONTEXTS:
                 del self._contexts[next(iter(self._contexts))]
             record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
+            if self._span_provider is not None:
+                spans.export(self._span_provider, spans.from_reply(reply))
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
