@@ -26,7 +26,7 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 
 from .. import guest, typed_json
-from . import sdk
+from . import sdk, spans
 from .recipe import Recipe, details, load, recipe
 from .relays import (
     FULL_INFO_KEY,
@@ -60,9 +60,11 @@ def instance_factory(recipe: Recipe) -> Activate:
 def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     """``instance_factory``'s handler, and the event loop its instance was built in."""
     det = details(recipe, {**local_extern_functions(), **{
-        name: _extern_proxy(name) for name in recipe.get("extern", [])}},
-        _patch_proxy if recipe.get("patch_callback") else None)
+        name: _extern_proxy(name) for name in recipe.get("extern", [])}}, _patch_proxy)
     _relay_records(recipe.get("logging"))
+    relay_spans = bool(recipe.get("otel_spans"))
+    if relay_spans:
+        spans.record_in_child()
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -88,7 +90,9 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
                 raise
             completion = _activation_failed(det, act, err)
         data = completion.SerializeToString()
-        side = {"metrics": _take_metric_records()}
+        side: dict[str, Any] = {"metrics": _take_metric_records()}
+        if relay_spans:
+            side["spans"] = spans.take()
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     return activate, loop
@@ -301,9 +305,12 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
     return call
 
 
-def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> bool:
-    return bool(json.loads(guest.upcall(json.dumps(
-        {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode())))
+def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> Any:
+    """The worker's patch activation callback when it runs in the worker: its answer as the
+    worker says it (None for a result that was not a bool: the SDK then fails the
+    task as in process, "Patch activation callback must return true or false")."""
+    return json.loads(guest.upcall(json.dumps(
+        {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode()))
 
 
 def local_extern_functions() -> dict[str, Callable[..., Any]]:

@@ -539,8 +539,12 @@ def upcalls_in_worker(det: temporalio.worker.WorkflowInstanceDetails,
             callback = det.patch_activation_callback
             if callback is None:
                 raise ValueError("the worker has no patch activation callback")
-            result = bool(callback(temporalio.worker.PatchActivationInput(
-                workflow_info=det.info, patch_id=str(doc.get("patch_id", "")))))
+            result = callback(temporalio.worker.PatchActivationInput(
+                workflow_info=det.info, patch_id=str(doc.get("patch_id", ""))))
+            # Not coerced: anything but a bool goes back as None, which the SDK refuses in
+            # the child as it would in process.
+            if type(result) is not bool:
+                result = None
         else:
             fn = det.extern_functions.get(name)
             if fn is None or name in LOCAL_EXTERN:

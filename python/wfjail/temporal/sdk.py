@@ -107,3 +107,18 @@ def in_running_loop() -> bool:
     raise where the public one does): the SDK's debug mode runs activations on its loop,
     as the SDK itself tells by this call."""
     return asyncio._get_running_loop() is not None
+
+
+def span_processor_of(provider: Any) -> Any:
+    """The span processor that a ``temporalio.contrib.opentelemetry.ReplaySafeTracerProvider``
+    feeds (the one its ``add_span_processor`` adds to): its wrapped SDK provider
+    (``_tracer_provider``, private) and that provider's ``_active_span_processor`` (private to
+    opentelemetry-sdk). The worker hands it the spans a confined child made (``spans``):
+    neither package has a public way to export a finished span made elsewhere."""
+    return provider._tracer_provider._active_span_processor
+
+
+def resource_of(provider: Any) -> Any:
+    """The resource of a ``ReplaySafeTracerProvider``'s wrapped SDK provider
+    (``_tracer_provider``, private): the worker exports a child's spans with it."""
+    return provider._tracer_provider.resource

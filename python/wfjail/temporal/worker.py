@@ -8,6 +8,7 @@ child ended). What the worker takes from a child is checked in ``relays``, ``con
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import logging
 import shutil
 import threading
@@ -23,10 +24,10 @@ from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, Workflo
 
 from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
-from . import sdk
+from . import sdk, spans
 from .child import FACTORY
 from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
-from .recipe import class_path, recipe
+from .recipe import ClassRef, class_path, class_ref, recipe
 from .relays import (
     MAX_LOG_RECORDS,
     MAX_REPLY_BYTES,
@@ -55,6 +56,18 @@ EARLY_START_AFTER = 0.05
 
 _log = logging.getLogger("wfjail.temporal")
 
+# What a child needs to unpickle what went by value (recipe.by_value): preloaded by the
+# zygote when installed, so that a child does not import it anew.
+_BY_VALUE_PRELOAD = ["cloudpickle"] if importlib.util.find_spec("cloudpickle") else []
+
+
+def _span_preload() -> list[str]:
+    """What a child that records spans imports (``spans.record_in_child``), for the zygote
+    to preload when the worker uses the OpenTelemetry plugin's provider."""
+    if spans.worker_provider() is None:
+        return []
+    return ["opentelemetry.sdk.trace", "temporalio.contrib.opentelemetry"]
+
 
 class JailedWorkflowRunner(WorkflowRunner):
     """A ``WorkflowRunner`` that runs every cached workflow run in a process of its own,
@@ -75,6 +88,11 @@ class JailedWorkflowRunner(WorkflowRunner):
     ``max_reply_bytes``: the largest completion the worker takes from a child (default 4 MiB,
     what the server takes in a task completion); raise it only when a payload storage driver
     takes large payloads out of completions in the worker.
+    ``patch_callback_in_child``: run the worker's ``patch_activation_callback`` in each
+    child, a copy sent by value (the SDK calls it in the workflow's read-only context, as in
+    process; but it sees the worker's state as it was when first pickled, and what it
+    changes stays in the child); by default it runs in the worker, through an upcall,
+    outside that context.
 
     Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
     this runner was tested with (it relies on private parts of the SDK: ``sdk``).
@@ -86,7 +104,8 @@ class JailedWorkflowRunner(WorkflowRunner):
                  call_timeout: str = "30s", sandboxed: bool = False,
                  policies: Mapping[Any, str] | None = None,
                  reserved_metric_prefixes: Iterable[str] | None = None,
-                 max_reply_bytes: int | None = None) -> None:
+                 max_reply_bytes: int | None = None,
+                 patch_callback_in_child: bool = False) -> None:
         sdk.check_version()
         self._policy = policy
         self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
@@ -111,7 +130,8 @@ class JailedWorkflowRunner(WorkflowRunner):
         # dict, not the runner).
         self._held: dict[str, tuple[ServerKey, Server]] = {}
         weakref.finalize(self, _release_all, self._held)
-        self._failure_types: list[str] = []
+        self._failure_types: list[ClassRef] = []
+        self._patch_callback_in_child = bool(patch_callback_in_child)
         # The start of the servers as soon as the worker has prepared its workflows (a timer
         # each prepare_workflow re-arms), not on the first workflow task.
         self._early_start: threading.Timer | None = None
@@ -130,13 +150,13 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
                                                  ) -> None:
-        self._failure_types = [class_path(t, "failure exception type") for t in types]
+        self._failure_types = [class_ref(t, "failure exception type") for t in types]
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
         activation path): the zygote forks a child, which builds the workflow instance."""
         client = self._ensure_server(self._policy_of(det.defn))
-        made = recipe(det, self._failure_types)
+        made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
         # The worker's logger levels and workflow.logger's settings hold in the child.
         made["logging"] = logging_settings()
@@ -160,8 +180,11 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
-        return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
-                               run_log)
+        instance = _JailedInstance(session, det, self._reserved_metrics,
+                                   self._max_reply_bytes, run_log)
+        # The OpenTelemetry plugin's provider: the child's spans are exported through it.
+        instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
+        return instance
 
     def _policy_of(self, defn: sdk.Definition) -> str:
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -174,9 +197,10 @@ class JailedWorkflowRunner(WorkflowRunner):
     def _ensure_server(self, policy: str | None = None) -> Client:
         policy = policy or self._policy
         socket = self._socket if policy == self._policy else None
+        preload = self._modules + self._preload + _BY_VALUE_PRELOAD + _span_preload()
         key = server_key(self._wfjail, policy, socket=socket, classes=self._classes,
-                         preload=self._modules + self._preload,
-                         max_sessions=self._max_sessions, zygotes=self._zygotes)
+                         preload=preload, max_sessions=self._max_sessions,
+                         zygotes=self._zygotes)
         with self._lock:
             held = self._held.get(policy)
             if held is not None and held[0] == key and held[1].alive():
@@ -186,7 +210,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 release(held[0])
             server = acquire(key, lambda: Server(
                 self._wfjail, policy, socket=socket, classes=self._classes,
-                preload=self._modules + self._preload, max_sessions=self._max_sessions,
+                preload=preload, max_sessions=self._max_sessions,
                 zygotes=self._zygotes))
             self._held[policy] = (key, server)
             return server.client
@@ -299,6 +323,8 @@ class _JailedInstance(WorkflowInstance):
         self._overdue = False
         # The metric series the run's child has added (at most MAX_METRIC_SERIES).
         self._metric_series: set[Series] = set()
+        # The worker's replay-safe tracer provider, when the child relays its spans.
+        self._span_provider: Any = None
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -342,6 +368,8 @@ class _JailedInstance(WorkflowInstance):
             while len(self._contexts) > MAX_COMMAND_CONTEXTS:
                 del self._contexts[next(iter(self._contexts))]
             record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
+            if self._span_provider is not None:
+                spans.export(self._span_provider, spans.from_reply(reply))
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
