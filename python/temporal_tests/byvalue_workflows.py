@@ -2,6 +2,7 @@
 as Temporal's contrib plugins make theirs: JailedWorkflowRunner sends them to the confined
 child by value (test_byvalue.py)."""
 
+import asyncio
 import os
 import threading
 from datetime import timedelta
@@ -106,6 +107,26 @@ def upserting_memo(input):
 def drawing_random(input):
     workflow.random().random()
     return True
+
+
+def scheduling_a_task(input):
+    asyncio.get_running_loop().call_soon(lambda: None)
+    return True
+
+
+def reading_info(seen):
+    """A callback that reads the run's info (allowed in the read-only context)."""
+
+    def callback(input) -> bool:
+        info = workflow.info()
+        seen.append((info.workflow_id, info.workflow_type))
+        return True
+
+    return callback
+
+
+def raising(input):
+    raise ValueError("flag service down")
 
 
 def recording(calls, decision):

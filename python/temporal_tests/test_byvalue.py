@@ -135,6 +135,24 @@ class PatchActivationTests(DevServerTestCase):
         self.assertIs(asyncio.run(self._patched(B.recording(calls, True))), True)
         self.assertEqual(len(calls), 2)
 
+    def test_in_the_worker_a_callback_runs_in_the_read_only_context(self):
+        # The run's read-only context in the worker (a shadow instance of the SDK's, never
+        # activated): a workflow action fails with the SDK's own error, as in process, while
+        # workflow.info() is the run's.
+        for callback, expected in ((B.upserting_memo, "action attempted: add command"),
+                                   (B.drawing_random, "action attempted: random"),
+                                   (B.scheduling_a_task, "action attempted: schedule task")):
+            message = asyncio.run(self._failure(callback, expected))
+            self.assertIn("While in read-only function, " + expected, message or "", callback)
+        seen = []
+        self.assertIs(asyncio.run(self._patched(B.reading_info(seen))), True)
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0][1], "Patched")
+
+    def test_a_callback_that_raises_in_the_worker_fails_the_task_naming_it(self):
+        message = asyncio.run(self._failure(B.raising, "flag service down"))
+        self.assertIn("ValueError: flag service down", message or "")
+
     def test_a_callback_that_returns_no_bool_fails_the_task(self):
         expected = "Patch activation callback must return true or false"
         for in_child in (False, True):

@@ -306,11 +306,23 @@ def _extern_proxy(name: str) -> Callable[..., Any]:
 
 
 def _patch_proxy(input: temporalio.worker.PatchActivationInput) -> Any:
-    """The worker's patch activation callback when it runs in the worker: its answer as the
-    worker says it (None for a result that was not a bool: the SDK then fails the
-    task as in process, "Patch activation callback must return true or false")."""
-    return json.loads(guest.upcall(json.dumps(
+    """The worker's patch activation callback when it runs in the worker, in the read-only
+    context of the run there (``relays.patch_answer``): its answer as the worker says it
+    (None for a result that was not a bool: the SDK then fails the task as in process,
+    "Patch activation callback must return true or false"), or what it raised, raised here:
+    the SDK's ``ReadOnlyContextError`` for a workflow action it attempted, else a
+    ``RuntimeError`` naming the worker's exception (the worker's words, cut)."""
+    answer = json.loads(guest.upcall(json.dumps(
         {"fn": PATCH_UPCALL, "patch_id": input.patch_id}).encode()))
+    if not isinstance(answer, dict):
+        raise RuntimeError("wfjail: the worker's patch activation answer is not an object")
+    if "read_only" in answer:
+        raise temporalio.workflow.ReadOnlyContextError(str(answer["read_only"])[:4096])
+    if "raised" in answer:
+        raise RuntimeError("the patch activation callback raised in the worker: %s: %s" % (
+            str(answer["raised"])[:256], str(answer.get("message", ""))[:4096]))
+    use = answer.get("use")
+    return use if isinstance(use, bool) else None
 
 
 def local_extern_functions() -> dict[str, Callable[..., Any]]:

@@ -518,13 +518,45 @@ LOCAL_EXTERN = (sdk.METRIC_METER_EXTERN,)
 PATCH_UPCALL = "__patch_activation__"
 
 
+def patch_answer(det: temporalio.worker.WorkflowInstanceDetails, shadow: Any,
+                 patch_id: object) -> dict[str, Any]:
+    """The worker's patch activation callback called as the SDK calls it in process: in the
+    workflow's read-only context (``sdk.call_read_only`` with the run's ``shadow``), so a
+    workflow action it attempts fails with the SDK's ``ReadOnlyContextError``, while it sees
+    and changes the worker's own state. The answer for the child's proxy
+    (``child._patch_proxy``): ``{"use": bool}``, ``{"use": None}`` for a result that is not a
+    bool (the SDK then fails the task in the child as in process: "must return true or
+    false"), or what it raised: ``{"read_only": message}`` (raised again in the child as
+    ``ReadOnlyContextError``) or ``{"raised": type, "message": message}``."""
+    callback = det.patch_activation_callback
+    if callback is None:
+        raise ValueError("the worker has no patch activation callback")
+    import temporalio.workflow
+
+    given = temporalio.worker.PatchActivationInput(workflow_info=det.info,
+                                                   patch_id=str(patch_id or ""))
+    try:
+        result = sdk.call_read_only(shadow, lambda: callback(given))
+    except temporalio.workflow.ReadOnlyContextError as e:
+        return {"read_only": str(e)}
+    except Exception as e:  # noqa: BLE001  (the workflow's task fails with it, in the child)
+        return {"raised": type(e).__name__, "message": str(e)}
+    # Not coerced: anything but a bool goes back as None.
+    return {"use": result if type(result) is bool else None}
+
+
 def upcalls_in_worker(det: temporalio.worker.WorkflowInstanceDetails,
                       ) -> Callable[[bytes], bytes]:
     """The worker side of the child's upcalls: extern functions and the patch activation
     callback, called by name with JSON arguments; the result goes back as JSON. Nothing the
     child sends is unpickled or evaluated."""
 
+    # The run's read-only shadow instance (``sdk.read_only_shadow``), made on the first
+    # patch upcall.
+    shadow: list[Any] | None = None
+
     def on_upcall(payload: bytes) -> bytes:
+        nonlocal shadow
         # Parsed on the activation's thread while the child waits: bounded (typed_json
         # bounds the values rebuilt).
         if len(payload) > MAX_UPCALL_BYTES:
@@ -536,15 +568,9 @@ def upcalls_in_worker(det: temporalio.worker.WorkflowInstanceDetails,
         name = doc["fn"]
         result: Any
         if name == PATCH_UPCALL:
-            callback = det.patch_activation_callback
-            if callback is None:
-                raise ValueError("the worker has no patch activation callback")
-            result = callback(temporalio.worker.PatchActivationInput(
-                workflow_info=det.info, patch_id=str(doc.get("patch_id", ""))))
-            # Not coerced: anything but a bool goes back as None, which the SDK refuses in
-            # the child as it would in process.
-            if type(result) is not bool:
-                result = None
+            if shadow is None:
+                shadow = [sdk.read_only_shadow(det)]
+            return json.dumps(patch_answer(det, shadow[0], doc.get("patch_id"))).encode()
         else:
             fn = det.extern_functions.get(name)
             if fn is None or name in LOCAL_EXTERN:

@@ -122,3 +122,38 @@ def resource_of(provider: Any) -> Any:
     """The resource of a ``ReplaySafeTracerProvider``'s wrapped SDK provider
     (``_tracer_provider``, private): the worker exports a child's spans with it."""
     return provider._tracer_provider.resource
+
+
+def read_only_shadow(det: Any) -> Any:
+    """A workflow instance of the run's details (``det``) made in the worker only to give
+    the patch activation callback the workflow's read-only context there: the SDK's own
+    ``_WorkflowInstanceImpl`` (``UnsandboxedWorkflowRunner.create_instance``, built with a
+    throw-away loop running, as ``build_in_loop``), never activated, so no workflow code
+    runs in it; without interceptors (theirs run in the child) or extern functions."""
+    import dataclasses
+
+    import temporalio.worker
+
+    shadow_det = dataclasses.replace(det, interceptor_classes=[], extern_functions={},
+                                     patch_activation_callback=None)
+    loop = asyncio.new_event_loop()
+    try:
+        return build_in_loop(loop, lambda: temporalio.worker.UnsandboxedWorkflowRunner()
+                             .create_instance(shadow_det))
+    finally:
+        loop.close()
+
+
+def call_read_only(shadow: Any, fn: Callable[[], T]) -> T:
+    """``fn()`` as the SDK calls a patch activation callback in process: with ``shadow``
+    (``read_only_shadow``) as the running loop and workflow runtime, inside its read-only
+    context (``_WorkflowInstanceImpl._as_read_only``, private), so that a workflow action
+    the callback attempts raises the SDK's own ``ReadOnlyContextError``. The thread's
+    running loop, if any (the SDK's debug mode), is put back after."""
+    previous = asyncio._get_running_loop()
+    asyncio._set_running_loop(shadow)
+    try:
+        with shadow._as_read_only(in_query_or_validator=False):
+            return fn()
+    finally:
+        asyncio._set_running_loop(previous)
