@@ -9,6 +9,7 @@ test_jailed_runner.py:
 
 import asyncio
 import decimal
+import inspect
 import unittest
 import uuid
 
@@ -17,8 +18,30 @@ from temporalio.worker import Worker
 
 from test_jailed_runner import DevServerTestCase
 from wfjail.temporal import JailedWorkflowRunner, check_determinism
+from wfjail.temporal.stack import MAX_DENIED_CALLS, denied_stack
 
 import parity_workflows as P
+
+
+def _denied_line(fn):
+    """(line number, source) of the line marked "# denied here" in ``fn``."""
+    lines, first = inspect.getsourcelines(fn)
+    for i, line in enumerate(lines):
+        if "# denied here" in line:
+            return first + i, line.strip()
+    raise AssertionError("no denied line in %r" % fn)
+
+
+async def _task_failure(handle, wait=20.0):
+    """The first WorkflowTaskFailed event's failure of a run (waiting up to ``wait`` s)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait
+    while loop.time() < end:
+        async for e in handle.fetch_history_events():
+            if e.HasField("workflow_task_failed_event_attributes"):
+                return e.workflow_task_failed_event_attributes.failure
+        await asyncio.sleep(0.2)
+    raise AssertionError("no workflow task failure within %s s" % wait)
 
 
 class ParityTests(DevServerTestCase):
@@ -49,10 +72,71 @@ class ParityTests(DevServerTestCase):
         self.assertEqual(len(unchecked), 1)
         self.assertIsNotNone(unchecked[0].failure)
 
+    def test_a_denied_calls_failure_in_the_history_has_the_workflows_stack(self):
+        denied = {P.SwallowedSocket: P.SwallowedSocket.run, P.StartsThread: P.StartsThread.run,
+                  P.RunsProgram: P._system, P.WritesFile: P.WritesFile.run}
+
+        async def go():
+            client = await self.server.client()
+            queue = "denied-" + uuid.uuid4().hex
+            failures = {}
+            async with Worker(client, task_queue=queue, workflows=list(denied),
+                              workflow_runner=JailedWorkflowRunner()):
+                for wf in denied:
+                    h = await client.start_workflow(wf.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                    failures[wf] = await _task_failure(h)
+                    await h.terminate()
+            return failures
+
+        failures = asyncio.run(go())
+        for wf, fn in denied.items():
+            failure = failures[wf]
+            line, source = _denied_line(fn)
+            self.assertIn("wfjail denied workflow %s" % wf.__name__, failure.message)
+            # The workflow's frame, at the denied call, marked as the child's words.
+            self.assertIn('parity_workflows.py [confined child]", line %d, in %s\n    %s\n'
+                          % (line, fn.__name__, source), failure.stack_trace, wf.__name__)
+            # From the SDK's activation on: not the zygote's frames.
+            self.assertNotIn("zygote.py", failure.stack_trace)
+        self.assertIn("wfjail denied network socket(", failures[P.SwallowedSocket].stack_trace)
+        self.assertIn("wfjail denied filesystem openat(/tmp/wfjail-parity-write",
+                      failures[P.WritesFile].stack_trace)
+        # No audit event for a thread: the stack of the workflow's own failure.
+        self.assertIn("the workflow's failure (can't start new thread)",
+                      failures[P.StartsThread].stack_trace)
+
     def test_check_determinism_refuses_an_option_nobody_takes(self):
         with self.assertRaisesRegex(TypeError, "neither Replayer nor JailedWorkflowRunner.*"
                                     "data_convertor"):
             asyncio.run(check_determinism([], [P.Priced], data_convertor=None))
+
+
+
+class DeniedStackTests(unittest.TestCase):
+    """What the worker takes of a child's stacks of denied calls (no server)."""
+
+    violation = {"category": "network", "syscall": "socket", "args": "AF_INET",
+                 "action": "denied"}
+
+    def test_a_childs_forged_stacks_are_bounded_and_escaped(self):
+        forged = [{"category": "network", "call": "socket.__new__\x1b[2J", "path": "",
+                   "stack": 'File "/w.py\nFORGED", line 3, in run\n    x\n' * 1000}]
+        text = denied_stack([self.violation], forged)
+        self.assertNotIn("\x1b", text)
+        self.assertIn("socket.__new__\\x1b[2J", text)
+        self.assertLessEqual(text.count("[confined child]"), 64)
+        for calls in (None, "x", [1, {"category": "network"}], {"category": "network"},
+                      [{"category": "network", "call": 1, "path": "", "stack": ""}]):
+            self.assertEqual(denied_stack([self.violation], calls), "", calls)
+
+    def test_only_the_first_calls_are_read(self):
+        other = {"category": "filesystem", "call": "open", "path": "/a", "stack": ""}
+        late = {"category": "network", "call": "socket.connect", "path": "",
+                "stack": '  File "/w.py", line 9, in run\n'}
+        self.assertEqual(denied_stack([self.violation], [other] * MAX_DENIED_CALLS + [late]),
+                         "")
+        self.assertIn("line 9", denied_stack([self.violation], [other, late]))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .. import guest, typed_json
 from . import sdk
 from .recipe import Recipe, details, load, recipe
 from .relays import MAX_METRIC_RECORDS, PATCH_UPCALL
+from .stack import take_calls, watch_calls
 
 # The session handler the zygote resolves: a factory called with the run's recipe.
 FACTORY = "wfjail.temporal.child:instance_factory"
@@ -51,6 +52,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
         name: _extern_proxy(name) for name in recipe.get("extern", [])}},
         _patch_proxy if recipe.get("patch_callback") else None)
     _relay_workflow_logs(recipe.get("log_level", logging.INFO))
+    watch_calls()  # where a call the policy may deny was made, for the worker's failure
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -64,9 +66,10 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
 
     def activate(request: bytes) -> bytes:
         act = WorkflowActivation.FromString(request)
+        take_calls()  # those of earlier activations (and of building the instance)
         completion = instance.activate(act)
         data = completion.SerializeToString()
-        side = {"metrics": _take_metric_records()}
+        side = {"metrics": _take_metric_records(), "calls": take_calls()}
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()
 
     return activate, loop

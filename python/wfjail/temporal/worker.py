@@ -37,11 +37,12 @@ from .relays import (
     ReplyRefused,
     Series,
     record_metrics,
+    side_channel,
     split_reply,
     upcalls_in_worker,
 )
 from .server import Server, stop
-from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, escape, stack_text
+from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, denied_stack, escape, stack_text
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
@@ -306,7 +307,10 @@ class _JailedInstance(WorkflowInstance):
             if warned:
                 _log.warning("%s", _violations_text(self._det, warned, denied=False))
             if enforced and not evicting:
-                return _failed(act, _violations_text(self._det, enforced))
+                failure = completion.failed.failure
+                return _failed(act, _violations_text(self._det, enforced), denied_stack(
+                    enforced, side_channel(reply).get("calls"), failure.stack_trace,
+                    failure.message))
             return completion
         except GuestError as e:
             if evicting:
