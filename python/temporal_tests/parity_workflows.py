@@ -82,3 +82,44 @@ class WritesFile:
         except OSError:
             pass
         return "wrote nothing"
+
+
+# -- external payload storage: each payload here is over the test's size threshold ----------
+
+BIG = 100
+
+
+@activity.defn
+async def echo(text: str) -> str:
+    return text
+
+
+@workflow.defn
+class StoreChild:
+    """Waits for a signal; its result is stored for its parent."""
+
+    def __init__(self) -> None:
+        self.poked = ""
+
+    @workflow.signal
+    def poke(self, text: str) -> None:
+        self.poked = text
+
+    @workflow.run
+    async def run(self, text: str) -> str:
+        await workflow.wait_condition(lambda: bool(self.poked))
+        return "child " + text[:1] * BIG + self.poked[:1]
+
+
+@workflow.defn
+class StoreParent:
+    """An activity, a child workflow, a signal to it: each with a payload stored."""
+
+    @workflow.run
+    async def run(self, text: str) -> str:
+        echoed = await workflow.execute_activity(
+            echo, "a" * BIG, start_to_close_timeout=timedelta(seconds=30))
+        child = await workflow.start_child_workflow(
+            StoreChild.run, "c" * BIG, id=workflow.info().workflow_id + "-child")
+        await child.signal(StoreChild.poke, "s" * BIG)
+        return "%s %s %s" % (text[:1], echoed[:1], await child)

@@ -13,8 +13,15 @@ import inspect
 import unittest
 import uuid
 
+import temporalio.converter
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.converter import (
+    ExternalStorage,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverWorkflowInfo,
+)
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from test_jailed_runner import DevServerTestCase
 from wfjail.temporal import JailedWorkflowRunner, check_determinism
@@ -44,7 +51,58 @@ async def _task_failure(handle, wait=20.0):
     raise AssertionError("no workflow task failure within %s s" % wait)
 
 
+class RecordingDriver(StorageDriver):
+    """An external storage driver in memory that records the context of each store."""
+
+    def __init__(self):
+        self.blobs, self.stored = {}, []
+
+    def name(self):
+        return "recording"
+
+    async def store(self, context, payloads):
+        self.stored.append(context)
+        claims = []
+        for p in payloads:
+            key = str(len(self.blobs))
+            self.blobs[key] = p.SerializeToString()
+            claims.append(StorageDriverClaim(claim_data={"key": key}))
+        return claims
+
+    async def retrieve(self, context, claims):
+        from temporalio.api.common.v1 import Payload
+
+        return [Payload.FromString(self.blobs[c.claim_data["key"]]) for c in claims]
+
+
 class ParityTests(DevServerTestCase):
+    async def _stored_contexts(self, runner):
+        """The store contexts a recording driver sees for one StoreParent run on a worker
+        with ``runner``, the run's own ids written as PARENT, PARENT-RUN, CHILD-RUN."""
+        import dataclasses
+
+        driver = RecordingDriver()
+        client = await self.server.client()
+        client = client.__class__(**{**client.config(), "data_converter": dataclasses.replace(
+            temporalio.converter.default(), external_storage=ExternalStorage(
+                drivers=[driver], payload_size_threshold=P.BIG // 2))})
+        queue = "store-" + uuid.uuid4().hex
+        wid = "store-" + uuid.uuid4().hex
+        async with Worker(client, task_queue=queue, workflows=[P.StoreParent, P.StoreChild],
+                          activities=[P.echo], workflow_runner=runner):
+            handle = await client.start_workflow(P.StoreParent.run, "p" * P.BIG, id=wid,
+                                                 task_queue=queue)
+            result = await handle.result()
+        child_run = (await client.get_workflow_handle(wid + "-child").describe()).run_id
+        names = {wid: "PARENT", handle.result_run_id: "PARENT-RUN", child_run: "CHILD-RUN",
+                 wid + "-child": "CHILD"}
+        seen = []
+        for ctx in driver.stored:
+            t = ctx.target
+            seen.append(t and (type(t).__name__, t.namespace, names.get(t.id, t.id),
+                               names.get(t.run_id, t.run_id), t.type))
+        return result, sorted(seen, key=repr)
+
     def test_check_determinism_replays_with_the_workers_data_converter(self):
         async def go():
             client = await self.server.client()
@@ -105,6 +163,24 @@ class ParityTests(DevServerTestCase):
         # No audit event for a thread: the stack of the workflow's own failure.
         self.assertIn("the workflow's failure (can't start new thread)",
                       failures[P.StartsThread].stack_trace)
+
+    def test_a_storage_driver_sees_the_contexts_it_sees_in_process(self):
+        async def go():
+            return (await self._stored_contexts(JailedWorkflowRunner()),
+                    await self._stored_contexts(UnsandboxedWorkflowRunner()))
+
+        (jailed, seen), (plain, expected) = asyncio.run(go())
+        self.assertEqual(jailed, plain)
+        self.assertEqual(seen, expected)
+        # What the workflows stored: the activity's input under the parent run, the child's
+        # input and the signal under the child (its type with the input), the child's
+        # result under its parent, the parent's result under itself.
+        ns = "default"
+        for target in (("StorageDriverWorkflowInfo", ns, "PARENT", "PARENT-RUN", "StoreParent"),
+                       ("StorageDriverWorkflowInfo", ns, "CHILD", None, "StoreChild"),
+                       ("StorageDriverWorkflowInfo", ns, "CHILD", None, None),
+                       ("StorageDriverWorkflowInfo", ns, "PARENT", "PARENT-RUN", None)):
+            self.assertIn(target, seen)
 
     def test_check_determinism_refuses_an_option_nobody_takes(self):
         with self.assertRaisesRegex(TypeError, "neither Replayer nor JailedWorkflowRunner.*"

@@ -25,7 +25,14 @@ from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
 from . import sdk
 from .child import FACTORY
-from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
+from .contexts import (
+    CommandKey,
+    command_contexts,
+    command_store_contexts,
+    keep,
+    resolved_keys,
+    store_context,
+)
 from .recipe import class_path, recipe
 from .relays import (
     MAX_LOG_RECORDS,
@@ -226,6 +233,10 @@ class _JailedInstance(WorkflowInstance):
         # activations: for the command's payloads, then for its result's); a key leaves when
         # an activation resolves it, and at most MAX_COMMAND_CONTEXTS are kept.
         self._contexts: dict[CommandKey, temporalio.converter.SerializationContext] = {}
+        # The same for the external storage contexts of commands that target another
+        # workflow (a child, a signal's target); any other payload's is the run's own.
+        self._store_contexts: dict[CommandKey, temporalio.converter.StorageDriverStoreContext] \
+            = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
         # as deadlocked and evicts the run), and whether the eviction aborted it.
         self._calling = False
@@ -275,11 +286,10 @@ class _JailedInstance(WorkflowInstance):
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
-            for key in resolved_keys(act):
-                self._contexts.pop(key, None)
-            self._contexts.update(command_contexts(self._det.info, completion))
-            while len(self._contexts) > MAX_COMMAND_CONTEXTS:
-                del self._contexts[next(iter(self._contexts))]
+            resolved = resolved_keys(act)
+            keep(self._contexts, command_contexts(self._det.info, completion), resolved)
+            keep(self._store_contexts, command_store_contexts(self._det.info, completion),
+                 resolved)
             record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
             where = ""
             if self._interrupting and completion.HasField("failed"):
@@ -396,7 +406,7 @@ class _JailedInstance(WorkflowInstance):
 
     def get_external_store_context(self, command_info: sdk.CommandInfo | None,
                                    ) -> temporalio.converter.StorageDriverStoreContext:
-        return temporalio.converter.StorageDriverStoreContext()
+        return store_context(self._det.info, command_info, self._store_contexts)
 
     def get_info(self) -> temporalio.workflow.Info:
         return self._det.info
