@@ -123,3 +123,13 @@ class StoreParent:
             StoreChild.run, "c" * BIG, id=workflow.info().workflow_id + "-child")
         await child.signal(StoreChild.poke, "s" * BIG)
         return "%s %s %s" % (text[:1], echoed[:1], await child)
+
+
+@workflow.defn
+class ReadsFile:
+    """Reads the file it is given (and lets the error fail the task)."""
+
+    @workflow.run
+    async def run(self, path: str) -> str:
+        with open(path) as f:
+            return f.read()

@@ -10,6 +10,7 @@ test_jailed_runner.py:
 import asyncio
 import decimal
 import inspect
+import os
 import unittest
 import uuid
 
@@ -181,6 +182,41 @@ class ParityTests(DevServerTestCase):
                        ("StorageDriverWorkflowInfo", ns, "CHILD", None, None),
                        ("StorageDriverWorkflowInfo", ns, "PARENT", "PARENT-RUN", None)):
             self.assertIn(target, seen)
+
+    def test_a_read_the_policy_refuses_names_the_policy_and_the_path(self):
+        # A file in a granted directory (the worker's import path) that its mode bits refuse:
+        # the same EACCES, not the policy's.
+        unreadable = os.path.join(os.path.dirname(os.path.abspath(P.__file__)),
+                                  ".parity-unreadable-" + uuid.uuid4().hex)
+        with open(unreadable, "w") as f:
+            f.write("secret")
+        os.chmod(unreadable, 0)
+
+        async def go():
+            client = await self.server.client()
+            queue = "reads-" + uuid.uuid4().hex
+            messages = {}
+            async with Worker(client, task_queue=queue, workflows=[P.ReadsFile],
+                              workflow_runner=JailedWorkflowRunner()):
+                for path in ("/etc/hostname", unreadable):
+                    h = await client.start_workflow(P.ReadsFile.run, path,
+                                                    id=str(uuid.uuid4()), task_queue=queue)
+                    messages[path] = (await _task_failure(h)).message
+                    await h.terminate()
+            return messages
+
+        try:
+            messages = asyncio.run(go())
+        finally:
+            os.unlink(unreadable)
+        self.assertEqual(
+            messages["/etc/hostname"],
+            "[Errno 13] Permission denied: '/etc/hostname' (wfjail: policy temporal-python "
+            "does not let workflow code read /etc/hostname: grant it in the [filesystem] read "
+            "list of a policy that extends it (docs/policy-format.md) and pass "
+            "JailedWorkflowRunner(policy=...), or read it in an activity)")
+        # Refused by the file's mode, not the policy: the workflow's own error, as it is.
+        self.assertEqual(messages[unreadable], "[Errno 13] Permission denied: %r" % unreadable)
 
     def test_check_determinism_refuses_an_option_nobody_takes(self):
         with self.assertRaisesRegex(TypeError, "neither Replayer nor JailedWorkflowRunner.*"

@@ -5,8 +5,10 @@ made (the child keeps the stacks, the worker matches them to the violations). No
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+import stat
 import sys
 import traceback
 from typing import Any
@@ -187,3 +189,50 @@ def denied_stack(violations: list[dict[str, Any]], calls: object, failure_stack:
         out.append("the workflow's failure (%s):\n%s" % (escape(failure, MAX_CHILD_MESSAGE),
                                                          stack_text(failure_stack)))
     return "".join(out)
+
+
+# -- a read the policy refused --------------------------------------------------------------
+#
+# Landlock refuses a read outside the policy's grants in the kernel, with EACCES and no
+# report: the workflow's failure is a bare PermissionError. The child tells it from a
+# refusal by the file's mode bits (the same errno), by the file's own mode: a file its mode
+# lets this process read, refused all the same, was refused by the policy (stat is not
+# refused by Landlock). The worker names its policy (``refused_read_text``).
+
+_PERMISSION_DENIED = re.compile(r"^\[Errno 13\] Permission denied: ('.*'|\".*\")$", re.S)
+
+
+def policy_refused_read(message: str) -> str | None:
+    """(In the child.) The path of a workflow failure ``message`` that is a PermissionError
+    on opening a file, when the file's mode bits let this process read it (so the policy's
+    Landlock grants refused it), else None."""
+    m = _PERMISSION_DENIED.match(message)
+    if not m:
+        return None
+    try:
+        path = ast.literal_eval(m.group(1))
+        st = os.stat(path)
+    except (ValueError, SyntaxError, TypeError, OSError):
+        return None
+    if not isinstance(path, str):
+        return None
+    if st.st_uid == os.geteuid():
+        bit = stat.S_IRUSR
+    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        bit = stat.S_IRGRP
+    else:
+        bit = stat.S_IROTH
+    return path if st.st_mode & bit else None
+
+
+def refused_read_text(message: str, path: object, policy: str) -> str:
+    """(In the worker.) A failure ``message`` (the child's) with what the child found: the
+    policy does not grant reading ``path`` (the child's word, bounded and escaped), and how
+    to grant it. ``message`` as it is when ``path`` is not a string it names."""
+    if not isinstance(path, str) or not path or path not in message \
+            or not message.startswith("[Errno 13] Permission denied: "):
+        return message
+    return ("%s (wfjail: policy %s does not let workflow code read %s: grant it in the "
+            "[filesystem] read list of a policy that extends it (docs/policy-format.md) and "
+            "pass JailedWorkflowRunner(policy=...), or read it in an activity)"
+            % (message, policy, escape(path, MAX_STACK_NAME)))

@@ -49,7 +49,14 @@ from .relays import (
     upcalls_in_worker,
 )
 from .server import Server, stop
-from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, denied_stack, escape, stack_text
+from .stack import (
+    MAX_CHILD_MESSAGE,
+    MAX_STACK_NAME,
+    denied_stack,
+    escape,
+    refused_read_text,
+    stack_text,
+)
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
@@ -131,7 +138,8 @@ class JailedWorkflowRunner(WorkflowRunner):
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
         activation path): the zygote forks a child, which builds the workflow instance."""
-        client = self._ensure_server(self._policy_of(det.defn))
+        policy = self._policy_of(det.defn)
+        client = self._ensure_server(policy)
         made = recipe(det, self._failure_types)
         made["sandboxed"] = self._sandboxed
         try:
@@ -154,7 +162,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
         return _JailedInstance(session, det, self._reserved_metrics, self._max_reply_bytes,
-                               run_log)
+                               run_log, policy)
 
     def _policy_of(self, defn: sdk.Definition) -> str:
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -218,8 +226,10 @@ class _JailedInstance(WorkflowInstance):
 
     def __init__(self, session: Session, det: WorkflowInstanceDetails,
                  reserved_metrics: Iterable[str] | None = None,
-                 max_reply_bytes: int | None = None, run_log: LogRelay | None = None) -> None:
+                 max_reply_bytes: int | None = None, run_log: LogRelay | None = None,
+                 policy: str = "temporal-python") -> None:
         self._session = session
+        self._policy = policy  # the run's policy, as its failures name it
         # The run's log relay (``LogRelay``): its budget of records is per activation.
         self._run_log = run_log
         self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
@@ -291,6 +301,10 @@ class _JailedInstance(WorkflowInstance):
             keep(self._store_contexts, command_store_contexts(self._det.info, completion),
                  resolved)
             record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
+            if completion.HasField("failed"):
+                failure = completion.failed.failure
+                failure.message = refused_read_text(
+                    failure.message, side_channel(reply).get("refused_read"), self._policy)
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
