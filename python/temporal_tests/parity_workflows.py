@@ -25,34 +25,8 @@ class Priced:
         return Order(item=order.item.upper(), price=order.price * 2)
 
 
-# -- denied calls: the failure's stack trace shows where (each marked "# denied here") -------
-
-
-@workflow.defn
-class SwallowedSocket:
-    """Opens a socket and swallows the error: the task fails all the same, at this line."""
-
-    @workflow.run
-    async def run(self) -> str:
-        import socket
-
-        try:
-            socket.create_connection(("127.0.0.1", 7233), timeout=1)  # denied here
-        except OSError:
-            pass
-        return "pretended it worked"
-
-
-@workflow.defn
-class StartsThread:
-    """Starts a thread (no audit event: the stack is the workflow's own failure's)."""
-
-    @workflow.run
-    async def run(self) -> str:
-        import threading
-
-        threading.Thread(target=print).start()  # denied here
-        return "started"
+# -- denied calls: the failure's stack trace shows where (each marked "# denied here"; the
+# example's Network and Thread workflows too) --------------------------------------------
 
 
 @workflow.defn

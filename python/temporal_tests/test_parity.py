@@ -25,31 +25,31 @@ from temporalio.converter import (
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from test_jailed_runner import DevServerTestCase
+
+import workflows as W  # noqa: E402  (the example's, on the path test_jailed_runner sets)
+from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner, check_determinism
 from wfjail.temporal.stack import MAX_DENIED_CALLS, denied_stack
 
 import parity_workflows as P
 
 
-def _denied_line(fn):
-    """(line number, source) of the line marked "# denied here" in ``fn``."""
+def _denied_line(fn, marker="# denied here"):
+    """(line number, source) of the line of ``fn`` with ``marker``."""
     lines, first = inspect.getsourcelines(fn)
     for i, line in enumerate(lines):
-        if "# denied here" in line:
+        if marker in line:
             return first + i, line.strip()
-    raise AssertionError("no denied line in %r" % fn)
+    raise AssertionError("no %r in %r" % (marker, fn))
 
 
-async def _task_failure(handle, wait=20.0):
-    """The first WorkflowTaskFailed event's failure of a run (waiting up to ``wait`` s)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait
-    while loop.time() < end:
-        async for e in handle.fetch_history_events():
-            if e.HasField("workflow_task_failed_event_attributes"):
-                return e.workflow_task_failed_event_attributes.failure
-        await asyncio.sleep(0.2)
-    raise AssertionError("no workflow task failure within %s s" % wait)
+async def _task_failure(handle):
+    """The first WorkflowTaskFailed event's failure of a run (waiting up to 20 s for it)."""
+    await task_failure(handle, wait=20.0)
+    async for e in handle.fetch_history_events():
+        if e.HasField("workflow_task_failed_event_attributes"):
+            return e.workflow_task_failed_event_attributes.failure
+    raise AssertionError("no workflow task failure within 20 s")
 
 
 class RecordingDriver(StorageDriver):
@@ -132,8 +132,11 @@ class ParityTests(DevServerTestCase):
         self.assertIsNotNone(unchecked[0].failure)
 
     def test_a_denied_calls_failure_in_the_history_has_the_workflows_stack(self):
-        denied = {P.SwallowedSocket: P.SwallowedSocket.run, P.StartsThread: P.StartsThread.run,
-                  P.RunsProgram: P._system, P.WritesFile: P.WritesFile.run}
+        # The workflow, its function with the denied call, the text on that line.
+        denied = {W.Network: (W.Network.run, "socket.create_connection("),
+                  W.Thread: (W.Thread.run, "threading.Thread("),
+                  P.RunsProgram: (P._system, "# denied here"),
+                  P.WritesFile: (P.WritesFile.run, "# denied here")}
 
         async def go():
             client = await self.server.client()
@@ -149,21 +152,22 @@ class ParityTests(DevServerTestCase):
             return failures
 
         failures = asyncio.run(go())
-        for wf, fn in denied.items():
+        for wf, (fn, marker) in denied.items():
             failure = failures[wf]
-            line, source = _denied_line(fn)
+            line, source = _denied_line(fn, marker)
             self.assertIn("wfjail denied workflow %s" % wf.__name__, failure.message)
             # The workflow's frame, at the denied call, marked as the child's words.
-            self.assertIn('parity_workflows.py [confined child]", line %d, in %s\n    %s\n'
-                          % (line, fn.__name__, source), failure.stack_trace, wf.__name__)
+            self.assertIn('%s [confined child]", line %d, in %s\n    %s\n'
+                          % (inspect.getsourcefile(fn), line, fn.__name__, source),
+                          failure.stack_trace, wf.__name__)
             # From the SDK's activation on: not the zygote's frames.
             self.assertNotIn("zygote.py", failure.stack_trace)
-        self.assertIn("wfjail denied network socket(", failures[P.SwallowedSocket].stack_trace)
+        self.assertIn("wfjail denied network socket(", failures[W.Network].stack_trace)
         self.assertIn("wfjail denied filesystem openat(/tmp/wfjail-parity-write",
                       failures[P.WritesFile].stack_trace)
         # No audit event for a thread: the stack of the workflow's own failure.
         self.assertIn("the workflow's failure (can't start new thread)",
-                      failures[P.StartsThread].stack_trace)
+                      failures[W.Thread].stack_trace)
 
     def test_a_storage_driver_sees_the_contexts_it_sees_in_process(self):
         async def go():
