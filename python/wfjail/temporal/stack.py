@@ -89,8 +89,9 @@ def stack_text(text: str) -> str:
 # wfjail's supervisor), without the workflow's stack. The child keeps the stack of each call
 # a policy may deny as Python's audit events announce it (before the call is made), and sends
 # them with the completion; the worker shows, for each violation, the stack of the child's
-# first such call of its category (and, for a file, path). Threads have no audit event: a
-# denied thread start shows the stack of the workflow's failure, when it did not catch it.
+# first such call of its category (and, for a file, path). A thread start has an audit event
+# from Python 3.12 on; before, a denied one shows the stack of the workflow's failure, when it
+# did not catch it.
 
 # The audit events of calls a policy may deny, by the category wfjail's violations name.
 AUDITED_CALLS = {
@@ -100,6 +101,7 @@ AUDITED_CALLS = {
     **dict.fromkeys(("os.system", "os.posix_spawn", "os.fork", "os.forkpty", "os.spawn",
                      "subprocess.Popen", "pty.spawn"), "subprocess"),
     "os.exec": "exec",
+    "_thread.start_new_thread": "thread",
     **dict.fromkeys(("open", "sqlite3.connect", "os.mkdir", "os.remove", "os.rename",
                      "os.rmdir", "os.truncate", "os.chmod", "os.chown", "os.link",
                      "os.symlink", "os.utime"), "filesystem"),
