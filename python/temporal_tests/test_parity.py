@@ -29,7 +29,7 @@ from test_jailed_runner import DevServerTestCase
 import workflows as W  # noqa: E402  (the example's, on the path test_jailed_runner sets)
 from starter import task_failure  # noqa: E402  (the example's own helper)
 from wfjail.temporal import JailedWorkflowRunner, check_determinism
-from wfjail.temporal.stack import MAX_DENIED_CALLS, denied_stack
+from wfjail.temporal.stack import MAX_DENIED_CALLS, denied_stack, refused_read_text
 
 import parity_workflows as P
 
@@ -43,13 +43,14 @@ def _denied_line(fn, marker="# denied here"):
     raise AssertionError("no %r in %r" % (marker, fn))
 
 
-async def _task_failure(handle):
-    """The first WorkflowTaskFailed event's failure of a run (waiting up to 20 s for it)."""
-    await task_failure(handle, wait=20.0)
+async def _task_failure(handle, wait=60.0):
+    """The first WorkflowTaskFailed event's failure of a run (waiting up to ``wait`` s for it:
+    a new worker's first task waits for its server and zygote, longer on a loaded machine)."""
+    await task_failure(handle, wait=wait)
     async for e in handle.fetch_history_events():
         if e.HasField("workflow_task_failed_event_attributes"):
             return e.workflow_task_failed_event_attributes.failure
-    raise AssertionError("no workflow task failure within 20 s")
+    raise AssertionError("no workflow task failure of %s within %s s" % (handle.id, wait))
 
 
 class RecordingDriver(StorageDriver):
@@ -253,6 +254,17 @@ class DeniedStackTests(unittest.TestCase):
         self.assertEqual(denied_stack([self.violation], [other] * MAX_DENIED_CALLS + [late]),
                          "")
         self.assertIn("line 9", denied_stack([self.violation], [other, late]))
+
+    def test_a_childs_refused_read_changes_only_its_own_permission_error(self):
+        bare = "[Errno 13] Permission denied: '/x\\n'"
+        # Not a PermissionError the child's failure names, or no path: the message as it is.
+        for message, path in (("ValueError: /x", "/x"), (bare, "/y"), (bare, None),
+                              (bare, ["/x"]), (bare, "")):
+            self.assertEqual(refused_read_text(message, path, "p"), message)
+        forged = "[Errno 13] Permission denied: '/x\x1b[2J'"
+        text = refused_read_text(forged, "/x\x1b[2J", "temporal-python")
+        self.assertIn("policy temporal-python does not let workflow code read /x\\x1b[2J:",
+                      text)
 
 
 if __name__ == "__main__":
