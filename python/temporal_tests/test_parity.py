@@ -50,7 +50,8 @@ async def _task_failure(handle, wait=60.0):
     async for e in handle.fetch_history_events():
         if e.HasField("workflow_task_failed_event_attributes"):
             return e.workflow_task_failed_event_attributes.failure
-    raise AssertionError("no workflow task failure of %s within %s s" % (handle.id, wait))
+    raise AssertionError("no workflow task failure of %s within %s s: %s" % (
+        handle.id, wait, (await handle.describe()).status))
 
 
 class RecordingDriver(StorageDriver):
@@ -148,7 +149,10 @@ class ParityTests(DevServerTestCase):
                 for wf in denied:
                     h = await client.start_workflow(wf.run, id=str(uuid.uuid4()),
                                                     task_queue=queue)
-                    failures[wf] = await _task_failure(h)
+                    try:
+                        failures[wf] = await _task_failure(h)
+                    except AssertionError as e:
+                        raise AssertionError("%s: %s" % (wf.__name__, e)) from None
                     await h.terminate()
             return failures
 

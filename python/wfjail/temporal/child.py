@@ -24,7 +24,7 @@ from .. import guest, typed_json
 from . import sdk
 from .recipe import Recipe, details, load, recipe
 from .relays import MAX_METRIC_RECORDS, PATCH_UPCALL
-from .stack import policy_refused_read, take_calls, watch_calls
+from .stack import begin_calls, policy_refused_read, take_calls, watch_calls
 
 # The session handler the zygote resolves: a factory called with the run's recipe.
 FACTORY = "wfjail.temporal.child:instance_factory"
@@ -66,7 +66,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
 
     def activate(request: bytes) -> bytes:
         act = WorkflowActivation.FromString(request)
-        take_calls()  # those of earlier activations (and of building the instance)
+        begin_calls()
         completion = instance.activate(act)
         data = completion.SerializeToString()
         side = {"metrics": _take_metric_records(), "calls": take_calls(),

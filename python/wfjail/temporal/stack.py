@@ -115,6 +115,8 @@ _CHILD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py
 _calls: list[dict[str, str]] = []
 _in_hook = False
 _hooked = False
+# Whether an activation is in progress: the zygote's forks and imports are not kept.
+_watching = False
 # os.open's flags that make an open a write (a read outside the policy is refused by
 # Landlock without a violation: only writes are matched).
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -132,7 +134,7 @@ def watch_calls() -> None:
 def _on_audit(event: str, args: tuple[Any, ...]) -> None:
     global _in_hook
     category = AUDITED_CALLS.get(event)
-    if category is None or _in_hook or len(_calls) >= MAX_DENIED_CALLS:
+    if category is None or not _watching or _in_hook or len(_calls) >= MAX_DENIED_CALLS:
         return
     path = ""
     if category == "filesystem" and args:
@@ -157,8 +159,18 @@ def _on_audit(event: str, args: tuple[Any, ...]) -> None:
         _in_hook = False
 
 
+def begin_calls() -> None:
+    """(In the child.) Keeps the calls of the activation that begins (``take_calls`` ends
+    it)."""
+    global _watching
+    _calls.clear()
+    _watching = True
+
+
 def take_calls() -> list[dict[str, str]]:
-    """(In the child.) The calls kept since the last take: the activation's."""
+    """(In the child.) The calls the activation made (since ``begin_calls``)."""
+    global _watching
+    _watching = False
     calls = _calls[:]
     _calls.clear()
     return calls
