@@ -262,7 +262,9 @@ class SpanRecordTests(unittest.TestCase):
         )
         from temporalio.contrib.opentelemetry import create_tracer_provider
 
-        from wfjail.temporal import spans
+        import json
+
+        from wfjail.temporal import relays, spans
 
         provider = create_tracer_provider()
         exporter = InMemorySpanExporter()
@@ -282,7 +284,11 @@ class SpanRecordTests(unittest.TestCase):
                          ("RunWorkflow:X", 7, 9, 3, True))
         self.assertEqual(dict(span.attributes), {"a": "x" * spans.MAX_SPAN_TEXT, "c": 1})
         self.assertEqual(span.status.description, "e")
-        self.assertEqual(spans.from_reply(b"\x00\x00\x00\x00" + b"not json"), [])
+        self.assertEqual(spans.from_side(relays.side_channel(b"\x00\x00\x00\x00" + b"not json")),
+                         [])
+        # A side channel over its bound is not read at all (no spans from it).
+        big = json.dumps({"spans": [[]] * 10, "pad": "x" * relays.MAX_SIDE_CHANNEL}).encode()
+        self.assertEqual(spans.from_side(relays.side_channel(b"\x00\x00\x00\x00" + big)), [])
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from .relays import (
     RECORD_MARK,
     WARNING_MARK,
 )
+from .stack import begin_calls, policy_refused_read, take_calls, watch_calls
 
 # The session handler the zygote resolves: a factory called with the run's recipe.
 FACTORY = "wfjail.temporal.child:instance_factory"
@@ -65,6 +66,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
     relay_spans = bool(recipe.get("otel_spans"))
     if relay_spans:
         spans.record_in_child()
+    watch_calls()  # where a call the policy may deny was made, for the worker's failure
     # The instance must be built inside a running event loop (it registers itself on it).
     loop = asyncio.new_event_loop()
     runner: temporalio.worker.WorkflowRunner
@@ -80,6 +82,7 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
         global _warnings_sent
         _warnings_sent = 0
         act = WorkflowActivation.FromString(request)
+        begin_calls()
         try:
             completion = instance.activate(act)
         except Exception as err:  # noqa: BLE001  (the SDK's worker fails the task with it)
@@ -90,7 +93,9 @@ def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
                 raise
             completion = _activation_failed(det, act, err)
         data = completion.SerializeToString()
-        side: dict[str, Any] = {"metrics": _take_metric_records()}
+        side: dict[str, Any] = {
+            "metrics": _take_metric_records(), "calls": take_calls(),
+            "refused_read": policy_refused_read(completion.failed.failure.message)}
         if relay_spans:
             side["spans"] = spans.take()
         return struct.pack(">I", len(data)) + data + json.dumps(side).encode()

@@ -1,7 +1,7 @@
-"""The serialization contexts of a run's commands, derived in the worker from the run's own
-info and the commands the child's completion carries (the payload codec asks for them
-between activations: for a command's payloads, then for its result's); nothing a child says
-about a context is taken."""
+"""The serialization contexts and external storage contexts of a run's commands, derived in
+the worker from the run's own info and the commands the child's completion carries (the
+payload codec and the storage drivers ask for them between activations: for a command's
+payloads, then for its result's); nothing a child says about a context is taken."""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 from temporalio.converter import (
     ActivitySerializationContext,
     NexusSerializationContext,
+    StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
     WorkflowSerializationContext,
 )
+
+from . import sdk
 
 # At most this many command contexts are kept per run (the oldest go first; a command whose
 # context went gets the workflow's own, the run's namespace and workflow id).
@@ -117,3 +121,65 @@ def resolved_keys(act: WorkflowActivation) -> list[CommandKey]:
             continue
         keys.append((COMMAND_TYPES[RESOLVED_BY[which]], v.seq))
     return keys
+
+
+def keep(kept: dict[CommandKey, Any], new: dict[CommandKey, Any],
+         resolved: list[CommandKey]) -> None:
+    """Updates a run's ``kept`` contexts after an activation: those of the commands it
+    ``resolved`` (``resolved_keys``) go, the completion's ``new`` ones come, and at most
+    MAX_COMMAND_CONTEXTS stay (the oldest go first)."""
+    for key in resolved:
+        kept.pop(key, None)
+    kept.update(new)
+    while len(kept) > MAX_COMMAND_CONTEXTS:
+        del kept[next(iter(kept))]
+
+
+def command_store_contexts(info: temporalio.workflow.Info,
+                           completion: WorkflowActivationCompletion,
+                           ) -> dict[CommandKey, StorageDriverStoreContext]:
+    """{(command type, seq): external storage context} of the completion's commands that
+    target another workflow, as the SDK's ``get_external_store_context`` gives them in
+    process while the command is pending: a child workflow (its id and type) and a signal's
+    target (its id), in the run's namespace. A field over MAX_CONTEXT_FIELD characters
+    leaves the command to the run's own context."""
+    out: dict[CommandKey, StorageDriverStoreContext] = {}
+    for c in completion.successful.commands:
+        which = c.WhichOneof("variant")
+        if which == "start_child_workflow_execution":
+            v = c.start_child_workflow_execution
+            target = StorageDriverWorkflowInfo(namespace=info.namespace, id=v.workflow_id,
+                                               type=v.workflow_type)
+        elif which == "signal_external_workflow_execution":
+            s = c.signal_external_workflow_execution
+            target = StorageDriverWorkflowInfo(
+                namespace=info.namespace,
+                id=s.child_workflow_id or s.workflow_execution.workflow_id)
+        else:
+            continue
+        if max(len(target.id or ""), len(target.type or "")) <= MAX_CONTEXT_FIELD:
+            out[(COMMAND_TYPES[which], getattr(c, which).seq)] = StorageDriverStoreContext(
+                target=target)
+    return out
+
+
+def store_context(info: temporalio.workflow.Info, command_info: sdk.CommandInfo | None,
+                  kept: dict[CommandKey, StorageDriverStoreContext],
+                  ) -> StorageDriverStoreContext:
+    """The external storage context of a command (``command_info``, None for a payload of
+    no command), as the SDK's in-process instance gives it: a pending child workflow's or
+    signal's target (``kept``, from ``command_store_contexts``); the parent, for the result
+    of a child run that was not continued as new; else the run itself (its namespace, id,
+    run id and type: an activity's payloads are stored under the workflow, as in process)."""
+    if command_info is not None:
+        key = (int(command_info.command_type), int(command_info.command_seq))
+        if key in kept:
+            return kept[key]
+        if (key[0] == CommandType.COMMAND_TYPE_COMPLETE_WORKFLOW_EXECUTION
+                and info.parent is not None and info.continued_run_id is None):
+            return StorageDriverStoreContext(target=StorageDriverWorkflowInfo(
+                id=info.parent.workflow_id, run_id=info.parent.run_id,
+                namespace=info.parent.namespace))
+    return StorageDriverStoreContext(target=StorageDriverWorkflowInfo(
+        id=info.workflow_id, run_id=info.run_id, type=info.workflow_type,
+        namespace=info.namespace))

@@ -4,6 +4,7 @@ under perturbations that deterministic workflow code must not notice."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ def _perturbations(runs: int) -> list[tuple[str, str]]:
 
 async def check_determinism(histories: Iterable[Any], workflows: Iterable[type], *,
                             policy: str = "temporal-python", runs: int = 3,
-                            **runner_options: Any) -> list[DeterminismResult]:
+                            **options: Any) -> list[DeterminismResult]:
     """Replays each of ``histories`` (``WorkflowHistory`` objects, e.g. from
     ``handle.fetch_history()`` or ``WorkflowHistory.from_json``) ``runs`` times with
     ``JailedWorkflowRunner(policy)``: as given, then under perturbations that deterministic
@@ -55,9 +56,18 @@ async def check_determinism(histories: Iterable[Any], workflows: Iterable[type],
 
         results = await check_determinism([history], [MyWorkflow])
         assert not [r for r in results if r.failure], results
+
+    ``options`` are the keyword arguments of ``Replayer`` (``data_converter``,
+    ``interceptors``, ``plugins``, ``namespace``, ``workflow_failure_exception_types``...:
+    give the ones the worker was given, or its payloads do not decode as they did when the
+    histories were recorded) and of ``JailedWorkflowRunner`` (``preload``, ``policies``...),
+    each passed to the one that takes it.
+
+        await check_determinism([history], [MyWorkflow], data_converter=pydantic_data_converter)
     """
     from temporalio.worker import Replayer
 
+    runner_options, replayer_options = _split_options(options, Replayer)
     base = absolute_policy(policy)
     tmp = tempfile.mkdtemp(prefix="wfjail-determinism-")
     results = []
@@ -70,7 +80,8 @@ async def check_determinism(histories: Iterable[Any], workflows: Iterable[type],
                     f.write("extends = %s\n%s" % (json.dumps(base), extra))
             runner = JailedWorkflowRunner(chosen, **runner_options)
             try:
-                replayer = Replayer(workflows=list(workflows), workflow_runner=runner)
+                replayer = Replayer(workflows=list(workflows), workflow_runner=runner,
+                                    **replayer_options)
                 for history in histories:
                     r = await replayer.replay_workflow(history, raise_on_replay_failure=False)
                     results.append(DeterminismResult(
@@ -83,3 +94,20 @@ async def check_determinism(histories: Iterable[Any], workflows: Iterable[type],
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
+
+
+def _split_options(options: dict[str, Any], replayer: type,
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``check_determinism``'s keyword arguments split into ``JailedWorkflowRunner``'s and
+    ``Replayer``'s, by the names each one's ``__init__`` takes (none is both's). The
+    replayer's ``workflow_runner`` and ``workflows`` are the check's own."""
+    runner_names = set(inspect.signature(JailedWorkflowRunner.__init__).parameters) - {
+        "self", "policy"}
+    replayer_names = set(inspect.signature(replayer).parameters) - {
+        "self", "workflows", "workflow_runner"}
+    unknown = sorted(set(options) - runner_names - replayer_names)
+    if unknown:
+        raise TypeError("check_determinism() got keyword arguments that neither Replayer nor "
+                        "JailedWorkflowRunner takes: %s" % ", ".join(unknown))
+    return ({k: v for k, v in options.items() if k in runner_names},
+            {k: v for k, v in options.items() if k in replayer_names})

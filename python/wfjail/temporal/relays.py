@@ -71,15 +71,21 @@ def split_reply(reply: bytes, max_bytes: int = MAX_REPLY_BYTES,
     if commands > MAX_COMPLETION_COMMANDS:
         raise ReplyRefused("oversized", "the child's completion has %d commands, over the %d "
                             "a history holds" % (commands, MAX_COMPLETION_COMMANDS))
+    doc = side_channel(reply)
+    metrics: list[Any] = doc["metrics"] if isinstance(doc.get("metrics"), list) else []
+    return completion, metrics
+
+
+def side_channel(reply: bytes) -> dict[str, Any]:
+    """The JSON object after a reply's completion (``split_reply``), or {} when it is not
+    one or is over MAX_SIDE_CHANNEL (then not read). Each key's value is the child's."""
+    (n,) = struct.unpack(">I", reply[:4])
     side = reply[4 + n:]
     try:
         doc = json.loads(side or b"{}") if len(side) <= MAX_SIDE_CHANNEL else {}
     except (ValueError, RecursionError):
         doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    metrics: list[Any] = doc["metrics"] if isinstance(doc.get("metrics"), list) else []
-    return completion, metrics
+    return doc if isinstance(doc, dict) else {}
 
 
 # -- log records and warnings ---------------------------------------------------------------

@@ -76,17 +76,10 @@ def take() -> list[dict[str, Any]]:
     return spans
 
 
-def from_reply(reply: bytes) -> list[Any]:
-    """The span records in a child's reply (its side channel, JSON, after the completion:
-    ``relays.split_reply`` reads the rest of it), or none."""
-    if len(reply) < 4:
-        return []
-    (n,) = struct.unpack(">I", reply[:4])
-    try:
-        doc = json.loads(reply[4 + n:] or b"{}")
-    except (ValueError, RecursionError):
-        return []
-    spans = doc.get("spans") if isinstance(doc, dict) else None
+def from_side(side: dict[str, Any]) -> list[Any]:
+    """The span records in a child's side channel (``relays.side_channel``: the JSON after
+    the completion, read only up to its bound), or none."""
+    spans = side.get("spans")
     return spans[:MAX_SPANS] if isinstance(spans, list) else []
 
 

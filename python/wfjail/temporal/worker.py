@@ -26,7 +26,14 @@ from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
 from . import sdk, spans
 from .child import FACTORY
-from .contexts import MAX_COMMAND_CONTEXTS, CommandKey, command_contexts, resolved_keys
+from .contexts import (
+    CommandKey,
+    command_contexts,
+    command_store_contexts,
+    keep,
+    resolved_keys,
+    store_context,
+)
 from .recipe import ClassRef, class_path, class_ref, recipe
 from .relays import (
     MAX_LOG_RECORDS,
@@ -39,11 +46,19 @@ from .relays import (
     Series,
     logging_settings,
     record_metrics,
+    side_channel,
     split_reply,
     upcalls_in_worker,
 )
 from .server import Server, ServerKey, acquire, release, server_key
-from .stack import MAX_CHILD_MESSAGE, MAX_STACK_NAME, escape, stack_text
+from .stack import (
+    MAX_CHILD_MESSAGE,
+    MAX_STACK_NAME,
+    denied_stack,
+    escape,
+    refused_read_text,
+    stack_text,
+)
 
 # How long an eviction waits for a stuck activation to answer its interruption.
 INTERRUPT_WAIT = 1.0
@@ -155,7 +170,8 @@ class JailedWorkflowRunner(WorkflowRunner):
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
         activation path): the zygote forks a child, which builds the workflow instance."""
-        client = self._ensure_server(self._policy_of(det.defn))
+        policy = self._policy_of(det.defn)
+        client = self._ensure_server(policy)
         made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
         # The worker's logger levels and workflow.logger's settings hold in the child.
@@ -181,7 +197,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
         instance = _JailedInstance(session, det, self._reserved_metrics,
-                                   self._max_reply_bytes, run_log)
+                                   self._max_reply_bytes, run_log, policy)
         # The OpenTelemetry plugin's provider: the child's spans are exported through it.
         instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
         return instance
@@ -296,8 +312,10 @@ class _JailedInstance(WorkflowInstance):
 
     def __init__(self, session: Session, det: WorkflowInstanceDetails,
                  reserved_metrics: Iterable[str] | None = None,
-                 max_reply_bytes: int | None = None, run_log: LogRelay | None = None) -> None:
+                 max_reply_bytes: int | None = None, run_log: LogRelay | None = None,
+                 policy: str = "temporal-python") -> None:
         self._session = session
+        self._policy = policy  # the run's policy, as its failures name it
         # The run's log relay (``LogRelay``): its budget of records is per activation.
         self._run_log = run_log
         self._max_reply_bytes = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
@@ -311,6 +329,10 @@ class _JailedInstance(WorkflowInstance):
         # activations: for the command's payloads, then for its result's); a key leaves when
         # an activation resolves it, and at most MAX_COMMAND_CONTEXTS are kept.
         self._contexts: dict[CommandKey, temporalio.converter.SerializationContext] = {}
+        # The same for the external storage contexts of commands that target another
+        # workflow (a child, a signal's target); any other payload's is the run's own.
+        self._store_contexts: dict[CommandKey, temporalio.converter.StorageDriverStoreContext] \
+            = {}
         # An activation in progress (on another executor thread when the SDK gave up on it
         # as deadlocked and evicts the run), and whether the eviction aborted it.
         self._calling = False
@@ -362,14 +384,19 @@ class _JailedInstance(WorkflowInstance):
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
-            for key in resolved_keys(act):
-                self._contexts.pop(key, None)
-            self._contexts.update(command_contexts(self._det.info, completion))
-            while len(self._contexts) > MAX_COMMAND_CONTEXTS:
-                del self._contexts[next(iter(self._contexts))]
+            resolved = resolved_keys(act)
+            keep(self._contexts, command_contexts(self._det.info, completion), resolved)
+            keep(self._store_contexts, command_store_contexts(self._det.info, completion),
+                 resolved)
             record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
+            # The side channel's other keys (bounded: side_channel): each the child's words.
+            side = side_channel(reply)
             if self._span_provider is not None:
-                spans.export(self._span_provider, spans.from_reply(reply))
+                spans.export(self._span_provider, spans.from_side(side))
+            if completion.HasField("failed"):
+                failure = completion.failed.failure
+                failure.message = refused_read_text(
+                    failure.message, side.get("refused_read"), self._policy)
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
@@ -396,7 +423,10 @@ class _JailedInstance(WorkflowInstance):
             if warned:
                 _log.warning("%s", _violations_text(self._det, warned, denied=False))
             if enforced and not evicting:
-                return _failed(act, _violations_text(self._det, enforced))
+                failure = completion.failed.failure
+                return _failed(act, _violations_text(self._det, enforced), denied_stack(
+                    enforced, side.get("calls"), failure.stack_trace,
+                    failure.message))
             return completion
         except GuestError as e:
             if evicting:
@@ -482,7 +512,7 @@ class _JailedInstance(WorkflowInstance):
 
     def get_external_store_context(self, command_info: sdk.CommandInfo | None,
                                    ) -> temporalio.converter.StorageDriverStoreContext:
-        return temporalio.converter.StorageDriverStoreContext()
+        return store_context(self._det.info, command_info, self._store_contexts)
 
     def get_info(self) -> temporalio.workflow.Info:
         return self._det.info
