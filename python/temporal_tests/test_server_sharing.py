@@ -8,6 +8,8 @@ holds it, and a runner of another configuration gets a server of its own.
 """
 
 import asyncio
+import gc
+import threading
 import time
 import unittest
 import uuid
@@ -16,7 +18,7 @@ from temporalio.worker import Worker
 
 import workflows as W
 from test_jailed_runner import DevServerTestCase
-from wfjail.temporal import JailedWorkflowRunner
+from wfjail.temporal import JailedWorkflowRunner, server
 
 
 def _wait_for_server(runner, policy="temporal-python", within=120.0):
@@ -67,6 +69,47 @@ class ServerSharingTests(DevServerTestCase):
             for runner in (first, second, other):
                 runner.close()
         self.assertIsNotNone(c.proc.wait(15))
+
+
+class _Ended:
+    """A server that has ended (what ``release`` stops: nothing to wait for)."""
+
+    class proc:
+        @staticmethod
+        def poll():
+            return 0
+
+    tmp = None
+
+    def alive(self):
+        return False
+
+
+class DroppedRunnerTests(unittest.TestCase):
+    def test_a_runner_collected_inside_the_shared_lock_is_released_without_a_deadlock(self):
+        # The garbage collector may run a dropped runner's finalizer inside any critical
+        # section (it did inside acquire's, which deadlocked the worker's event loop): the
+        # finalizer only queues the release, which the release thread does.
+        key = ("dropped-runner-test", uuid.uuid4().hex)
+        ended = _Ended()
+        server.acquire(key, lambda: ended)
+        runner = JailedWorkflowRunner()
+        runner._held["temporal-python"] = (key, ended)
+        runner.cycle = runner  # only the collector frees it
+        del runner
+        collected = threading.Event()
+
+        def collect_inside_the_lock():
+            with server._shared_lock:
+                gc.collect()
+            collected.set()
+
+        threading.Thread(target=collect_inside_the_lock, daemon=True).start()
+        self.assertTrue(collected.wait(10), "the finalizer blocked inside the lock")
+        deadline = time.monotonic() + 10
+        while key in server._shared and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertNotIn(key, server._shared, "the release thread let the server go")
 
 
 if __name__ == "__main__":

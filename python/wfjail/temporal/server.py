@@ -7,6 +7,7 @@ import collections
 import json
 import logging
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -199,13 +200,34 @@ class _Shared:
 
 _shared: dict[ServerKey, _Shared] = {}
 _shared_lock = threading.Lock()
+# Releases of dropped runners (``release_later``), done by a thread of their own.
+_released: "queue.SimpleQueue[ServerKey]" = queue.SimpleQueue()
+_release_thread: threading.Thread | None = None
+
+
+def release_later(key: ServerKey) -> None:
+    """``release(key)``, on the release thread: for a dropped runner's finalizer, which takes
+    no lock (the garbage collector may run it inside any critical section, ``acquire``'s
+    own included: releasing there deadlocked)."""
+    _released.put(key)
+
+
+def _release_loop() -> None:
+    while True:
+        release(_released.get())
 
 
 def acquire(key: ServerKey, start: Callable[[], Server]) -> Server:
     """The running server of configuration ``key``, started by ``start()`` when there is
     none (or it died); the caller holds it until ``release``."""
+    global _release_thread
+    fresh = _Shared()  # made outside the lock: a collection it starts may run finalizers
     with _shared_lock:
-        entry = _shared.setdefault(key, _Shared())
+        if _release_thread is None:
+            _release_thread = threading.Thread(target=_release_loop, daemon=True,
+                                               name="wfjail-server-release")
+            _release_thread.start()
+        entry = _shared.setdefault(key, fresh)
         entry.holders += 1
         if entry.stop_timer is not None:
             entry.stop_timer.cancel()

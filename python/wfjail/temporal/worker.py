@@ -50,7 +50,7 @@ from .relays import (
     split_reply,
     upcalls_in_worker,
 )
-from .server import Server, ServerKey, acquire, release, server_key
+from .server import Server, ServerKey, acquire, release, release_later, server_key
 from .stack import (
     MAX_CHILD_MESSAGE,
     MAX_STACK_NAME,
@@ -144,7 +144,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         # the runner is closed or dropped (``weakref.finalize``: the finalizer holds this
         # dict, not the runner).
         self._held: dict[str, tuple[ServerKey, Server]] = {}
-        weakref.finalize(self, _release_all, self._held)
+        weakref.finalize(self, _release_all_later, self._held)
         self._failure_types: list[ClassRef] = []
         self._patch_callback_in_child = bool(patch_callback_in_child)
         # The start of the servers as soon as the worker has prepared its workflows (a timer
@@ -272,6 +272,14 @@ class JailedWorkflowRunner(WorkflowRunner):
             self._early_start.cancel()
         with self._lock:
             _release_all(self._held, linger=False)
+
+
+def _release_all_later(held: dict[str, tuple[ServerKey, Server]]) -> None:
+    """(A dropped runner's finalizer.) ``_release_all``, on the release thread: it takes no
+    lock here (``server.release_later``)."""
+    while held:
+        _, (key, _server) = held.popitem()
+        release_later(key)
 
 
 def _release_all(held: dict[str, tuple[ServerKey, Server]], linger: bool = True) -> None:
