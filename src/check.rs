@@ -83,11 +83,10 @@ fn namespace_hint(errno: nix::errno::Errno, user_ok: bool) -> String {
     }
 }
 
-/// Probes every layer and compares with `policy.require`.
-pub fn check(policy: &Policy) -> CheckReport {
-    let mut rows = Vec::new();
+/// Whether `policy` asks for `layer`, so that `run` lists it in `degraded` when it is missing.
+fn uses(policy: &Policy, layer: Layer) -> bool {
     let ns = policy.namespaces;
-    let used = |layer: Layer| match layer {
+    match layer {
         Layer::UserNs => ns.user,
         Layer::NetNs => ns.net,
         Layer::PidNs => ns.pid,
@@ -101,7 +100,14 @@ pub fn check(policy: &Policy) -> CheckReport {
                 || policy.requires(Layer::AddressLayout)
         }
         _ => true,
-    };
+    }
+}
+
+/// Probes every layer and compares with `policy.require`.
+pub fn check(policy: &Policy) -> CheckReport {
+    let mut rows = Vec::new();
+    let ns = policy.namespaces;
+    let used = |layer: Layer| uses(policy, layer);
     let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
         rows.push(Row {
             layer: layer.as_str(),
@@ -381,6 +387,23 @@ pub fn check(policy: &Policy) -> CheckReport {
             "nothing is weaker (the call fails either way); to see these violations, a profile that leaves them to wfjail (e.g. Docker's `--security-opt seccomp=unconfined`: wfjail's own filter still applies)".into()
         }),
     });
+    // limits.processes over a root guest that may fork: only a pids cgroup binds it.
+    if crate::process::pids_cgroup::needed(policy).is_some() {
+        let made = crate::process::pids_cgroup::PidsCgroup::create();
+        rows.push(Row {
+            layer: "rlimit-nproc",
+            available: made.is_ok(),
+            required: false,
+            used: true,
+            detail: match &made {
+                Ok(_) => "limits.processes bound by a pids cgroup per guest (the guest runs as host root, which RLIMIT_NPROC exempts)".into(),
+                Err(e) => format!("limits.processes does not bind a guest that runs as host root, and no pids cgroup can be made here ({e})"),
+            },
+            enable: made.is_err().then(|| {
+                "run wfjail as an unprivileged user, or give it a delegated cgroup subtree with the pids controller".into()
+            }),
+        });
+    }
     let cgroup = cgroup_summary();
     let ok = rows.iter().all(|r| r.available || !r.required);
     let mut report = CheckReport {
@@ -514,5 +537,25 @@ impl CheckReport {
             ));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_uses_the_address_layout_when_it_pins_it_or_requires_it() {
+        let load = |src: &str| crate::policy::from_source("t.toml", src).unwrap();
+        let pinned = load("extends = \"temporal-python\"\n");
+        let random = load("extends = \"default\"\n");
+        let required = load("extends = \"default\"\nrequire = [\"address-layout\"]\n");
+        assert!(uses(&pinned, Layer::AddressLayout));
+        assert!(!uses(&random, Layer::AddressLayout));
+        assert!(uses(&required, Layer::AddressLayout));
+        // Namespaces a policy turns off are not used (permissive keeps the host's network).
+        let permissive = load("extends = \"permissive\"\n");
+        assert!(!uses(&permissive, Layer::NetNs));
+        assert!(uses(&permissive, Layer::PidNs));
     }
 }
