@@ -210,7 +210,11 @@ check("serve exits 0 on SIGTERM", server.returncode == 0,
 # those the policy uses (`used`): a used, required one makes run and serve exit 125 naming it;
 # a used, best-effort one is listed in their reports' `degraded`, and nothing else is.
 
-POLICIES = ("default", "permissive", "strict", "temporal-python")
+# (label, built-in, what the label adds to it): the built-ins, and temporal-python with the
+# pinned layout required, which default profiles refuse.
+POLICIES = [(name, name, "") for name in ("default", "permissive", "strict", "temporal-python")]
+POLICIES.append(("temporal-python+require", "temporal-python",
+                 'require = ["seccomp", "landlock", "address-layout"]\n'))
 # What a 125's message says for each layer that can be required here.
 FATAL_WORDS = {"exec-stop": "ptrace", "address-layout": "address-layout", "landlock": "Landlock",
                "seccomp": "seccomp", "seccomp-notify": "listener"}
@@ -269,10 +273,11 @@ WORKFLOW_CODE = (
     "print(oci_handler.workflow(b'').decode())"
 )
 matrix = {}
-for name in POLICIES:
+for name, base, adds in POLICIES:
     m = matrix[name] = {}
-    p = subprocess.run([WFJAIL, "check", "-p", name, "--json"], capture_output=True, text=True,
-                       cwd=WORK)
+    policy = write("%s.toml" % name, 'extends = "%s"\n%s' % (base, adds)) if adds else name
+    p = subprocess.run([WFJAIL, "check", "-p", policy, "--json"], capture_output=True,
+                       text=True, cwd=WORK)
     doc = json.loads(p.stdout)
     rows = doc["rows"]
     fatal = sorted(r["layer"] for r in rows if r["used"] and r["required"] and not r["available"])
@@ -286,7 +291,7 @@ for name in POLICIES:
           p.returncode == (125 if fatal else 0), "exit %d, fatal %s" % (p.returncode, fatal))
 
     # run: 125 naming each missing required layer, else ok with `degraded` as predicted.
-    code, doc, err = run(name, "print('ran under %s')" % name)
+    code, doc, err = run(policy, "print('ran under %s')" % name)
     m["run_exit"] = code
     if fatal:
         check("%s: run exits 125 naming %s" % (name, fatal),
@@ -299,14 +304,14 @@ for name in POLICIES:
               "run %s, check %s; %s" % (got, best_effort, show(doc, err)))
 
     # serve --zygote under the same policy (with the test's modules readable).
-    policy = write("serve-%s.toml" % name,
-                   'extends = "%s"\n[filesystem]\nread = ["/oci", "/wfjail-python"]\n'
-                   '[env]\nset = { PYTHONPATH = "/wfjail-python:/oci" }\n' % name)
+    served_policy = write("serve-%s.toml" % name,
+                          'extends = "%s"\n%s[filesystem]\nread = ["/oci", "/wfjail-python"]\n'
+                          '[env]\nset = { PYTHONPATH = "/wfjail-python:/oci" }\n' % (base, adds))
     calls = [("echo", b"x", None, None)]
-    if name == "temporal-python":
+    if base == "temporal-python":
         t_ns = 1_700_000_000_000_000_000
         calls = [("workflow", b"", 7, t_ns), ("workflow", b"", 7, t_ns)]
-    served = serve_session(policy, calls)
+    served = serve_session(served_policy, calls)
     m["serve_exit"] = served["exit"]
     if fatal:
         check("%s: serve exits 125 naming %s" % (name, fatal),
@@ -321,7 +326,7 @@ for name in POLICIES:
               ok and all(s["report"]["status"] == "ok" for s in served["sessions"])
               and all(g == best_effort for g in got),
               "serve %s, check %s; %s" % (got, best_effort, repr(served)[-1500:]))
-        if name == "temporal-python" and ok:
+        if base == "temporal-python" and ok:
             a, b = (json.loads(s["result"]) for s in served["sessions"])
             check("temporal-python sessions: workflow time and seeded randomness repeat",
                   a["time"] == 1700000000.0 and a["now"].startswith("2023-11-14T22:13:20")
@@ -330,10 +335,10 @@ for name in POLICIES:
 
     # A workflow-like program under temporal-python, run twice: it works, and repeats; its
     # addresses repeat exactly when check said the layout can be pinned.
-    if name == "temporal-python" and not fatal:
+    if base == "temporal-python" and not fatal:
         outs = []
         for _ in range(2):
-            code, doc, err = run(name, WORKFLOW_CODE, "--clock", "@1700000000", "--seed", "7",
+            code, doc, err = run(policy, WORKFLOW_CODE, "--clock", "@1700000000", "--seed", "7",
                                  "--ro", "/oci")
             line = [ln for ln in err.splitlines() if ln.startswith("{")]
             outs.append(json.loads(line[0]) if code == 0 and line else None)
