@@ -239,13 +239,18 @@ print(json.dumps(out))
 "#;
     let (s, module) = serve_scratch("layout-serve", "al", HANDLERS, "", &[], worker);
     let policy = s.path("policy.toml").display().to_string();
-    let mut args = vec!["serve", "-q", "-p", policy.as_str()];
+    let mut args = vec!["serve", "-p", policy.as_str()];
     let zygote = crate::common::zygote_args(&module, "1");
     args.extend(zygote.iter().map(String::as_str));
     let worker_path = s.path("worker.py").display().to_string();
     args.extend(["--", PY, worker_path.as_str()]);
     let o = wfjail(true, &s, &args);
     o.check(o.code == 0, "serve --zygote exits 0 under the profile");
+    o.check(
+        o.stderr
+            .contains("wfjail: sessions run without address-layout"),
+        "serve says at start what its sessions run without",
+    );
     let sessions: Value = serde_json::from_str(o.stdout.trim()).unwrap_or(Value::Null);
     let sessions = sessions.as_array().cloned().unwrap_or_default();
     o.check(sessions.len() == 2, "two sessions completed");
