@@ -108,11 +108,14 @@ pub fn check(policy: &Policy) -> CheckReport {
     let mut rows = Vec::new();
     let ns = policy.namespaces;
     let used = |layer: Layer| uses(policy, layer);
+    // Under warn, `run` lets every path through Landlock and judges each open itself: the
+    // listener is required there (serve's sessions are judged by the zygote's router).
+    let warn = policy.on_violation == crate::policy::OnViolation::Warn;
     let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
         rows.push(Row {
             layer: layer.as_str(),
             available,
-            required: policy.requires(layer),
+            required: policy.requires(layer) || (layer == Layer::SeccompNotify && warn),
             used: used(layer),
             detail,
             enable,
@@ -195,13 +198,42 @@ pub fn check(policy: &Policy) -> CheckReport {
         match &notify {
             Ok(()) => "violations are named with their arguments".into(),
             Err(e) => format!(
-                "no listener ({e}): violations fail or kill in the filter and cannot be named"
+                "no listener ({e}): violations fail or kill in the filter and cannot be named{}",
+                if warn {
+                    "; `run` needs it under on_violation = \"warn\" (its supervisor judges each file), `serve` sessions run without it"
+                } else {
+                    ""
+                }
             ),
         },
         notify
             .is_err()
             .then(|| "Linux >= 5.0, and a runtime that does not hold the listener itself".into()),
     );
+    // What the answered knobs become without a listener (`run` lists them in `degraded`).
+    use crate::policy::rules::{clock, getrandom};
+    let mut answered_rows = Vec::new();
+    for (answered, degraded) in [
+        (clock::answered(policy), clock::DEGRADED),
+        (getrandom::answered(policy), getrandom::DEGRADED),
+    ] {
+        if !answered {
+            continue;
+        }
+        let (layer, why) = degraded.split_once(": ").unwrap_or((degraded, ""));
+        answered_rows.push(Row {
+            layer,
+            available: notify.is_ok(),
+            required: false,
+            used: true,
+            detail: if notify.is_ok() {
+                "answered by the supervisor through the listener".into()
+            } else {
+                why.into()
+            },
+            enable: notify.is_err().then(|| "see seccomp-notify".into()),
+        });
+    }
 
     // Namespaces, the way `run` makes them: user and pid with clone, the others inside.
     let user = probe_in_child(libc::CLONE_NEWUSER, || Ok(()));
@@ -341,6 +373,19 @@ pub fn check(policy: &Policy) -> CheckReport {
         }),
     );
 
+    // Without Landlock at all, `run` names only `landlock`: its finer rows are part of it.
+    if !rows.iter().any(|r| r.layer == "landlock" && r.available) {
+        for r in &mut rows {
+            if matches!(r.layer, "landlock-net" | "landlock-scope") && !r.required {
+                r.used = false;
+            }
+        }
+    }
+    let at = rows
+        .iter()
+        .position(|r| r.layer == "seccomp-notify")
+        .map_or(rows.len(), |i| i + 1);
+    rows.splice(at..at, answered_rows);
     if let Some(h) = hostname {
         let at = rows
             .iter()
