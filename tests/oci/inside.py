@@ -153,6 +153,17 @@ want = 125 if any(m in missing for m in
 summary["require_namespaces_exit"] = code
 check("require namespaces: exit %d" % want, code == want, show(doc, err))
 
+def stop(server):
+    """Ends a `wfjail serve` (SIGTERM, then SIGKILL after 20 s): its stderr."""
+    if server.poll() is None:
+        server.terminate()
+    try:
+        return server.communicate(timeout=20)[1]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return server.communicate()[1]
+
+
 # serve --zygote: one server, two sessions forked from a preloaded zygote.
 policy = write("serve.toml", 'extends = "default"\n[filesystem]\nread = ["/oci", '
                '"/wfjail-python"]\n[env]\nset = { PYTHONPATH = "/wfjail-python:/oci" }\n')
@@ -194,12 +205,7 @@ try:
 except Exception as e:  # noqa: BLE001 (every failure becomes a FAIL line)
     check("serve --zygote works", False, "%s: %s" % (type(e).__name__, e))
 finally:
-    server.terminate()
-    try:
-        out, err = server.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        out, err = server.communicate()
+    err = stop(server)
 check("serve exits 0 on SIGTERM", server.returncode == 0,
       "exit %s: %s" % (server.returncode, err[-1500:]))
 
@@ -257,14 +263,8 @@ def serve_session(policy_file, calls, extra=()):
     except Exception as e:  # noqa: BLE001 (reported by the caller)
         out["error"] = "%s: %s" % (type(e).__name__, e)
     finally:
-        if server.poll() is None:
-            server.terminate()
-        try:
-            _, err = server.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            _, err = server.communicate()
-        out["exit"], out["stderr"] = server.returncode, err
+        out["stderr"] = stop(server)
+        out["exit"] = server.returncode
     return out
 
 
