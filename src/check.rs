@@ -355,7 +355,8 @@ pub fn check(policy: &Policy) -> CheckReport {
         Layer::AddressLayout,
         layout.is_ok(),
         match (&layout, pinned) {
-            (Ok(()), _) => "personality(ADDR_NO_RANDOMIZE) holds: a guest's addresses, hence id() and default reprs, repeat between runs".into(),
+            (Ok(()), true) => "personality(ADDR_NO_RANDOMIZE) holds: a guest's addresses, hence id() and default reprs, repeat between runs".into(),
+            (Ok(()), false) => "personality(ADDR_NO_RANDOMIZE) allowed; this policy leaves the layout random".into(),
             (Err(e), true) => format!(
                 "personality(ADDR_NO_RANDOMIZE) refused ({e}): the policy pins the address layout, \
                  but a guest's addresses will be randomised, so id() and default reprs may differ \
