@@ -45,8 +45,8 @@ from .relays import (
     ReplyRefused,
     Series,
     logging_settings,
+    metric_records,
     record_metrics,
-    side_channel,
     split_reply,
     upcalls_in_worker,
 )
@@ -388,7 +388,8 @@ class _JailedInstance(WorkflowInstance):
             reply = self._session.call(
                 act.SerializeToString(),
                 time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, metrics = split_reply(reply, self._max_reply_bytes)
+            # The side channel's keys (bounded: relays.side_channel): each the child's words.
+            completion, side = split_reply(reply, self._max_reply_bytes)
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
@@ -396,9 +397,8 @@ class _JailedInstance(WorkflowInstance):
             keep(self._contexts, command_contexts(self._det.info, completion), resolved)
             keep(self._store_contexts, command_store_contexts(self._det.info, completion),
                  resolved)
-            record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
-            # The side channel's other keys (bounded: side_channel): each the child's words.
-            side = side_channel(reply)
+            record_metrics(self._det, metric_records(side), self._metric_series,
+                           self._reserved_metrics)
             if self._span_provider is not None:
                 spans.export(self._span_provider, spans.from_side(side))
             if completion.HasField("failed"):
