@@ -62,6 +62,7 @@ mod run {
 mod serve {
     mod hostile;
     mod limits;
+    mod metrics;
     mod preload;
     mod sessions;
 }
