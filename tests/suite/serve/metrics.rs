@@ -3,36 +3,8 @@
 //! answer to STATUS (only the server sees a zygote die), and the guest's pid in OPENED.
 
 use std::os::unix::fs::symlink;
-use std::process::Command;
 
-use crate::common::{PY, Scratch, serve_scratch, wfjail_bin, zygote_args};
-
-/// Runs `wfjail serve` on a scratch dir's policy and module with `worker.py`, `--metrics`
-/// at `metrics`; returns its exit code, stdout and stderr.
-fn serve(s: &Scratch, module: &str, metrics: &std::path::Path) -> (i32, String, String) {
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote = zygote_args(module, "1");
-    let mut args = vec![
-        "serve",
-        "-p",
-        &policy,
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    args.extend(zygote.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = Command::new(wfjail_bin())
-        .args(&args)
-        .current_dir(&s.0)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use crate::common::{serve_scratch, serve_with_metrics};
 
 #[test]
 fn the_metrics_file_never_follows_a_link_planted_in_its_directory() {
@@ -61,7 +33,7 @@ fn the_metrics_file_never_follows_a_link_planted_in_its_directory() {
     ] {
         symlink(&victim, out.join(name)).unwrap();
     }
-    let (code, _, stderr) = serve(&s, &module, &metrics);
+    let (code, _, stderr) = serve_with_metrics(&s, &module, &metrics);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched\n");
     // The file itself was replaced by a file of wfjail's (rename replaces a link, it does not
@@ -121,7 +93,7 @@ fn a_zygote_restart_is_counted_in_status_and_in_the_metrics_file() {
              print('pid', open('/proc/%d/cmdline' % s.pid).read() != '')\n",
     );
     let metrics = s.path("metrics.prom");
-    let (code, stdout, stderr) = serve(&s, &module, &metrics);
+    let (code, stdout, stderr) = serve_with_metrics(&s, &module, &metrics);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("restarts 1\n"), "{stdout}\n{stderr}");
     assert!(stdout.contains("after b'ok'"), "{stdout}\n{stderr}");
