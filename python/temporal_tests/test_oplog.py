@@ -11,7 +11,10 @@ violations when a session ends badly. On a real dev server:
 import asyncio
 import logging
 import time
+import types
+import unittest
 import uuid
+from unittest import mock
 
 from temporalio.worker import Worker
 
@@ -19,7 +22,7 @@ from test_jailed_runner import DevServerTestCase, _Capture  # (puts the examples
 
 import oplog_workflows as O  # noqa: E402
 import workflows as W  # noqa: E402
-from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
+from wfjail.temporal import JailedWorkflowRunner, oplog  # noqa: E402
 
 
 class OplogTests(DevServerTestCase):
@@ -94,7 +97,61 @@ class OplogTests(DevServerTestCase):
         self.assertIn("as an earlier session of the run", later[0].getMessage())
 
 
-if __name__ == "__main__":
-    import unittest
+def _info(run_id):
+    return types.SimpleNamespace(namespace="default", task_queue="q", workflow_id="wf-1",
+                                 run_id=run_id, workflow_type="T", attempt=1)
 
+
+class OplogLineTests(unittest.TestCase):
+    """How the server's stderr lines are attributed (no server: the lines as its stderr
+    thread reads them)."""
+
+    def test_a_long_lines_pieces_a_line_before_its_session_is_known_the_servers_own(self):
+        reg = oplog._Registry()
+        with _Capture("wfjail.temporal", logging.DEBUG) as records:
+            # Read before the worker has the session's OPENED: kept, logged at its open.
+            reg.output("sock", b"[session 3] early\n")
+            self.assertEqual(records, [])
+            reg.opened("sock", 3, 4242, _info("run-a"))
+            # A line longer than a read comes in pieces; the pieces after the first have no
+            # prefix and are the same session's.
+            reg.output("sock", b"[session 3] " + b"x" * 10)
+            reg.output("sock", b"y" * 10 + b"\n")
+            # Another server's session 3 is another session.
+            reg.output("other", b"[session 3] elsewhere\n")
+            # The server's own words go to the worker's stderr as they are.
+            with mock.patch.object(oplog.os, "write") as write:
+                reg.output("sock", b"wfjail: zygote 0 restarted (pid 9)\n")
+            write.assert_called_once_with(2, b"wfjail: zygote 0 restarted (pid 9)\n")
+        texts = [r.getMessage() for r in records]
+        self.assertIn("wrote: early", texts[0])
+        self.assertIn("session 3, pid 4242", texts[0])
+        self.assertIn("wrote: " + "x" * 10, texts[1])
+        self.assertIn("wrote: " + "y" * 10, texts[2])
+        self.assertEqual(records[2].temporal_workflow["run_id"], "run-a")
+        self.assertEqual(len(texts), 3)  # "elsewhere" waits for its own session
+        # Without a handler anywhere (logging not configured): copied as it came.
+        with mock.patch.object(logging.getLogger("wfjail.temporal"), "hasHandlers",
+                               return_value=False), \
+                mock.patch.object(oplog.os, "write") as write:
+            reg.output("sock", b"[session 3] raw\n")
+        write.assert_called_once_with(2, b"[session 3] raw\n")
+
+    def test_what_is_remembered_is_bounded(self):
+        reg = oplog._Registry()
+        with _Capture("wfjail.temporal", logging.DEBUG):
+            for i in range(oplog.MAX_PENDING_SESSIONS + 10):
+                reg.output("sock", b"[session %d] never opened\n" % (1000 + i))
+            for i in range(oplog.MAX_RUNS + 10):
+                reg.opened("sock", i, None, _info("run-%d" % i))
+            log = reg.opened("sock", 99999, None, _info("run-big"))
+            for i in range(oplog.MAX_LINES_PER_RUN + 10):
+                log.output(b"line %d" % i)
+        self.assertLessEqual(len(reg._pending), oplog.MAX_PENDING_SESSIONS)
+        self.assertLessEqual(len(reg._runs), oplog.MAX_RUNS)
+        self.assertLessEqual(len(reg._sessions), oplog.MAX_SESSIONS)
+        self.assertEqual(len(log._run.seen), oplog.MAX_LINES_PER_RUN)
+
+
+if __name__ == "__main__":
     unittest.main()

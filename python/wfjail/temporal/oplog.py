@@ -11,8 +11,9 @@ what an earlier one of the run said (DEBUG then).
 
 Everything here is the child's words: each line escaped (one record, one line: no forged
 records, no terminal escapes) and cut to OUTPUT_LINE_CHARS; what is kept per run and session
-is bounded. With no handler on ``wfjail.temporal`` (logging not configured) the server's
-stderr is copied to the worker's as it comes, as before."""
+is bounded. The server's own messages, and everything when no handler is set above
+``wfjail.temporal`` (logging not configured), are copied to the worker's stderr as they
+come, as before."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ _log = logging.getLogger("wfjail.temporal")
 OUTPUT_LINE_CHARS = 1024
 OUTPUT_LEVEL = logging.WARNING
 # Sessions whose identity is kept (their lines may come after they ended), runs whose lines
-# are remembered for their retries, and lines remembered per run (digests).
+# are remembered for their retries (the most recently opened), and lines remembered per run
+# (64-bit digests: a few MiB at most in all).
 MAX_SESSIONS = 4096
-MAX_RUNS = 1024
-MAX_LINES_PER_RUN = 1024
+MAX_RUNS = 512
+MAX_LINES_PER_RUN = 256
 # Lines of a session not known yet (its OPENED still on its way to the worker's thread) wait
 # for it: at most this many per session, for this many sessions (older ones are logged
 # without a run).
@@ -56,15 +58,18 @@ class _Run:
     sessions' ends."""
 
     def __init__(self) -> None:
-        self.seen: set[bytes] = set()
+        self.seen: set[int] = set()
+        self._lock = threading.Lock()  # its sessions' lines come on several threads
 
     def first_time(self, text: str) -> bool:
-        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
-        if digest in self.seen:
-            return False
-        if len(self.seen) < MAX_LINES_PER_RUN:
-            self.seen.add(digest)
-        return True
+        digest = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"),
+                                                digest_size=8).digest(), "big")
+        with self._lock:
+            if digest in self.seen:
+                return False
+            if len(self.seen) < MAX_LINES_PER_RUN:
+                self.seen.add(digest)
+            return True
 
 
 class SessionLog:
@@ -86,15 +91,13 @@ class SessionLog:
             self.session, self.pid)
         self._run = run
         self.left_out = 0
-        self._lock = threading.Lock()
 
     def output(self, raw: bytes) -> None:
         """A line the session's child wrote (without its ``[session N]`` prefix)."""
         text = escape(raw.decode("utf-8", "replace").rstrip("\r\n"), OUTPUT_LINE_CHARS)
-        with self._lock:
-            if not self._run.first_time("output:" + text):
-                self.left_out += 1
-                return
+        if not self._run.first_time("output:" + text):
+            self.left_out += 1
+            return
         _log.log(OUTPUT_LEVEL, "%s wrote: %s", self.name, text, extra=self.extra)
 
     def ended(self, report: dict[str, Any] | None) -> None:
@@ -124,8 +127,7 @@ class SessionLog:
         if len(violations) > MAX_END_VIOLATIONS:
             words.append("and %d more violations" % (len(violations) - MAX_END_VIOLATIONS))
         text = "; ".join(words[1:])
-        with self._lock:
-            first = self._run.first_time("end:" + text)
+        first = self._run.first_time("end:" + text)
         _log.log(logging.WARNING if first else logging.DEBUG, "%s: %s%s", words[0], text,
                  "" if first else " (as an earlier session of the run)", extra={
                      **self.extra, "wfjail_status": escape(status, 64),
@@ -143,6 +145,9 @@ class _Registry:
         self._runs: collections.OrderedDict[str, _Run] = collections.OrderedDict()
         self._pending: collections.OrderedDict[tuple[str, int], list[bytes]] = \
             collections.OrderedDict()
+        # Per server: the session whose line was cut (a long line is read in pieces: the
+        # next piece has no prefix), or None.
+        self._cut: dict[str, tuple[str, int] | None] = {}
 
     def opened(self, server: str, session: object, pid: object,
                info: temporalio.workflow.Info) -> SessionLog:
@@ -169,14 +174,24 @@ class _Registry:
             _write_raw(line)
             return
         m = _SESSION_LINE.match(line)
+        with self._lock:
+            cut = self._cut.pop(server, None)
+            if m is not None:
+                cut = (server, int(m.group(1)))
+            if not line.endswith(b"\n") and cut is not None and len(self._cut) < 1024:
+                self._cut[server] = cut
+        if m is None and cut is not None:  # the rest of a session's long line
+            self._session_line(cut, line)
+            return
         if m is None:
             # The server's own words (`wfjail: zygote 0 restarted`, a zygote's `[zygote i]`
-            # lines): under -q, only what went wrong.
-            _log.warning("wfjail serve: %s", escape(
-                line.decode("utf-8", "replace").rstrip("\r\n"), OUTPUT_LINE_CHARS))
+            # lines; under -q, only what went wrong) as they were: a failed start's are in
+            # its error, logged once (server.py).
+            _write_raw(line)
             return
-        key = (server, int(m.group(1)))
-        rest = line[m.end():]
+        self._session_line((server, int(m.group(1))), line[m.end():])
+
+    def _session_line(self, key: tuple[str, int], rest: bytes) -> None:
         stale: tuple[tuple[str, int], list[bytes]] | None = None
         with self._lock:
             log = self._sessions.get(key)
