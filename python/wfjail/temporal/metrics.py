@@ -22,7 +22,6 @@ import temporalio.common
 import temporalio.workflow
 
 from ..client import Client
-from ..errors import ProtocolError
 from . import sdk
 
 # The metrics' names (docs/temporal.md, "Metrics"), as the SDK names its own: no unit
@@ -172,8 +171,8 @@ class ServerRestarts:
 
     def poll(self, meter: temporalio.common.MetricMeter | None, force: bool = False) -> None:
         """Asks the server (at most every STATUS_EVERY seconds, unless ``force``) and adds
-        the restarts ``meter`` has not heard of. A server that does not answer is asked
-        again next time."""
+        the restarts ``meter`` has not heard of. A server that does not answer (stopped,
+        restarting) is asked again next time."""
         if meter is None:
             return
         instruments = _of(meter)
@@ -185,7 +184,7 @@ class ServerRestarts:
             self._asked = now
         try:
             status = self._client.status()
-        except (OSError, ProtocolError):
+        except Exception:  # noqa: BLE001  (a metric never fails a workflow task)
             return
         count = _number(status.get("zygote_restarts") if isinstance(status, dict) else None,
                         2.0**63)

@@ -109,6 +109,11 @@ class JailedWorkflowRunner(WorkflowRunner):
     changes stays in the child); by default it runs in the worker, through an upcall,
     outside that context.
 
+    Its own metrics (sessions, violations, latency, each run's CPU time and peak memory,
+    zygote restarts: ``metrics``) go on the worker's runtime meter, next to the SDK's; a
+    run's confined output and bad ends, naming the run, on the ``wfjail.temporal`` logger
+    (``oplog``).
+
     Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
     this runner was tested with (it relies on private parts of the SDK: ``sdk``).
     """
