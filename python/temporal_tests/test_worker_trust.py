@@ -507,9 +507,10 @@ class ReplySizeTests(unittest.TestCase):
         record = ["counter", "jobs", None, None, 1, {}]
         side = {"metrics": [record], "pad": "x" * relays.MAX_SIDE_CHANNEL}
         with mock.patch.object(json, "loads", side_effect=AssertionError("parsed")):
-            completion, metrics = relays.split_reply(
+            completion, side = relays.split_reply(
                 _reply(WorkflowActivationCompletion(run_id="run-1", successful={}), side))
-        self.assertEqual(metrics, [])
+        self.assertEqual(side, {})
+        self.assertEqual(relays.metric_records(side), [])
         self.assertTrue(completion.HasField("successful"))
 
 

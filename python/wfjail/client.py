@@ -108,6 +108,11 @@ class _Conversing:
         return self._conversation.id
 
     @property
+    def pid(self) -> "Optional[int]":
+        """The guest's pid as wfjail sees it (OPENED's ``pid``), if it said."""
+        return self._conversation.pid
+
+    @property
     def mode(self) -> "Any":
         """``"zygote"`` or ``"exec"`` (OPENED's ``mode``)."""
         return self._conversation.mode

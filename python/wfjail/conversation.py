@@ -214,6 +214,7 @@ class Conversation:
         self.on_upcall = on_upcall
         self.max_frame = CAP if max_frame is None else int(max_frame)
         self.id: "Any" = None
+        self.pid: "Optional[int]" = None
         self.mode: "Any" = None
         self.report: "Optional[Dict[str, Any]]" = None
         # What wfjail denied during the last call that returned a result (dicts, the report's
@@ -291,6 +292,8 @@ class Conversation:
             return Answer(answer)
         doc = json.loads(answer)
         self.id, self.mode = doc.get("session"), doc.get("mode")
+        pid = doc.get("pid")
+        self.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         return Answer(doc)
 
     def _end(self, payload: bytes) -> "Dict[str, Any]":

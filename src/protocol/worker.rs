@@ -155,6 +155,10 @@ pub struct Capacity {
     pub mode: String,
     /// The policy's name.
     pub policy: String,
+    /// Zygotes that died and were replaced since the server started (a worker relays it to
+    /// its metrics: only the server sees a zygote die).
+    #[serde(default)]
+    pub zygote_restarts: u64,
 }
 
 /// The server's answer to OPEN.
@@ -163,6 +167,9 @@ pub struct Opened {
     pub session: u64,
     /// `zygote` or `exec`.
     pub mode: String,
+    /// The guest's pid as the server sees it (for an operator to find the process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
 }
 
 #[cfg(test)]

@@ -1,10 +1,16 @@
 //! The server's counters: sessions by how they ended, calls and their latency, violations by
-//! category. Readable while it runs (`wfjail serve --metrics FILE`: the Prometheus text
-//! format, rewritten every second by rename, so a reader never sees half a file) and printed
-//! on stderr when it stops.
+//! category, zygote restarts. Readable while it runs (`wfjail serve --metrics FILE`: the
+//! Prometheus text format, rewritten every second by rename, so a reader never sees half a
+//! file; [`MetricsFile`]), in the answer to STATUS (zygote restarts: a worker relays them) and
+//! printed on stderr when it stops.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::ffi::{CString, OsString};
+use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,9 +30,20 @@ pub struct Metrics {
     /// Calls at or under each of [`BUCKETS`] (cumulative, as Prometheus wants them).
     call_buckets: [AtomicU64; BUCKETS.len()],
     violations: Mutex<BTreeMap<String, u64>>,
+    zygote_restarts: AtomicU64,
 }
 
 impl Metrics {
+    /// A dead zygote was replaced.
+    pub fn zygote_restarted(&self) {
+        self.zygote_restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Zygotes replaced since the server started (STATUS's `zygote_restarts`).
+    pub fn zygote_restarts(&self) -> u64 {
+        self.zygote_restarts.load(Ordering::Relaxed)
+    }
+
     pub fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
     }
@@ -109,6 +126,11 @@ impl Metrics {
                 .collect(),
         );
         counter(
+            "wfjail_zygote_restarts_total",
+            "Zygotes that died and were replaced.",
+            vec![(String::new(), self.zygote_restarts())],
+        );
+        counter(
             "wfjail_call_errors_total",
             "Calls answered with ERROR.",
             vec![(String::new(), self.call_errors.load(Ordering::Relaxed))],
@@ -160,13 +182,102 @@ impl Metrics {
             self.sessions_busy.load(Ordering::Relaxed),
         )
     }
+}
 
-    /// Writes [`Metrics::render`] to `path` (a temporary file renamed over it).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-        std::fs::write(&tmp, self.render())?;
-        std::fs::rename(&tmp, path)
+/// Where `--metrics` writes: the file's directory, opened once, and the file's name in it.
+/// Each write creates a temporary file of a random name there that must not exist yet
+/// (`O_CREAT | O_EXCL | O_NOFOLLOW`, beneath the directory), writes it and renames it over
+/// the file: a symbolic link or a file planted at any name in that directory is never
+/// followed nor written (a planted link at the file's own name is replaced, not followed).
+#[derive(Debug)]
+pub struct MetricsFile {
+    dir: OwnedFd,
+    name: CString,
+    /// The temporary names' prefix: `.NAME.`, then a random number and `.tmp`.
+    prefix: OsString,
+}
+
+/// Temporary names tried before a write gives up (each taken name was planted, or is
+/// another writer's).
+const TEMP_TRIES: usize = 16;
+
+impl MetricsFile {
+    /// Opens `path`'s directory (the file itself need not exist).
+    pub fn open(path: &Path) -> std::io::Result<MetricsFile> {
+        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        let name = path
+            .file_name()
+            .ok_or_else(|| invalid("the metrics path names no file"))?;
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = std::fs::File::open(dir)?;
+        if !dir.metadata()?.is_dir() {
+            return Err(invalid("the metrics path's parent is not a directory"));
+        }
+        let mut prefix = OsString::from(".");
+        prefix.push(name);
+        prefix.push(".");
+        Ok(MetricsFile {
+            dir: dir.into(),
+            name: CString::new(name.as_bytes()).map_err(|_| invalid("a NUL in the path"))?,
+            prefix,
+        })
     }
+
+    /// Writes `text` as the file's whole new content, atomically for a reader.
+    pub fn write(&self, text: &str) -> std::io::Result<()> {
+        let flags =
+            (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW) | libc::O_CLOEXEC;
+        for _ in 0..TEMP_TRIES {
+            let mut tmp = self.prefix.clone();
+            tmp.push(format!("{:016x}.tmp", random_u64()));
+            let tmp = CString::new(tmp.as_bytes()).expect("no NUL: checked at open");
+            let fd = match crate::sys::openat2_beneath(self.dir.as_fd(), &tmp, flags as u64, 0o644)
+            {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::EEXIST) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let renamed = std::fs::File::from(fd)
+                .write_all(text.as_bytes())
+                .and_then(|()| {
+                    crate::sys::path_op(
+                        self.dir.as_fd(),
+                        &crate::sys::PathOp::Rename {
+                            from: &tmp,
+                            to_dir: self.dir.as_fd(),
+                            to: &self.name,
+                            flags: 0,
+                        },
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            if renamed.is_err() {
+                let _ = crate::sys::path_op(
+                    self.dir.as_fd(),
+                    &crate::sys::PathOp::Unlink {
+                        name: &tmp,
+                        flags: 0,
+                    },
+                );
+            }
+            return renamed;
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "every temporary name tried was taken",
+        ))
+    }
+}
+
+/// A random number for a temporary name (std's per-process random hash keys, and a count).
+fn random_u64() -> u64 {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    h.finish()
 }
 
 #[cfg(test)]
@@ -193,5 +304,12 @@ mod tests {
             "{}",
             m.summary()
         );
+        m.zygote_restarted();
+        assert!(m.render().contains("wfjail_zygote_restarts_total 1\n"));
+    }
+
+    #[test]
+    fn temporary_names_differ() {
+        assert_ne!(random_u64(), random_u64());
     }
 }

@@ -460,14 +460,21 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         children: Mutex::new(std::collections::HashMap::new()),
     });
 
-    if let Some(path) = opts.metrics.clone() {
+    // Its directory opened once: every write is beneath it, by a name of its own.
+    let metrics_file = opts.metrics.as_ref().and_then(|path| {
+        metrics::MetricsFile::open(path)
+            .map_err(|e| eprintln!("wfjail: --metrics {}: {e}; not written", path.display()))
+            .ok()
+            .map(|f| (path.clone(), Arc::new(f)))
+    });
+    if let Some((path, file)) = metrics_file.clone() {
         // Readable while the server runs; the last write is at shutdown.
         let s = server.clone();
         let _ = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 loop {
-                    if let Err(e) = s.metrics.write(&path) {
+                    if let Err(e) = file.write(&s.metrics.render()) {
                         eprintln!(
                             "wfjail: --metrics {}: {e}; not written again",
                             path.display()
@@ -628,8 +635,8 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         }
     };
     shutdown(&server);
-    if let Some(path) = &opts.metrics {
-        let _ = server.metrics.write(path);
+    if let Some((_, file)) = &metrics_file {
+        let _ = file.write(&server.metrics.render());
     }
     if opts.echo {
         eprintln!("{}", server.metrics.summary());
@@ -657,6 +664,7 @@ fn restart_zygote(server: &Server, i: usize, on_death: &Arc<dyn Fn(usize) + Send
     }
     match Zygote::start(i, server.policy.clone(), &pool.config, on_death.clone()) {
         Ok(z) => {
+            server.metrics.zygote_restarted();
             eprintln!("wfjail: zygote {i} restarted (pid {})", z.pid);
             if let Some(slot) = pool.zygotes.lock().unwrap().get_mut(i) {
                 *slot = Some(z);

@@ -206,6 +206,37 @@ pub fn zygote_args(module: &str, zygotes: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// Runs `wfjail serve` on a scratch dir's policy and module with `worker.py`, `--metrics`
+/// at `metrics`; returns its exit code, stdout and stderr.
+pub fn serve_with_metrics(
+    s: &Scratch,
+    module: &str,
+    metrics: &std::path::Path,
+) -> (i32, String, String) {
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote = zygote_args(module, "1");
+    let mut args = vec![
+        "serve",
+        "-p",
+        &policy,
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
+    args.extend(zygote.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = std::process::Command::new(wfjail_bin())
+        .args(&args)
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `examples/container_sim`, next to the test binaries: `cargo test` builds examples, but
 /// `cargo test --test suite` does not, so build it here if it is missing, with the same
 /// profile, target and target directory as the wfjail binary. One lock for the whole suite:

@@ -63,6 +63,7 @@ mod run {
 mod serve {
     mod hostile;
     mod limits;
+    mod metrics;
     mod preload;
     mod sessions;
 }

@@ -45,13 +45,14 @@ class ReplyRefused(ProtocolError):
 
 
 def split_reply(reply: bytes, max_bytes: int = MAX_REPLY_BYTES,
-                ) -> tuple[WorkflowActivationCompletion, list[Any]]:
-    """A child's reply: the completion (protobuf), then JSON: the metric records of the
-    activation. (Anything else in the JSON is ignored: the serialization contexts of the
-    completion's commands are the worker's own, ``contexts.command_contexts``.) A completion
-    over ``max_bytes`` or with over MAX_COMPLETION_COMMANDS commands is a ``ReplyRefused``
-    (before it is decoded, for the first); a side channel over MAX_SIDE_CHANNEL is not
-    read."""
+                ) -> tuple[WorkflowActivationCompletion, dict[str, Any]]:
+    """A child's reply: the completion (protobuf), then its side channel, a JSON object
+    (``side_channel``, parsed once here): the activation's metric records
+    (``metric_records``), the calls wfjail denied, spans. (The serialization contexts of
+    the completion's commands are the worker's own, ``contexts.command_contexts``.) A
+    completion over ``max_bytes`` or with over MAX_COMPLETION_COMMANDS commands is a
+    ``ReplyRefused`` (before it is decoded, for the first); a side channel over
+    MAX_SIDE_CHANNEL is not read ({})."""
     if len(reply) < 4:
         raise ReplyRefused("truncated", "a reply shorter than its length prefix")
     (n,) = struct.unpack(">I", reply[:4])
@@ -71,9 +72,13 @@ def split_reply(reply: bytes, max_bytes: int = MAX_REPLY_BYTES,
     if commands > MAX_COMPLETION_COMMANDS:
         raise ReplyRefused("oversized", "the child's completion has %d commands, over the %d "
                             "a history holds" % (commands, MAX_COMPLETION_COMMANDS))
-    doc = side_channel(reply)
-    metrics: list[Any] = doc["metrics"] if isinstance(doc.get("metrics"), list) else []
-    return completion, metrics
+    return completion, side_channel(reply)
+
+
+def metric_records(side: dict[str, Any]) -> list[Any]:
+    """The metric records of a side channel (``split_reply``): a list, or none."""
+    records = side.get("metrics")
+    return records if isinstance(records, list) else []
 
 
 def side_channel(reply: bytes) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import IO, Callable, Sequence
 
 from ..client import Client
 from ..errors import ProtocolError
-from . import main_script
+from . import main_script, oplog
 from .child import WARM_ENV, WARM_UP
 from .stack import escape
 
@@ -39,10 +39,11 @@ _log = logging.getLogger("wfjail.temporal")
 
 
 class _StderrTail:
-    """Copies a server's stderr to the worker's as it comes (its messages read as they did
-    when it inherited the worker's stderr) and keeps its last lines for a failed start."""
+    """Passes a server's stderr as it comes to the worker's log (``oplog``: a session's lines
+    as records that name its run) and keeps its last lines for a failed start."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], socket: str = "") -> None:
+        self._socket = socket  # which server, for the operator log (oplog)
         self._lines: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True,
@@ -55,10 +56,8 @@ class _StderrTail:
             for line in iter(lambda: stream.readline(STDERR_LINE_CHARS * 4), b""):
                 with self._lock:
                     self._lines.append(line)
-                try:
-                    os.write(2, line)
-                except OSError:
-                    pass
+                # A session's lines as records naming its run (or copied as they are).
+                oplog.REGISTRY.output(self._socket, line)
 
     def text(self, wait: float = 1.0) -> str:
         """The last lines, escaped (one line each, cut to STDERR_LINE_CHARS), after waiting
@@ -114,7 +113,7 @@ class Server:
             argv += ["--zygotes", str(zygotes)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert self.proc.stderr is not None
-        self._stderr = _StderrTail(self.proc.stderr)
+        self._stderr = _StderrTail(self.proc.stderr, sock)
         self.client = Client(sock)
         try:
             self._await_ready()

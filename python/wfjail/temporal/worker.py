@@ -24,7 +24,7 @@ from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, Workflo
 
 from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
-from . import sdk, spans
+from . import metrics, oplog, sdk, spans
 from .child import FACTORY
 from .contexts import (
     CommandKey,
@@ -45,8 +45,8 @@ from .relays import (
     ReplyRefused,
     Series,
     logging_settings,
+    metric_records,
     record_metrics,
-    side_channel,
     split_reply,
     upcalls_in_worker,
 )
@@ -108,6 +108,11 @@ class JailedWorkflowRunner(WorkflowRunner):
     process; but it sees the worker's state as it was when first pickled, and what it
     changes stays in the child); by default it runs in the worker, through an upcall,
     outside that context.
+
+    Its own metrics (sessions, violations, latency, each run's CPU time and peak memory,
+    zygote restarts: ``metrics``) go on the worker's runtime meter, next to the SDK's; a
+    run's confined output and bad ends, naming the run, on the ``wfjail.temporal`` logger
+    (``oplog``).
 
     Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
     this runner was tested with (it relies on private parts of the SDK: ``sdk``).
@@ -176,6 +181,9 @@ class JailedWorkflowRunner(WorkflowRunner):
         made["sandboxed"] = self._sandboxed
         # The worker's logger levels and workflow.logger's settings hold in the child.
         made["logging"] = logging_settings()
+        # The runner's metrics on the worker's runtime meter, labelled with the run's.
+        meter = metrics.run_meter(det)
+        run_metrics = metrics.RunMetrics(meter, det.info)
         try:
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
@@ -192,12 +200,17 @@ class JailedWorkflowRunner(WorkflowRunner):
                                      seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
                                      time_ns=_start_ns(det.info)).open()
         except Busy as e:
+            run_metrics.busy()
             raise RuntimeError(
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
+        run_metrics.opened()
+        metrics.server_restarts(client, policy).poll(meter)
         instance = _JailedInstance(session, det, self._reserved_metrics,
-                                   self._max_reply_bytes, run_log, policy)
+                                   self._max_reply_bytes, run_log, policy, run_metrics,
+                                   oplog.REGISTRY.opened(client.path, session.id, session.pid,
+                                                         det.info))
         # The OpenTelemetry plugin's provider: the child's spans are exported through it.
         instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
         return instance
@@ -314,6 +327,10 @@ class Session(Protocol):
 
     def close(self) -> object: ...
 
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The session's report once it ended."""
+
 
 class _JailedInstance(WorkflowInstance):
     """The worker's side of one confined run: each activation is one call."""
@@ -321,8 +338,14 @@ class _JailedInstance(WorkflowInstance):
     def __init__(self, session: Session, det: WorkflowInstanceDetails,
                  reserved_metrics: Iterable[str] | None = None,
                  max_reply_bytes: int | None = None, run_log: LogRelay | None = None,
-                 policy: str = "temporal-python") -> None:
+                 policy: str = "temporal-python",
+                 run_metrics: metrics.RunMetrics | None = None,
+                 session_log: oplog.SessionLog | None = None) -> None:
         self._session = session
+        # What the run's session adds to the worker's metrics and log (create_instance).
+        self._run_metrics = run_metrics
+        self._session_log = session_log
+        self._session_over = False
         self._policy = policy  # the run's policy, as its failures name it
         # The run's log relay (``LogRelay``): its budget of records is per activation.
         self._run_log = run_log
@@ -374,6 +397,7 @@ class _JailedInstance(WorkflowInstance):
                 self._session.abort()  # its thread closes the session
             else:
                 self._session.close()  # the interrupted activation is over
+                self._note_end(closed=True)
             return _evicted(act)
         self._calling = True
         self._idle.clear()
@@ -384,11 +408,18 @@ class _JailedInstance(WorkflowInstance):
         watched = not sdk.in_running_loop()
         if watched:
             _WATCHDOG.arm(self, time.monotonic() + DEADLOCK_INTERRUPT_AFTER)
+        sent = time.monotonic()
         try:
-            reply = self._session.call(
-                act.SerializeToString(),
-                time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp") else None)
-            completion, metrics = split_reply(reply, self._max_reply_bytes)
+            try:
+                reply = self._session.call(
+                    act.SerializeToString(),
+                    time_ns=act.timestamp.ToNanoseconds() if act.HasField("timestamp")
+                    else None)
+            finally:
+                if self._run_metrics is not None:
+                    self._run_metrics.call(time.monotonic() - sent)
+            # The side channel's keys (bounded: relays.side_channel): each the child's words.
+            completion, side = split_reply(reply, self._max_reply_bytes)
             completion.run_id = act.run_id  # the run's own, whatever the child said
             # The activation's results were decoded before this call (with these contexts):
             # what it resolved is done with them; the completion's commands bring theirs.
@@ -396,9 +427,8 @@ class _JailedInstance(WorkflowInstance):
             keep(self._contexts, command_contexts(self._det.info, completion), resolved)
             keep(self._store_contexts, command_store_contexts(self._det.info, completion),
                  resolved)
-            record_metrics(self._det, metrics, self._metric_series, self._reserved_metrics)
-            # The side channel's other keys (bounded: side_channel): each the child's words.
-            side = side_channel(reply)
+            record_metrics(self._det, metric_records(side), self._metric_series,
+                           self._reserved_metrics)
             if self._span_provider is not None:
                 spans.export(self._span_provider, spans.from_side(side))
             if completion.HasField("failed"):
@@ -473,6 +503,20 @@ class _JailedInstance(WorkflowInstance):
             self._idle.set()
             if close:
                 self._session.close()
+            self._note_end(closed=close)
+
+    def _note_end(self, closed: bool) -> None:
+        """Once the session has ended (its report came, or the worker closed it): its end
+        in the worker's metrics and log."""
+        report = getattr(self._session, "report", None)
+        with self._state:
+            if self._session_over or (report is None and not closed):
+                return
+            self._session_over = True
+        if self._run_metrics is not None:
+            self._run_metrics.ended(report)
+        if self._session_log is not None:
+            self._session_log.ended(report)
 
     def get_thread_id(self) -> int | None:
         """The SDK calls this on the worker's event loop when an activation did not yield

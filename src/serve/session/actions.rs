@@ -76,6 +76,7 @@ impl Session {
                     let opened = Opened {
                         session: self.id,
                         mode: mode.into(),
+                        pid: self.guest_process().map(|(pid, _)| pid),
                     };
                     let doc = serde_json::to_vec(&opened).unwrap_or_default();
                     self.client.send(worker::OPENED, &doc);

@@ -198,6 +198,7 @@ fn capacity(server: &Server) -> Capacity {
         }
         .into(),
         policy: server.policy.name.clone(),
+        zygote_restarts: server.metrics.zygote_restarts(),
     }
 }
 

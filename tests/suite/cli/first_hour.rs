@@ -415,28 +415,8 @@ fn serve_keeps_counters_readable_while_it_runs_and_says_them_at_exit() {
          time.sleep(1.5)\nprint(open(DIR + '/metrics.prom').read())\n",
     );
     let metrics = s.path("metrics.prom");
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote = crate::common::zygote_args(&module, "1");
-    let mut args = vec![
-        "serve",
-        "-p",
-        &policy,
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    args.extend(zygote.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = Command::new(wfjail_bin())
-        .args(&args)
-        .current_dir(&s.0)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (code, stdout, stderr) = crate::common::serve_with_metrics(&s, &module, &metrics);
+    assert_eq!(code, 0, "{stderr}");
     // While running: the worker read the file.
     assert!(
         stdout.contains("wfjail_sessions_opened_total 2"),
