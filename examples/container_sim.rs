@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] [--deny-process-vm]
-//!               [--deny-ptrace] [--deny-sethostname] [--drop-sys-admin] -- CMD [ARG...]
+//!               [--deny-ptrace] [--deny-sethostname] [--deny-personality] [--drop-sys-admin]
+//!               -- CMD [ARG...]
 //! ```
 //!
 //! It sets no_new_privs, installs a classic-BPF seccomp filter (x86_64 only) built from the
@@ -40,6 +41,10 @@
 //! * `--deny-sethostname` — podman's default profile (containers-common): namespaces are
 //!   allowed but `sethostname` fails with EPERM, so a guest's UTS namespace keeps the
 //!   container's hostname.
+//! * `--deny-personality` — podman's and Docker's default profiles (hence Kubernetes'
+//!   `RuntimeDefault`): `personality` is allowed only with 0x0, 0x8, 0x20000, 0x20008 or
+//!   0xffffffff (a query) and fails with EPERM otherwise, `ADDR_NO_RANDOMIZE` (0x40000)
+//!   included.
 //! * `--drop-sys-admin` — a container's root user, which Docker and Kubernetes run without
 //!   CAP_SYS_ADMIN: the capability leaves the bounding, inheritable, permitted and effective
 //!   sets (and the ambient set is cleared), so it does not come back when CMD is executed.
@@ -102,6 +107,10 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWNET) as u32;
 
 const NR_SETHOSTNAME: u32 = 170;
+const NR_PERSONALITY: u32 = 135;
+/// The personas Docker's and podman's profiles allow (PER_LINUX, UNAME26, PER_LINUX32,
+/// their union, and the query).
+const ALLOWED_PERSONAS: [u32; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 const NR_PTRACE: u32 = 101;
 const NR_PROCESS_VM_READV: u32 = 310;
 const NR_PROCESS_VM_WRITEV: u32 = 311;
@@ -117,12 +126,13 @@ struct Options {
     deny_process_vm: bool,
     deny_ptrace: bool,
     deny_sethostname: bool,
+    deny_personality: bool,
     drop_sys_admin: bool,
 }
 
 const USAGE: &str = "usage: container_sim [--deny-namespaces] [--deny-landlock] [--deny-notify] \
-                     [--deny-process-vm] [--deny-ptrace] [--deny-sethostname] [--drop-sys-admin] \
-                     -- CMD [ARG...]";
+                     [--deny-process-vm] [--deny-ptrace] [--deny-sethostname] \
+                     [--deny-personality] [--drop-sys-admin] -- CMD [ARG...]";
 
 fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
     let mut o = Options::default();
@@ -138,7 +148,8 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
                     || o.deny_notify
                     || o.deny_process_vm
                     || o.deny_ptrace
-                    || o.deny_sethostname)
+                    || o.deny_sethostname
+                    || o.deny_personality)
                 {
                     o.deny_namespaces = true;
                 }
@@ -150,6 +161,7 @@ fn parse(args: &[OsString]) -> Result<(Options, &[OsString]), String> {
             Some("--deny-process-vm") => o.deny_process_vm = true,
             Some("--deny-ptrace") => o.deny_ptrace = true,
             Some("--deny-sethostname") => o.deny_sethostname = true,
+            Some("--deny-personality") => o.deny_personality = true,
             Some("--drop-sys-admin") => o.drop_sys_admin = true,
             _ => return Err(format!("unknown argument {a:?}")),
         }
@@ -250,6 +262,17 @@ fn program(o: Options) -> Vec<libc::sock_filter> {
             FLAG_NEW_LISTENER,
             ret_errno(libc::EBUSY),
         );
+    }
+    if o.deny_personality {
+        // if nr == personality { return arg0 in ALLOWED_PERSONAS ? ALLOW : EPERM }
+        let n = ALLOWED_PERSONAS.len() as u8;
+        p.push(jump(BPF_JMP_JEQ_K, NR_PERSONALITY, 0, n + 3));
+        p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
+        for (i, persona) in (0u8..).zip(ALLOWED_PERSONAS) {
+            p.push(jump(BPF_JMP_JEQ_K, persona, n - i, 0));
+        }
+        p.push(ret_errno(libc::EPERM));
+        p.push(stmt(BPF_RET_K, RET_ALLOW));
     }
     p.push(stmt(BPF_RET_K, RET_ALLOW));
     p

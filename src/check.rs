@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::policy::{Layer, Policy};
+use crate::policy::{Layer, Policy, Toggle};
 use crate::sys;
 
 /// One layer's state on this host.
@@ -12,6 +12,10 @@ pub struct Row {
     pub layer: &'static str,
     pub available: bool,
     pub required: bool,
+    /// The policy asks for this layer: when it is missing, `run` and `serve` list it in their
+    /// report's `degraded` (or exit 125 when it is required). A layer the policy does not ask
+    /// for (a namespace it turns off, the pinned address layout it leaves random) is not.
+    pub used: bool,
     /// What is there (`abi-7`, `stacked on an existing filter`) or why it is missing.
     pub detail: String,
     /// What would enable it, when it is missing.
@@ -82,11 +86,28 @@ fn namespace_hint(errno: nix::errno::Errno, user_ok: bool) -> String {
 /// Probes every layer and compares with `policy.require`.
 pub fn check(policy: &Policy) -> CheckReport {
     let mut rows = Vec::new();
+    let ns = policy.namespaces;
+    let used = |layer: Layer| match layer {
+        Layer::UserNs => ns.user,
+        Layer::NetNs => ns.net,
+        Layer::PidNs => ns.pid,
+        Layer::IpcNs => ns.ipc,
+        Layer::UtsNs => ns.uts,
+        Layer::MountNs => ns.mount && ns.pid,
+        // Missing TCP rules matter only when the policy denies the network.
+        Layer::LandlockNet => policy.network.mode == crate::policy::NetworkMode::None,
+        Layer::AddressLayout => {
+            policy.process.address_randomization == Toggle::Deny
+                || policy.requires(Layer::AddressLayout)
+        }
+        _ => true,
+    };
     let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
         rows.push(Row {
             layer: layer.as_str(),
             available,
             required: policy.requires(layer),
+            used: used(layer),
             detail,
             enable,
         });
@@ -231,6 +252,7 @@ pub fn check(policy: &Policy) -> CheckReport {
             layer: "hostname",
             available: set.is_ok(),
             required: false,
+            used: ns.uts,
             detail: match &set {
                 Ok(()) => "sethostname in the guest's UTS namespace: it sees \"wfjail\"".into(),
                 Err(e) => format!(
@@ -288,6 +310,31 @@ pub fn check(policy: &Policy) -> CheckReport {
         None,
     );
 
+    // The pinned address layout, set the way `run` sets it: in a child, then read back.
+    let pinned = used(Layer::AddressLayout);
+    let layout = probe_in_child(0, sys::disable_address_randomization);
+    row(
+        Layer::AddressLayout,
+        layout.is_ok(),
+        match (&layout, pinned) {
+            (Ok(()), _) => "personality(ADDR_NO_RANDOMIZE) holds: a guest's addresses, hence id() and default reprs, repeat between runs".into(),
+            (Err(e), true) => format!(
+                "personality(ADDR_NO_RANDOMIZE) refused ({e}): the policy pins the address layout, \
+                 but a guest's addresses will be randomised, so id() and default reprs may differ \
+                 between runs and on replay"
+            ),
+            (Err(e), false) => format!(
+                "personality(ADDR_NO_RANDOMIZE) refused ({e}); this policy leaves the layout random anyway"
+            ),
+        },
+        layout.is_err().then(|| {
+            "the container's seccomp profile refuses personality(0x40000) (podman's and Docker's \
+             defaults allow only 0x0, 0x8, 0x20000, 0x20008, 0xffffffff): a profile that allows \
+             it (docs/containers.md), or require address-layout to refuse to run without it"
+                .into()
+        }),
+    );
+
     if let Some(h) = hostname {
         let at = rows
             .iter()
@@ -303,6 +350,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         layer: "exec-stop",
         available: stop.is_ok(),
         required: needs_stop,
+        used: needs_stop,
         detail: match &stop {
             Ok(()) => "ptrace can hold a child at its exec: the vDSO is patched for [time] clock and [random] getrandom".into(),
             Err(e) => format!("ptrace refused ({e}): policies with [time] clock or [random] getrandom other than real/allow cannot start"),
@@ -316,6 +364,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         layer: "container-seccomp",
         available: unseen.is_empty(),
         required: false,
+        used: true,
         detail: if unseen.is_empty() {
             match crate::procfs::seccomp_mode() {
                 Some(2) => "the filter this process runs under leaves every probed call to wfjail: each violation is reported".into(),
@@ -347,6 +396,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         layer: "guest-memory",
         available: true,
         required: false,
+        used: false,
         detail: format!(
             "read and written with {} (violations name their paths either way)",
             sys::guest_memory_route()
@@ -357,6 +407,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         layer: "cgroups",
         available: cgroup.0,
         required: false,
+        used: false,
         detail: cgroup.1,
         enable: None,
     });
@@ -418,8 +469,14 @@ impl CheckReport {
             self.policy, self.kernel, self.uid, "LAYER", "AVAILABLE", "REQUIRED", "DETAIL"
         );
         for r in &self.rows {
+            // A missing layer the policy does not ask for changes nothing for this policy.
+            let unused = if !r.available && !r.used {
+                " (this policy does not use it)"
+            } else {
+                ""
+            };
             s.push_str(&format!(
-                "{:<18} {:<10} {:<9} {}\n",
+                "{:<18} {:<10} {:<9} {}{unused}\n",
                 r.layer,
                 if r.available { "yes" } else { "NO" },
                 if r.required { "yes" } else { "-" },
@@ -430,8 +487,20 @@ impl CheckReport {
             }
         }
         s.push('\n');
+        let degraded: Vec<&str> = self
+            .rows
+            .iter()
+            .filter(|r| r.used && !r.required && !r.available)
+            .map(|r| r.layer)
+            .collect();
         if self.ok {
             s.push_str("Everything the policy requires is available.\n");
+            if !degraded.is_empty() {
+                s.push_str(&format!(
+                    "`wfjail run` and `serve` will run without {} (listed in their report's `degraded`).\n",
+                    degraded.join(", ")
+                ));
+            }
         } else {
             let missing: Vec<&str> = self
                 .rows

@@ -445,14 +445,22 @@ pub fn drop_all_capabilities(last_cap: u32) -> SysResult<bool> {
 }
 
 /// Child-safe. `personality(ADDR_NO_RANDOMIZE)`: the next exec lays out the address space
-/// without randomisation (the flag survives exec; a set-id exec would clear it).
+/// without randomisation (the flag survives exec; a set-id exec would clear it). Read back
+/// after setting: a seccomp filter can fake success (`SECCOMP_RET_ERRNO` with 0), and then
+/// the flag is not there (EPERM, as a refusal).
 pub fn disable_address_randomization() -> SysResult<()> {
     const ADDR_NO_RANDOMIZE: libc::c_ulong = 0x0040000;
     // SAFETY: personality takes an integer; 0xffffffff only queries the current value.
     let current = unsafe { libc::personality(0xffff_ffff) };
     check_int(current)?;
     // SAFETY: as above, setting the persona with one more flag.
-    check_int(unsafe { libc::personality(current as libc::c_ulong | ADDR_NO_RANDOMIZE) }).map(drop)
+    check_int(unsafe { libc::personality(current as libc::c_ulong | ADDR_NO_RANDOMIZE) })?;
+    // SAFETY: as above, a query.
+    let now = check_int(unsafe { libc::personality(0xffff_ffff) })?;
+    if now as libc::c_ulong & ADDR_NO_RANDOMIZE == 0 {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
 }
 
 /// Child-safe. `prctl(PR_SET_NO_NEW_PRIVS, 1)`.

@@ -16,7 +16,8 @@
 //!    but the set-up channel and the Landlock ruleset (both close-on-exec); then an empty
 //!    signal mask and SIGPIPE back to default.
 //! 5. rlimits — lowering needs no privilege; then the personality (no address-space
-//!    randomisation, when the policy pins the layout), which needs none either.
+//!    randomisation, when the policy pins the layout), which needs none either but which
+//!    container seccomp profiles refuse (best-effort unless `address-layout` is required).
 //! 6. capabilities — bounding, ambient, then effective/permitted/inheritable.
 //! 7. no_new_privs — required by Landlock and seccomp without CAP_SYS_ADMIN.
 //! 8. Landlock — restrict_self with the ruleset the parent built, then close it.
@@ -61,6 +62,8 @@ pub struct ChildSpec<'a> {
     pub rlimits: &'a [(libc::c_int, u64)],
     /// `[process] address_randomization = "deny"`.
     pub no_aslr: bool,
+    /// `require` names `address-layout`: a refused `personality` stops the start.
+    pub no_aslr_required: bool,
     pub last_cap: u32,
     pub capabilities_required: bool,
     pub no_new_privs_required: bool,
@@ -154,11 +157,12 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
         }
     }
 
-    // ...and the address-space layout of the exec to come (no privilege needed either).
+    // ...and the address-space layout of the exec to come (no privilege needed either, but
+    // container profiles refuse it: best-effort unless required).
     if spec.no_aslr
         && let Err(e) = sys::disable_address_randomization()
     {
-        fatal(chan, Step::Personality, e);
+        degrade(chan, Step::Personality, e, spec.no_aslr_required);
     }
 
     // 6. Capabilities.

@@ -88,7 +88,7 @@ impl Step {
             Step::Exec => "executing the command",
             Step::MountNs => "mounting a private /proc in a mount namespace",
             Step::Personality => {
-                "switching address-space randomisation off ([process] address_randomization = \"deny\")"
+                "switching address-space randomisation off (address-layout: personality(ADDR_NO_RANDOMIZE) for [process] address_randomization = \"deny\"; the container's seccomp profile must allow personality(0x40000), see docs/containers.md)"
             }
             Step::Vdso => {
                 "tracing the command across its exec to patch its vDSO (needed by [time] clock and [random] getrandom other than \"allow\": ptrace must be allowed by the container's seccomp profile and Yama)"

@@ -670,7 +670,9 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             .into_iter()
             .filter(|&l| policy.requires(l))
             .collect(),
-        no_aslr: policy.process.address_randomization == Toggle::Deny,
+        // Requiring the pinned layout asks for it.
+        no_aslr: policy.process.address_randomization == Toggle::Deny
+            || policy.requires(Layer::AddressLayout),
         network: policy.network.mode,
         limits: policy.limits.clone(),
         command: canonical_cmd,

@@ -55,10 +55,14 @@ pub enum Layer {
     /// Every capability dropped, bounding set included.
     Capabilities,
     NoNewPrivs,
+    /// The guest's address space laid out without randomisation
+    /// (`[process] address_randomization = "deny"`): a container's default seccomp profile
+    /// refuses the `personality` call that asks for it.
+    AddressLayout,
 }
 
 impl Layer {
-    pub const ALL: [Layer; 14] = [
+    pub const ALL: [Layer; 15] = [
         Layer::Landlock,
         Layer::LandlockNet,
         Layer::LandlockScope,
@@ -73,6 +77,7 @@ impl Layer {
         Layer::MountNs,
         Layer::Capabilities,
         Layer::NoNewPrivs,
+        Layer::AddressLayout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -91,6 +96,7 @@ impl Layer {
             Layer::MountNs => "mount-ns",
             Layer::Capabilities => "capabilities",
             Layer::NoNewPrivs => "no-new-privs",
+            Layer::AddressLayout => "address-layout",
         }
     }
 }

@@ -130,6 +130,7 @@ pub fn spawn(
             fd_targets,
             rlimits: &plan.rlimits,
             no_aslr: p.no_aslr,
+            no_aslr_required: p.requires(Layer::AddressLayout),
             last_cap: plan.last_cap,
             capabilities_required: p.requires(Layer::Capabilities),
             no_new_privs_required: p.requires(Layer::NoNewPrivs),

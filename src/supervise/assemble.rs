@@ -53,6 +53,7 @@ fn step_layer(step: Step) -> &'static str {
         Step::Seccomp => "seccomp",
         Step::SeccompNotify => "seccomp-notify",
         Step::IdMaps => "user-ns",
+        Step::Personality => "address-layout",
         _ => "setup",
     }
 }
@@ -72,6 +73,9 @@ fn enable_hint(layer: &str) -> &'static str {
         "seccomp-notify" => "needs Linux >= 5.0 and a runtime that allows the seccomp listener",
         "capabilities" => {
             "the bounding set needs CAP_SETPCAP (a user namespace gives it); harmless under no_new_privs"
+        }
+        "address-layout" => {
+            "the container's seccomp profile refuses personality(ADDR_NO_RANDOMIZE) (podman's and Docker's defaults do): the guest's addresses are randomised, so id() and default object reprs may differ between runs and on replay, and a workflow that lets them reach its commands fails replay; allow personality(0x40000) in the profile (docs/containers.md has one) or add \"address-layout\" to the policy's require to refuse to run without it; see `wfjail check`"
         }
         _ => "see `wfjail check`",
     }

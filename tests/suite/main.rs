@@ -44,6 +44,7 @@ mod fuzz_regressions;
 mod layering;
 mod learn;
 mod platform {
+    mod address_layout;
     mod containers;
     mod landlock_abi;
 }

@@ -254,6 +254,7 @@ fn check_reports_every_layer() {
         "uts-ns",
         "capabilities",
         "no-new-privs",
+        "address-layout",
         "cgroups",
     ] {
         o.check(rows.iter().any(|row| row["layer"] == layer), layer);
