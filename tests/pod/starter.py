@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
 import workflows
+from starter import task_failure  # examples/temporal/starter.py, beside it in the image
 
 QUEUE = "wfjail-example"
 TARGET = "127.0.0.1:7233"
@@ -35,18 +36,6 @@ async def connect(wait=60.0):
             if loop.time() > end:
                 raise
             await asyncio.sleep(0.5)
-
-
-async def task_failure(handle, wait=30.0):
-    """The first workflow task failure's message, waiting up to `wait` seconds for it."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait
-    while loop.time() < end:
-        async for e in handle.fetch_history_events():
-            if e.HasField("workflow_task_failed_event_attributes"):
-                return e.workflow_task_failed_event_attributes.failure.message
-        await asyncio.sleep(0.2)
-    return None
 
 
 async def main():
@@ -75,7 +64,7 @@ async def main():
     expect("Counter (signals, query, update)", got, got == [5, 5, 5])
     for wf, word in ((workflows.Network, "socket"), (workflows.ReadFile, "/etc/hostname")):
         handle = await client.start_workflow(wf.run, id=str(uuid.uuid4()), task_queue=QUEUE)
-        message = await task_failure(handle)
+        message = await task_failure(handle, wait=30.0)
         expect("%s (task fails, naming %s)" % (wf.__name__, word), message,
                message is not None and word in message)
         await handle.terminate()
