@@ -83,11 +83,10 @@ fn namespace_hint(errno: nix::errno::Errno, user_ok: bool) -> String {
     }
 }
 
-/// Probes every layer and compares with `policy.require`.
-pub fn check(policy: &Policy) -> CheckReport {
-    let mut rows = Vec::new();
+/// Whether `policy` asks for `layer`, so that `run` lists it in `degraded` when it is missing.
+fn uses(policy: &Policy, layer: Layer) -> bool {
     let ns = policy.namespaces;
-    let used = |layer: Layer| match layer {
+    match layer {
         Layer::UserNs => ns.user,
         Layer::NetNs => ns.net,
         Layer::PidNs => ns.pid,
@@ -101,12 +100,22 @@ pub fn check(policy: &Policy) -> CheckReport {
                 || policy.requires(Layer::AddressLayout)
         }
         _ => true,
-    };
+    }
+}
+
+/// Probes every layer and compares with `policy.require`.
+pub fn check(policy: &Policy) -> CheckReport {
+    let mut rows = Vec::new();
+    let ns = policy.namespaces;
+    let used = |layer: Layer| uses(policy, layer);
+    // Under warn, `run` lets every path through Landlock and judges each open itself: the
+    // listener is required there (serve's sessions are judged by the zygote's router).
+    let warn = policy.on_violation == crate::policy::OnViolation::Warn;
     let mut row = |layer: Layer, available: bool, detail: String, enable: Option<String>| {
         rows.push(Row {
             layer: layer.as_str(),
             available,
-            required: policy.requires(layer),
+            required: policy.requires(layer) || (layer == Layer::SeccompNotify && warn),
             used: used(layer),
             detail,
             enable,
@@ -189,13 +198,42 @@ pub fn check(policy: &Policy) -> CheckReport {
         match &notify {
             Ok(()) => "violations are named with their arguments".into(),
             Err(e) => format!(
-                "no listener ({e}): violations fail or kill in the filter and cannot be named"
+                "no listener ({e}): violations fail or kill in the filter and cannot be named{}",
+                if warn {
+                    "; `run` needs it under on_violation = \"warn\" (its supervisor judges each file), `serve` sessions run without it"
+                } else {
+                    ""
+                }
             ),
         },
         notify
             .is_err()
             .then(|| "Linux >= 5.0, and a runtime that does not hold the listener itself".into()),
     );
+    // What the answered knobs become without a listener (`run` lists them in `degraded`).
+    use crate::policy::rules::{clock, getrandom};
+    let mut answered_rows = Vec::new();
+    for (answered, degraded) in [
+        (clock::answered(policy), clock::DEGRADED),
+        (getrandom::answered(policy), getrandom::DEGRADED),
+    ] {
+        if !answered {
+            continue;
+        }
+        let (layer, why) = degraded.split_once(": ").unwrap_or((degraded, ""));
+        answered_rows.push(Row {
+            layer,
+            available: notify.is_ok(),
+            required: false,
+            used: true,
+            detail: if notify.is_ok() {
+                "answered by the supervisor through the listener".into()
+            } else {
+                why.into()
+            },
+            enable: notify.is_err().then(|| "see seccomp-notify".into()),
+        });
+    }
 
     // Namespaces, the way `run` makes them: user and pid with clone, the others inside.
     let user = crate::process::probe_user_ns_maps();
@@ -330,7 +368,8 @@ pub fn check(policy: &Policy) -> CheckReport {
         Layer::AddressLayout,
         layout.is_ok(),
         match (&layout, pinned) {
-            (Ok(()), _) => "personality(ADDR_NO_RANDOMIZE) holds: a guest's addresses, hence id() and default reprs, repeat between runs".into(),
+            (Ok(()), true) => "personality(ADDR_NO_RANDOMIZE) holds: a guest's addresses, hence id() and default reprs, repeat between runs".into(),
+            (Ok(()), false) => "personality(ADDR_NO_RANDOMIZE) allowed; this policy leaves the layout random".into(),
             (Err(e), true) => format!(
                 "personality(ADDR_NO_RANDOMIZE) refused ({e}): the policy pins the address layout, \
                  but a guest's addresses will be randomised, so id() and default reprs may differ \
@@ -348,6 +387,19 @@ pub fn check(policy: &Policy) -> CheckReport {
         }),
     );
 
+    // Without Landlock at all, `run` names only `landlock`: its finer rows are part of it.
+    if !rows.iter().any(|r| r.layer == "landlock" && r.available) {
+        for r in &mut rows {
+            if matches!(r.layer, "landlock-net" | "landlock-scope") && !r.required {
+                r.used = false;
+            }
+        }
+    }
+    let at = rows
+        .iter()
+        .position(|r| r.layer == "seccomp-notify")
+        .map_or(rows.len(), |i| i + 1);
+    rows.splice(at..at, answered_rows);
     if let Some(h) = hostname {
         let at = rows
             .iter()
@@ -394,6 +446,23 @@ pub fn check(policy: &Policy) -> CheckReport {
             "nothing is weaker (the call fails either way); to see these violations, a profile that leaves them to wfjail (e.g. Docker's `--security-opt seccomp=unconfined`: wfjail's own filter still applies)".into()
         }),
     });
+    // limits.processes over a root guest that may fork: only a pids cgroup binds it.
+    if crate::process::pids_cgroup::needed(policy).is_some() {
+        let made = crate::process::pids_cgroup::PidsCgroup::create();
+        rows.push(Row {
+            layer: "rlimit-nproc",
+            available: made.is_ok(),
+            required: false,
+            used: true,
+            detail: match &made {
+                Ok(_) => "limits.processes bound by a pids cgroup per guest (the guest runs as host root, which RLIMIT_NPROC exempts)".into(),
+                Err(e) => format!("limits.processes does not bind a guest that runs as host root, and no pids cgroup can be made here ({e})"),
+            },
+            enable: made.is_err().then(|| {
+                "run wfjail as an unprivileged user, or give it a delegated cgroup subtree with the pids controller".into()
+            }),
+        });
+    }
     let cgroup = cgroup_summary();
     let ok = rows.iter().all(|r| r.available || !r.required);
     let mut report = CheckReport {
@@ -527,5 +596,25 @@ impl CheckReport {
             ));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_uses_the_address_layout_when_it_pins_it_or_requires_it() {
+        let load = |src: &str| crate::policy::from_source("t.toml", src).unwrap();
+        let pinned = load("extends = \"temporal-python\"\n");
+        let random = load("extends = \"default\"\n");
+        let required = load("extends = \"default\"\nrequire = [\"address-layout\"]\n");
+        assert!(uses(&pinned, Layer::AddressLayout));
+        assert!(!uses(&random, Layer::AddressLayout));
+        assert!(uses(&required, Layer::AddressLayout));
+        // Namespaces a policy turns off are not used (permissive keeps the host's network).
+        let permissive = load("extends = \"permissive\"\n");
+        assert!(!uses(&permissive, Layer::NetNs));
+        assert!(uses(&permissive, Layer::PidNs));
     }
 }

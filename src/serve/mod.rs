@@ -423,6 +423,19 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
                             .and_then(|r| serde_json::to_string(r).ok())
                             .unwrap_or_default()
                     );
+                    // As `run`'s summary line does: what the sessions will run without.
+                    if i == 0 && !z.layers.degraded.is_empty() {
+                        let names: Vec<&str> = z
+                            .layers
+                            .degraded
+                            .iter()
+                            .map(|d| d.split(':').next().unwrap_or(d))
+                            .collect();
+                        eprintln!(
+                            "wfjail: sessions run without {} (each session's report says why under layers.degraded; see `wfjail check`)",
+                            names.join(", ")
+                        );
+                    }
                 }
                 list.push(Some(z));
             }

@@ -2,7 +2,9 @@
 //! layer) under a container profile that refuses `personality(ADDR_NO_RANDOMIZE)`, as
 //! podman's and Docker's defaults (hence Kubernetes' `RuntimeDefault`) do, imposed by
 //! `examples/container_sim.rs --deny-personality`: `run` and `serve` degrade it with the
-//! reason, `check` says so beforehand, and a policy that requires it stops with 125.
+//! reason, `check` says so beforehand, and a policy that requires it stops with 125. Also:
+//! under each simulated profile, `check` predicts what `run` degrades for every built-in
+//! (scripts/test-oci does the same in a real runtime).
 
 use std::process::Command;
 
@@ -15,15 +17,7 @@ const DENY_PERSONALITY: &str = "--deny-personality";
 
 /// `wfjail <args>` under the simulated profile (or on the bare host when `sim` is false).
 fn wfjail(sim: bool, s: &Scratch, args: &[&str]) -> Outcome {
-    let mut cmd = if sim {
-        let mut c = Command::new(container_sim());
-        c.args([DENY_PERSONALITY, "--"]).arg(wfjail_bin());
-        c
-    } else {
-        Command::new(wfjail_bin())
-    };
-    cmd.current_dir(&s.0);
-    run_reported(cmd, args, &s.path("report.json"))
+    sim_wfjail(if sim { &[DENY_PERSONALITY] } else { &[] }, s, args)
 }
 
 /// A workflow-like program: the clock, randomness and an address.
@@ -52,7 +46,7 @@ fn run(sim: bool, policy: &str) -> Outcome {
     )
 }
 
-fn degraded(o: &Outcome) -> Vec<String> {
+fn degraded_of(o: &Outcome) -> Vec<String> {
     o.report["layers"]["degraded"]
         .as_array()
         .map(|a| {
@@ -98,7 +92,7 @@ fn a_refused_personality_degrades_the_address_layout_and_the_run_completes() {
         o.stdout.starts_with("T 1700000000.0 "),
         "the virtual clock still reads the workflow time",
     );
-    let d = degraded(&o);
+    let d = degraded_of(&o);
     o.check(
         d.iter().any(|e| {
             e.starts_with("address-layout: Operation not permitted")
@@ -126,7 +120,7 @@ fn a_refused_personality_degrades_the_address_layout_and_the_run_completes() {
     // On the bare host nothing is degraded.
     let bare = run(false, "temporal-python");
     bare.check(
-        !degraded(&bare)
+        !degraded_of(&bare)
             .iter()
             .any(|e| e.starts_with("address-layout")),
         "without the profile the layout is pinned",
@@ -176,7 +170,7 @@ fn a_refused_personality_degrades_the_address_layout_and_the_run_completes() {
     );
     plain.check(
         plain.code == 0
-            && !degraded(&plain)
+            && !degraded_of(&plain)
                 .iter()
                 .any(|e| e.starts_with("address-layout")),
         "default (layout random) runs without an address-layout entry",
@@ -239,13 +233,18 @@ print(json.dumps(out))
 "#;
     let (s, module) = serve_scratch("layout-serve", "al", HANDLERS, "", &[], worker);
     let policy = s.path("policy.toml").display().to_string();
-    let mut args = vec!["serve", "-q", "-p", policy.as_str()];
+    let mut args = vec!["serve", "-p", policy.as_str()];
     let zygote = crate::common::zygote_args(&module, "1");
     args.extend(zygote.iter().map(String::as_str));
     let worker_path = s.path("worker.py").display().to_string();
     args.extend(["--", PY, worker_path.as_str()]);
     let o = wfjail(true, &s, &args);
     o.check(o.code == 0, "serve --zygote exits 0 under the profile");
+    o.check(
+        o.stderr
+            .contains("wfjail: sessions run without address-layout"),
+        "serve says at start what its sessions run without",
+    );
     let sessions: Value = serde_json::from_str(o.stdout.trim()).unwrap_or(Value::Null);
     let sessions = sessions.as_array().cloned().unwrap_or_default();
     o.check(sessions.len() == 2, "two sessions completed");
@@ -284,5 +283,102 @@ print(json.dumps(out))
             first(&sessions[0]) == first(&sessions[1]),
             "seeded randomness and the clock repeat",
         );
+    }
+}
+
+/// `check -p POLICY --json` under `sim` flags: (exit, used-and-missing rows that are not
+/// required, used-and-missing rows that are).
+fn predicted(sim: &[&str], policy: &str) -> (i32, Vec<String>, Vec<String>) {
+    let s = Scratch::new("predict");
+    let o = sim_wfjail(sim, &s, &["check", "-p", policy, "--json"]);
+    let doc: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
+    let (mut degraded, mut fatal) = (vec![], vec![]);
+    for r in doc["rows"].as_array().into_iter().flatten() {
+        if r["used"] == true && r["available"] == false {
+            let name = r["layer"].as_str().unwrap_or("").to_string();
+            if r["required"] == true {
+                fatal.push(name);
+            } else {
+                degraded.push(name);
+            }
+        }
+    }
+    degraded.sort();
+    (o.code, degraded, fatal)
+}
+
+/// `wfjail <args>` under `container_sim` with `flags` (none: the bare host).
+fn sim_wfjail(flags: &[&str], s: &Scratch, args: &[&str]) -> Outcome {
+    let mut cmd = if flags.is_empty() {
+        Command::new(wfjail_bin())
+    } else {
+        let mut c = Command::new(container_sim());
+        c.args(flags).arg("--").arg(wfjail_bin());
+        c
+    };
+    cmd.current_dir(&s.0);
+    run_reported(cmd, args, &s.path("report.json"))
+}
+
+#[test]
+fn check_predicts_what_run_does_for_every_builtin_under_each_simulated_profile() {
+    // The bare host; Docker's default for root (no CAP_SYS_ADMIN) with its personality rule;
+    // podman's (sethostname and personality refused); and each runtime restriction
+    // container_sim knows alone.
+    let profiles: [&[&str]; 7] = [
+        &[],
+        &[
+            "--deny-namespaces",
+            "--deny-personality",
+            "--drop-sys-admin",
+        ],
+        &["--deny-sethostname", "--deny-personality"],
+        &["--deny-notify"],
+        &["--deny-landlock"],
+        &["--deny-ptrace"],
+        &["--deny-process-vm"],
+    ];
+    for sim in profiles {
+        for policy in ["default", "permissive", "strict", "temporal-python"] {
+            let (code, degraded, fatal) = predicted(sim, policy);
+            if !sim.is_empty() && sim.contains(&DENY_PERSONALITY) && policy == "temporal-python" {
+                assert!(
+                    degraded.iter().any(|d| d == "address-layout"),
+                    "{sim:?}: {degraded:?}"
+                );
+            }
+            if sim.contains(&"--deny-namespaces") {
+                assert!(
+                    degraded.iter().any(|d| d == "pid-ns"),
+                    "{sim:?}: {degraded:?}"
+                );
+            }
+            let s = Scratch::new("predict-run");
+            let o = sim_wfjail(
+                sim,
+                &s,
+                &["run", "-p", policy, "--raw", "--", PY, "-c", "print('ok')"],
+            );
+            let what = format!(
+                "{sim:?} {policy}: check exit {code}, fatal {fatal:?}, degraded {degraded:?}"
+            );
+            if !fatal.is_empty() {
+                o.check(
+                    code == 125 && o.code == 125,
+                    &format!("{what}: both exit 125"),
+                );
+                continue;
+            }
+            let mut got: Vec<String> = degraded_of(&o)
+                .iter()
+                .map(|d| d.split(':').next().unwrap_or("").to_string())
+                .collect();
+            got.sort();
+            got.dedup();
+            o.check(
+                code == 0 && o.code == 0 && got == degraded,
+                &format!("{what}; run degraded {got:?}"),
+            );
+        }
     }
 }
