@@ -34,7 +34,7 @@ pub struct CheckReport {
 }
 
 /// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
-fn probe_in_child(
+pub(crate) fn probe_in_child(
     flags: libc::c_int,
     probe: impl Fn() -> Result<(), nix::errno::Errno>,
 ) -> Result<(), nix::errno::Errno> {
@@ -236,8 +236,10 @@ pub fn check(policy: &Policy) -> CheckReport {
     }
 
     // Namespaces, the way `run` makes them: user and pid with clone, the others inside.
-    let user = probe_in_child(libc::CLONE_NEWUSER, || Ok(()));
+    let user = crate::process::probe_user_ns_maps();
     let user_ok = user.is_ok();
+    // The namespace is made but its id maps refused: root without CAP_SETFCAP.
+    let maps_refused = !user_ok && probe_in_child(libc::CLONE_NEWUSER, || Ok(())).is_ok();
     let base = if user_ok { libc::CLONE_NEWUSER } else { 0 };
     let mut uts_ok = false;
     for (layer, flag, what) in [
@@ -271,6 +273,17 @@ pub fn check(policy: &Policy) -> CheckReport {
         uts_ok |= layer == Layer::UtsNs && r.is_ok();
         match r {
             Ok(()) => row(layer, true, what.into(), None),
+            Err(e) if maps_refused => row(
+                layer,
+                false,
+                format!("refused: {e} (root's id maps in a user namespace)"),
+                Some(
+                    "root maps uid 0 into a user namespace only with CAP_SETFCAP (Linux >= 5.12): \
+                     add that capability (Kubernetes: `capabilities: add: [\"SETFCAP\"]`) or run \
+                     as a non-root user"
+                        .into(),
+                ),
+            ),
             Err(e) => row(
                 layer,
                 false,

@@ -97,6 +97,13 @@ pub fn spawn(
         return Err(SpawnError::MountNeedsPid);
     }
 
+    // A user namespace whose id maps the kernel would refuse fails in the child, too late to
+    // fall back: it is refused here, as a clone would be.
+    let user_maps = if ns.user {
+        user_ns_maps_allowed(&p.uid_map)
+    } else {
+        Ok(())
+    };
     let mut attempts: Vec<(bool, bool)> = vec![(ns.user, ns.pid)];
     for (u, pd) in [(false, ns.pid), (ns.user, false), (false, false)] {
         if (ns.user && !u && user_req) || (ns.pid && !pd && pid_req) {
@@ -106,8 +113,12 @@ pub fn spawn(
             attempts.push((u, pd));
         }
     }
-
     let mut first_error: Option<std::io::Error> = None;
+    if let Err(e) = user_maps {
+        attempts.retain(|&(u, _)| !u);
+        first_error = Some(std::io::Error::from_raw_os_error(e as i32));
+    }
+
     for (user, pid) in attempts {
         let flags =
             if user { libc::CLONE_NEWUSER } else { 0 } | if pid { libc::CLONE_NEWPID } else { 0 };
@@ -203,6 +214,31 @@ pub fn spawn(
         "pid (for mount-ns)"
     };
     Err(SpawnError::RequiredNamespace { layer, errno })
+}
+
+/// Whether a new user namespace can be given the id maps `run` writes (its own uid and gid,
+/// mapped to themselves), tried for real in a child as the confined child does it. Mapping
+/// uid 0 needs CAP_SETFCAP at clone (Linux >= 5.12): root with every capability dropped (a
+/// pod's `capabilities: drop: [ALL]`) gets EPERM.
+pub fn probe_user_ns_maps() -> Result<(), Errno> {
+    let uid_map = format!("{0} {0} 1\n", nix::unistd::getuid()).into_bytes();
+    let gid_map = format!("{0} {0} 1\n", nix::unistd::getgid()).into_bytes();
+    crate::check::probe_in_child(libc::CLONE_NEWUSER, || {
+        sys::write_file(c"/proc/self/setgroups", b"deny")
+            .and_then(|_| sys::write_file(c"/proc/self/uid_map", &uid_map))
+            .and_then(|_| sys::write_file(c"/proc/self/gid_map", &gid_map))
+    })
+}
+
+/// [`probe_user_ns_maps`] for `spawn`, once per process, and only for root's maps (those of
+/// any other uid need no capability).
+fn user_ns_maps_allowed(uid_map: &[u8]) -> Result<(), Errno> {
+    static ROOT_MAPS: std::sync::OnceLock<Result<(), Errno>> = std::sync::OnceLock::new();
+    if uid_map.starts_with(b"0 ") {
+        *ROOT_MAPS.get_or_init(probe_user_ns_maps)
+    } else {
+        Ok(())
+    }
 }
 
 fn errno_of(e: Option<&std::io::Error>) -> Errno {

@@ -47,6 +47,7 @@ mod platform {
     mod address_layout;
     mod containers;
     mod landlock_abi;
+    mod root_id_maps;
 }
 mod policy {
     mod cli;
