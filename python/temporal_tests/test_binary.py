@@ -9,6 +9,7 @@ workflows with it on a real dev server.
 """
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -123,6 +124,45 @@ class FindTests(unittest.TestCase):
             JailedWorkflowRunner(wfjail=missing)
         with self.environ(WFJAIL_BIN=self.arg):
             self.assertEqual(JailedWorkflowRunner()._wfjail, self.arg)
+
+
+class InstallRecordTests(unittest.TestCase):
+    """Whose binary is "the package's own": a distribution found first on sys.path gives its
+    binary only if it installed this very package (its files, or an editable install's .pth)."""
+
+    def record(self, pth_line):
+        """A fake ``wfjail`` 9.9.9 distribution (dist-info, RECORD, a .pth holding
+        ``pth_line``, a binary) first on a fresh interpreter's path; its
+        ``packaged_wfjail()``."""
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        site = os.path.join(tmp.name, "site")
+        info = os.path.join(site, "wfjail-9.9.9.dist-info")
+        os.makedirs(info)
+        os.mkdir(os.path.join(tmp.name, "bin"))
+        self.binary = _executable(os.path.join(tmp.name, "bin"))
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write("Metadata-Version: 2.1\nName: wfjail\nVersion: 9.9.9\n")
+        with open(os.path.join(info, "RECORD"), "w") as f:
+            f.write("wfjail.pth,,\n../bin/wfjail,,\nwfjail-9.9.9.dist-info/RECORD,,\n")
+        with open(os.path.join(site, "wfjail.pth"), "w") as f:
+            f.write(pth_line + "\n")
+        out = subprocess.run(
+            [sys.executable, "-c", "import json; from wfjail.binary import packaged_wfjail; "
+             "print(json.dumps(packaged_wfjail()))"],
+            check=True, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": site})
+        return tuple(json.loads(out.stdout))
+
+    def test_an_editable_install_of_this_package_gives_its_binary(self):
+        # maturin develop / pip install -e: the package is a .pth to the source directory.
+        source_root = os.path.dirname(os.path.dirname(os.path.abspath(binary.__file__)))
+        self.assertEqual(self.record(source_root), (self.binary, ""))
+
+    def test_a_distribution_of_another_tree_gives_nothing(self):
+        path, why_not = self.record(tempfile.gettempdir())
+        self.assertIsNone(path)
+        self.assertIn("is not the installed `wfjail` 9.9.9's", why_not)
 
 
 def _packaged():

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 ENV = "WFJAIL_BIN"
 NAME = "wfjail"
@@ -69,10 +72,9 @@ def packaged_wfjail() -> tuple[Optional[str], str]:
             NAME, os.path.dirname(os.path.abspath(__file__)))
     # The distribution found first on sys.path must be the one this module came from: a
     # source tree on PYTHONPATH does not get an installed wheel's binary of another version.
-    own = os.path.realpath(str(dist.locate_file(os.path.join(NAME, "binary.py"))))
-    if own != os.path.realpath(__file__):
-        return None, "this module (%s) is not the installed `%s` distribution's (%s)" % (
-            os.path.abspath(__file__), NAME, own)
+    if not _owns_this_module(dist):
+        return None, "this module (%s) is not the installed `%s` %s's (%s)" % (
+            os.path.abspath(__file__), NAME, dist.version, dist.locate_file(""))
     for entry in dist.files or ():
         if entry.name == NAME:
             path = os.path.abspath(str(entry.locate()))
@@ -82,6 +84,28 @@ def packaged_wfjail() -> tuple[Optional[str], str]:
                 path)
     return None, ("the installed `%s` %s carries no binary (installed from python/, the "
                   "guest library alone?)" % (NAME, dist.version))
+
+
+def _owns_this_module(dist: "metadata.Distribution") -> bool:
+    """Whether ``dist`` installed this module: its files include it, or (an editable
+    install: ``pip install -e .``, ``maturin develop``) one of its ``.pth`` files puts this
+    package's directory on ``sys.path``."""
+    here = os.path.realpath(__file__)
+    source_root = os.path.dirname(os.path.dirname(here))
+    if os.path.realpath(str(dist.locate_file(os.path.join(NAME, "binary.py")))) == here:
+        return True
+    for entry in dist.files or ():
+        if entry.suffix == ".pth":
+            try:
+                lines = entry.read_text().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            site = os.path.dirname(str(entry.locate()))
+            if any(os.path.realpath(os.path.join(site, line.strip())) == source_root
+                   for line in lines
+                   if line.strip() and not line.startswith(("#", "import"))):
+                return True
+    return False
 
 
 def _named(value: str, what: str) -> str:
