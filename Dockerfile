@@ -1,4 +1,5 @@
-# wfjail in a container: a static wfjail next to Debian's Python and a worker's code.
+# wfjail in a container: the wfjail wheel (the static binary, the Python package and its
+# Temporal runner) in a venv of Debian's Python, next to a worker's code.
 #
 #   docker build -t wfjail .
 #   docker run --rm wfjail wfjail check -p temporal-python
@@ -7,20 +8,26 @@
 # docs/containers.md (`wfjail check` inside the container says the same for that host).
 
 FROM rust:1-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/maturin \
+ && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
 WORKDIR /src
 COPY . .
-# The target is pinned in .cargo/config.toml (a static binary, no dynamic loader).
-RUN cargo build --release --locked \
- && cp target/x86_64-unknown-linux-gnu/release/wfjail /wfjail
+# pyproject.toml: maturin's bin bindings put the release binary (a static one: the target is
+# pinned in .cargo/config.toml) and python/wfjail into one wheel.
+RUN /opt/maturin/bin/maturin build --release --locked --out /wheels
 
 FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /wfjail /usr/local/bin/wfjail
-COPY python /opt/wfjail/python
+COPY --from=build /wheels /wheels
+# The binary lands in /opt/venv/bin next to the venv's python, where the runner finds it.
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir /opt/wfjail/python
+ && /opt/venv/bin/pip install --no-cache-dir "$(echo /wheels/wfjail-*.whl)[temporal]" \
+ && rm -rf /wheels
 ENV PATH=/opt/venv/bin:$PATH
 # Run the worker as a user of its own: wfjail needs no privilege (see docs/containers.md).
 RUN useradd --create-home worker

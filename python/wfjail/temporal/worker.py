@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import logging
-import shutil
 import threading
 import time
 import weakref
@@ -22,6 +21,7 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from ..binary import find_wfjail
 from ..client import Busy, Client, GuestError, SessionFailed
 from ..errors import ProtocolError
 from . import metrics, oplog, sdk, spans
@@ -92,7 +92,8 @@ class JailedWorkflowRunner(WorkflowRunner):
     ``max_sessions``: confined runs at once; keep it at least the worker's
     ``max_cached_workflows`` plus its concurrent workflow tasks (default 1100: the SDK's
     default cache of 1000 and 100 task slots). ``socket``: serve on this path (default: a
-    temporary directory). ``wfjail``: the ``wfjail`` binary (default: found on ``PATH``).
+    temporary directory). ``wfjail``: the ``wfjail`` binary (default: ``WFJAIL_BIN``, else
+    the one installed with this package, else ``PATH``: ``wfjail.binary.find_wfjail``).
     ``preload``: more modules for the zygote to import before forking. ``sandboxed``: run
     each child's workflow inside Temporal's own sandbox as well (both layers: the SDK's
     checks in the child, the kernel's around it). ``policies``: a policy per workflow (by
@@ -136,7 +137,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._policies = {sdk.workflow_type_of(k): v for k, v in (policies or {}).items()}
         self._max_sessions = int(max_sessions)
         self._socket = socket
-        self._wfjail = wfjail or shutil.which("wfjail")
+        self._wfjail = find_wfjail(wfjail)
         self._preload = list(preload)
         self._zygotes = zygotes
         self._call_timeout = call_timeout
