@@ -33,34 +33,6 @@ pub struct CheckReport {
     pub ok: bool,
 }
 
-/// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
-pub(crate) fn probe_in_child(
-    flags: libc::c_int,
-    probe: impl Fn() -> Result<(), nix::errno::Errno>,
-) -> Result<(), nix::errno::Errno> {
-    match sys::clone_process(flags, || {
-        let code = match probe() {
-            Ok(()) => 0,
-            Err(e) => (e as i32).clamp(1, 255),
-        };
-        sys::exit_now(code)
-    }) {
-        Err(e) => Err(nix::errno::Errno::from_raw(
-            e.raw_os_error().unwrap_or(libc::EPERM),
-        )),
-        Ok(c) => {
-            let r = sys::wait4(c.pid).map_err(|_| nix::errno::Errno::ECHILD)?;
-            if libc::WIFEXITED(r.status) && libc::WEXITSTATUS(r.status) == 0 {
-                Ok(())
-            } else if libc::WIFEXITED(r.status) {
-                Err(nix::errno::Errno::from_raw(libc::WEXITSTATUS(r.status)))
-            } else {
-                Err(nix::errno::Errno::ECHILD)
-            }
-        }
-    }
-}
-
 const ALLOW_ALL: [libc::sock_filter; 1] = [libc::sock_filter {
     code: 0x06,
     jt: 0,
@@ -171,7 +143,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         _ => "",
     };
     let nnp = || sys::set_no_new_privs();
-    let seccomp = probe_in_child(0, || {
+    let seccomp = sys::probe_in_child(0, || {
         nnp()?;
         sys::seccomp_install(&ALLOW_ALL, 0).map(drop)
     });
@@ -186,7 +158,7 @@ pub fn check(policy: &Policy) -> CheckReport {
             .is_err()
             .then(|| "a kernel built with CONFIG_SECCOMP_FILTER".into()),
     );
-    let notify = probe_in_child(0, || {
+    let notify = sys::probe_in_child(0, || {
         nnp()?;
         let fd = sys::seccomp_install(&ALLOW_ALL, libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?;
         sys::close(fd);
@@ -239,7 +211,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     let user = crate::process::probe_user_ns_maps();
     let user_ok = user.is_ok();
     // The namespace is made but its id maps refused: root without CAP_SETFCAP.
-    let maps_refused = !user_ok && probe_in_child(libc::CLONE_NEWUSER, || Ok(())).is_ok();
+    let maps_refused = !user_ok && sys::probe_in_child(libc::CLONE_NEWUSER, || Ok(())).is_ok();
     let base = if user_ok { libc::CLONE_NEWUSER } else { 0 };
     let mut uts_ok = false;
     for (layer, flag, what) in [
@@ -268,7 +240,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         let r = if layer == Layer::UserNs {
             user
         } else {
-            probe_in_child(base | flag, || Ok(()))
+            sys::probe_in_child(base | flag, || Ok(()))
         };
         uts_ok |= layer == Layer::UtsNs && r.is_ok();
         match r {
@@ -296,7 +268,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     // The pinned hostname: the namespace alone does not show it (podman's default seccomp
     // profile allows the UTS namespace but refuses sethostname).
     let hostname = uts_ok.then(|| {
-        let set = probe_in_child(base | libc::CLONE_NEWUTS, || {
+        let set = sys::probe_in_child(base | libc::CLONE_NEWUTS, || {
             sys::sethostname(crate::plan::HOSTNAME)
         });
         Row {
@@ -320,7 +292,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     });
 
     // A private /proc, made the way `run` makes it: in the new PID namespace's first process.
-    match probe_in_child(base | libc::CLONE_NEWPID, sys::private_proc) {
+    match sys::probe_in_child(base | libc::CLONE_NEWPID, sys::private_proc) {
         Ok(()) => row(
             Layer::MountNs,
             true,
@@ -363,7 +335,7 @@ pub fn check(policy: &Policy) -> CheckReport {
 
     // The pinned address layout, set the way `run` sets it: in a child, then read back.
     let pinned = used(Layer::AddressLayout);
-    let layout = probe_in_child(0, sys::disable_address_randomization);
+    let layout = sys::probe_in_child(0, sys::disable_address_randomization);
     row(
         Layer::AddressLayout,
         layout.is_ok(),

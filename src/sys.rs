@@ -1321,3 +1321,33 @@ pub fn statx_raw(fd: BorrowedFd<'_>, sync: u32, mask: u32) -> io::Result<[u8; 25
         Ok(buf)
     }
 }
+
+/// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
+/// `check`'s probes, and `process`'s of root's user-namespace id maps, both try a step the
+/// way the confined child takes it.
+pub fn probe_in_child(
+    flags: libc::c_int,
+    probe: impl Fn() -> Result<(), nix::errno::Errno>,
+) -> Result<(), nix::errno::Errno> {
+    match clone_process(flags, || {
+        let code = match probe() {
+            Ok(()) => 0,
+            Err(e) => (e as i32).clamp(1, 255),
+        };
+        exit_now(code)
+    }) {
+        Err(e) => Err(nix::errno::Errno::from_raw(
+            e.raw_os_error().unwrap_or(libc::EPERM),
+        )),
+        Ok(c) => {
+            let r = wait4(c.pid).map_err(|_| nix::errno::Errno::ECHILD)?;
+            if libc::WIFEXITED(r.status) && libc::WEXITSTATUS(r.status) == 0 {
+                Ok(())
+            } else if libc::WIFEXITED(r.status) {
+                Err(nix::errno::Errno::from_raw(libc::WEXITSTATUS(r.status)))
+            } else {
+                Err(nix::errno::Errno::ECHILD)
+            }
+        }
+    }
+}

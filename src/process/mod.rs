@@ -223,7 +223,7 @@ pub fn spawn(
 pub fn probe_user_ns_maps() -> Result<(), Errno> {
     let uid_map = format!("{0} {0} 1\n", nix::unistd::getuid()).into_bytes();
     let gid_map = format!("{0} {0} 1\n", nix::unistd::getgid()).into_bytes();
-    crate::check::probe_in_child(libc::CLONE_NEWUSER, || {
+    sys::probe_in_child(libc::CLONE_NEWUSER, || {
         sys::write_file(c"/proc/self/setgroups", b"deny")
             .and_then(|_| sys::write_file(c"/proc/self/uid_map", &uid_map))
             .and_then(|_| sys::write_file(c"/proc/self/gid_map", &gid_map))
