@@ -66,12 +66,13 @@ async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner)
         raise
 
 
-class ReadyFirst(temporalio.worker.Plugin):
+class ReadyFirst(JailedPlugin):
     """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
     (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls.
     It configures nothing (it is added after the Worker's configuration)."""
 
     def __init__(self, runner: JailedWorkflowRunner) -> None:
+        super().__init__()
         self._runner = runner
 
     def configure_worker(self, config: temporalio.worker.WorkerConfig,
@@ -86,11 +87,3 @@ class ReadyFirst(temporalio.worker.Plugin):
     def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
                            ) -> temporalio.worker.ReplayerConfig:
         return config
-
-    def run_replayer(
-        self, replayer: temporalio.worker.Replayer, histories: AsyncIterator[WorkflowHistory],
-        next: Callable[[temporalio.worker.Replayer, AsyncIterator[WorkflowHistory]],
-                       AbstractAsyncContextManager[
-                           AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
-    ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
-        return next(replayer, histories)
