@@ -170,6 +170,38 @@ class ColdStartTests(DevServerTestCase):
         self.assertEqual(started, 1)
         self.assertLess(gap, took, (gap, took))
 
+    def test_a_server_that_died_is_started_again_off_the_loop_and_the_run_completes(self):
+        runner = JailedWorkflowRunner(max_sessions=1033)
+
+        async def go():
+            client = await self.server.client()
+            queue = "cold-died-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=[C.OneActivation],
+                              workflow_runner=runner):
+                await runner.ready()
+                died = runner._servers["temporal-python"]
+                died.proc.kill()
+                await asyncio.to_thread(died.proc.wait)
+                before = server.starts()
+                with _LoopProbe() as probe:
+                    began = time.monotonic()
+                    # The run's session opens on its first activation's thread, once the
+                    # new server runs (its first task may fail as "still starting": retried).
+                    result = await client.execute_workflow(
+                        C.OneActivation.run, "again", id=str(uuid.uuid4()), task_queue=queue)
+                    took = time.monotonic() - began
+                return (result, server.starts() - before, probe.max_gap, took,
+                        runner._servers["temporal-python"] is not died)
+
+        try:
+            result, started, gap, took, new = asyncio.run(go())
+        finally:
+            runner.close()
+        self.assertEqual(result, "cold again")
+        self.assertEqual(started, 1)
+        self.assertTrue(new)
+        self.assertLess(gap, took, (gap, took))
+
     def test_many_cached_runs_fit_a_low_descriptor_limit_the_runner_raises(self):
         # Each open run holds one socket in the worker: 150 of them do not fit a soft limit
         # of 128 descriptors, which the runner raises (up to the hard limit) when it starts

@@ -432,10 +432,9 @@ class _DeferredSession:
                 client = self._start.result(DEFERRED_OPEN_WAIT)
             except concurrent.futures.TimeoutError:
                 raise RuntimeError(
-                    "wfjail: the server for policy %r is still starting; this workflow task "
-                    "fails and is retried. Run the worker with wfjail.temporal.JailedPlugin "
-                    "(or await runner.ready() before worker.run()) so that it polls only "
-                    "once its server runs" % self._policy) from None
+                    "wfjail: the server for policy %r is still starting (it was no longer "
+                    "running: it ended, or a workflow was prepared after the worker ran); "
+                    "this workflow task fails and Temporal retries it" % self._policy) from None
             self._session = self._open_on(client)
         return self._session.call(request, time_ns)
 
