@@ -71,10 +71,10 @@ INTERRUPT_WAIT = 1.0
 DEADLOCK_INTERRUPT_AFTER = 1.5
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
-# How long the first activation of a Worker's run opened while its server was (re)starting
-# (it died, or a workflow was prepared after the worker ran) waits for it, on the SDK's workflow-task thread, before its
-# task fails to be retried: below DEADLOCK_INTERRUPT_AFTER, so that it fails as "still
-# starting", not as a deadlock.
+# How long the first activation of a Worker's run opened while its server was starting again
+# (it died, or a workflow was prepared after the worker ran) waits for it, on the SDK's
+# workflow-task thread, before its task fails to be retried: below DEADLOCK_INTERRUPT_AFTER,
+# so that it fails as "still starting", not as a deadlock.
 DEFERRED_OPEN_WAIT = 1.0
 
 _log = logging.getLogger("wfjail.temporal")
@@ -204,7 +204,8 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
-        activation path): the zygote forks a child, which builds the workflow instance."""
+        activation path): the zygote forks a child, which builds the workflow instance. It
+        never waits for a server's start on a Worker's loop (a Replayer's waits)."""
         policy = self._policy_of(det.defn)
         made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
