@@ -1,6 +1,7 @@
 """What the runner's zygote preloads, against a real dev server: a workflow module that starts
 a thread and probes a temporary directory at import; a module that cannot be preloaded (its
-error in the task failure and the worker's log, and no new server per retried task); a
+error fails the worker's start and is logged once, and a worker made again at once starts no
+new server); a
 workflow class defined in the script the worker runs.
 
     WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
@@ -19,8 +20,7 @@ from temporalio.worker import Worker
 from wfjail.temporal import main_script
 
 from test_jailed_runner import DevServerTestCase, _Capture
-from starter import task_failure
-from wfjail.temporal import JailedWorkflowRunner
+from wfjail.temporal import JailedWorkflowRunner, ServerNotReady, server
 
 import preload_broken_workflows as broken
 import preload_thread_workflows as threaded
@@ -42,46 +42,33 @@ class PreloadTests(DevServerTestCase):
         # The zygote's thread stays in the zygote: the run's process has only its own.
         self.assertEqual(asyncio.run(go()), "hello zygote (1 thread)")
 
-    def test_a_zygote_that_cannot_preload_says_why_in_the_task_failure_and_once_in_the_log(self):
-        def message(record):
-            return str(record.exc_info[1]) if record.exc_info else record.getMessage()
-
-        async def go(tasks):
+    def test_a_zygote_that_cannot_preload_fails_the_worker_start_with_why_logged_once(self):
+        async def go():
             client = await self.server.client()
             queue = "preload-broken-" + uuid.uuid4().hex
-            async with Worker(client, task_queue=queue, workflows=[broken.PreloadBroken],
-                              workflow_runner=JailedWorkflowRunner()):
-                handle = await client.start_workflow(broken.PreloadBroken.run,
-                                                     id=str(uuid.uuid4()), task_queue=queue)
-                first = await task_failure(handle, wait=60)
-                # Temporal keeps only a task's first failure in the history: the retried
-                # tasks' failures are read from the SDK's log, until one found the server's
-                # start remembered instead of trying it again.
-                for _ in range(300):
-                    if any("did not start the server again" in message(r) for r in tasks):
-                        break
-                    await asyncio.sleep(0.2)
-                await handle.terminate()
-                return first
+            try:
+                async with Worker(client, task_queue=queue, workflows=[broken.PreloadBroken],
+                                  workflow_runner=JailedWorkflowRunner()):
+                    await asyncio.sleep(60)
+            except ServerNotReady as e:
+                return str(e)
+            return None
 
-        with _Capture("wfjail.temporal") as logged, \
-                _Capture("temporalio.worker._workflow") as tasks:
-            first = asyncio.run(go(tasks))
+        before = server.starts()
+        with _Capture("wfjail.temporal") as logged:
+            first = asyncio.run(go())
+            # A worker made again at once finds the failure remembered: no new start.
+            again = asyncio.run(go())
         self.assertIsNotNone(first)
         self.assertIn("wfjail serve exited with status", first)
         # The module's own exception, as the zygote raised it, and where.
         self.assertIn("RuntimeError: preload-broken: the license server is unreachable", first)
         self.assertIn("preload_broken_workflows.py", first)
-        failures = [message(r) for r in tasks if "preload-broken" in message(r)]
-        remembered = [m for m in failures if "did not start the server again" in m]
-        self.assertTrue(remembered, failures)
-        # Each start that failed was logged once on wfjail.temporal; a remembered one not. The
-        # first start is the runner's early one (the Worker's constructor), before any task:
-        # the first task found its failure remembered, or (when the task came first) was it.
+        self.assertIn("did not start the server again", again)
+        self.assertEqual(server.starts() - before, 1)
+        # The start that failed was logged once on wfjail.temporal; the remembered one not.
         starts = [r.getMessage() for r in logged if "preload-broken" in r.getMessage()]
-        early = 1 if "did not start the server again" in first else 0
-        self.assertEqual(len(starts), len(failures) - len(remembered) + early,
-                         (starts, failures))
+        self.assertEqual(len(starts), 1, starts)
 
 
 class MainScriptTests(DevServerTestCase):

@@ -5,6 +5,9 @@
     worker = Worker(client, task_queue="q", workflows=[MyWorkflow], activities=[...],
                     workflow_runner=JailedWorkflowRunner())
 
+or, so that the worker polls only once its server runs and fails to start when it cannot,
+``plugins=[JailedPlugin()]`` (``plugin``) instead of ``workflow_runner``.
+
 ``JailedWorkflowRunner`` is a ``temporalio.worker.WorkflowRunner``. It starts a ``wfjail
 serve`` of its own (prefork mode, the worker's interpreter, the policy ``temporal-python``
 unless told otherwise) that preloads ``temporalio`` and the worker's workflow modules once;
@@ -23,7 +26,8 @@ Extern functions (interceptors' ``unsafe_extern_functions``, the local-activity 
 arguments and results, rebuilt from the worker function's own type hints: ``typed_json``);
 metric records ride on the completions to the worker's meter.
 
-The modules: ``worker`` (the runner, the instance proxy, the watchdog), ``server`` (the
+The modules: ``worker`` (the runner, the instance proxy, the watchdog), ``plugin``
+(``JailedPlugin``), ``server`` (the
 ``wfjail serve`` a runner starts), ``child`` (what runs in the confined child and the
 zygote), ``recipe`` (what crosses from the worker to a child when its session opens),
 ``relays`` (what the worker takes from a child: replies, log and metric records, upcalls),
@@ -33,8 +37,9 @@ traceback as the worker shows them), ``sdk`` (every private SDK use, and the ver
 """
 
 from .determinism import DeterminismResult, check_determinism
+from .plugin import JailedPlugin
 from .sdk import UntestedTemporalio
-from .worker import JailedWorkflowRunner
+from .worker import JailedWorkflowRunner, ServerNotReady
 
-__all__ = ["DeterminismResult", "JailedWorkflowRunner", "UntestedTemporalio",
-           "check_determinism"]
+__all__ = ["DeterminismResult", "JailedPlugin", "JailedWorkflowRunner", "ServerNotReady",
+           "UntestedTemporalio", "check_determinism"]

@@ -13,6 +13,7 @@ pickled) and ``temporalio.workflow.Info``'s fields (the warm-up makes one up).
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import temporalio
@@ -157,3 +158,44 @@ def call_read_only(shadow: Any, fn: Callable[[], T]) -> T:
             return fn()
     finally:
         asyncio._set_running_loop(previous)
+
+
+def mark_worker_unstarted(worker: Any) -> None:
+    """Marks a Worker whose run a plugin ended before it started (``JailedPlugin``: its
+    server could not start) as shut down, as ``Worker._run`` does when its own validation
+    fails (``_shutdown_complete_event``, private): else ``async with worker``'s exit waits
+    for a shutdown that never comes."""
+    worker._shutdown_complete_event.set()
+
+
+def caller_self(depth: int) -> Any:
+    """The ``self`` of the function ``depth`` frames above the caller (None if none): the
+    SDK's ``_WorkflowWorker`` (private) that calls a runner's ``prepare_workflow`` (from its
+    constructor) and ``create_instance`` (``_create_workflow_instance``) is one frame up."""
+    frame = sys._getframe(depth + 1)
+    return frame.f_locals.get("self")
+
+
+def worker_being_built(limit: int = 8) -> Any:
+    """(From ``prepare_workflow``.) The ``temporalio.worker.Worker`` whose constructor is on
+    the stack (``Worker.__init__`` → ``_init_from_config`` → ``_WorkflowWorker.__init__`` →
+    ``prepare_workflow``), or None (a ``Replayer``, or another SDK version's stack): the
+    runner adds a step to its run (``add_run_step``), as the SDK gives a runner no hook of
+    its own into ``Worker.run()``."""
+    import temporalio.worker
+
+    frame = sys._getframe(1)
+    for _ in range(limit):
+        if frame is None:
+            return None
+        me = frame.f_locals.get("self")
+        if isinstance(me, temporalio.worker.Worker):
+            return me
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def add_run_step(worker: Any, plugin: Any) -> None:
+    """Makes ``plugin.run_worker`` the innermost step of ``worker``'s run: ``Worker.run()``
+    chains ``Worker._plugins`` (private) when it is called, after the constructor."""
+    worker._plugins.append(plugin)

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import queue
+import resource
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,34 @@ class _Failed:
 _failed: dict[tuple[str, ...], _Failed] = {}
 _failed_lock = threading.Lock()
 
+# How many servers this process has started (``starts``).
+_starts = 0
+# Descriptors the worker keeps for itself beyond one per session (its SDK, logs, sockets).
+FDS_BESIDES_SESSIONS = 256
+
+
+def starts() -> int:
+    """How many ``wfjail serve`` this process has started so far (failed starts included):
+    a workflow task on a ready worker starts none."""
+    return _starts
+
+
+def raise_fd_limit(sessions: int) -> None:
+    """Raises this process's soft RLIMIT_NOFILE so that ``sessions`` open sessions (one
+    socket each) fit besides the worker's own descriptors, up to the hard limit; logs when
+    the hard limit is too low (a session opened past it fails with the fix)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = sessions + FDS_BESIDES_SESSIONS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if new > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            _log.warning("wfjail: the worker's RLIMIT_NOFILE (hard %d) holds fewer than "
+                         "max_sessions=%d sessions and the worker's own descriptors (%d): "
+                         "raise the pod's nofile limit or lower max_cached_workflows",
+                         hard, sessions, want)
+
 
 class Server:
     """One ``wfjail serve --zygote`` of the runner, for one policy."""
@@ -111,7 +140,18 @@ class Server:
                 "--exit-with-parent"]
         if zygotes:
             argv += ["--zygotes", str(zygotes)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        raise_fd_limit(max_sessions)
+        global _starts
+        with _failed_lock:
+            _starts += 1
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE)
+        except OSError as e:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            message = "wfjail: cannot run the wfjail binary %r: %s" % (wfjail, e)
+            _remember_failure(key, message)
+            raise RuntimeError(message) from None
         assert self.proc.stderr is not None
         self._stderr = _StderrTail(self.proc.stderr, sock)
         self.client = Client(sock)

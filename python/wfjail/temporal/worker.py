@@ -7,13 +7,16 @@ child ended). What the worker takes from a child is checked in ``relays``, ``con
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import datetime
+import errno
 import importlib.util
 import logging
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import temporalio.converter
 import temporalio.workflow
@@ -23,6 +26,7 @@ from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, Workflo
 
 from ..binary import find_wfjail
 from ..client import Busy, Client, GuestError, SessionFailed
+from ..client import Session as ClientSession
 from ..errors import ProtocolError
 from . import metrics, oplog, sdk, spans
 from .child import FACTORY
@@ -68,6 +72,11 @@ INTERRUPT_WAIT = 1.0
 DEADLOCK_INTERRUPT_AFTER = 1.5
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
+# How long the first activation of a Worker's run opened while its server was starting again
+# (it died, or a workflow was prepared after the worker ran) waits for it, on the SDK's
+# workflow-task thread, before its task fails to be retried: below DEADLOCK_INTERRUPT_AFTER,
+# so that it fails as "still starting", not as a deadlock.
+DEFERRED_OPEN_WAIT = 1.0
 
 _log = logging.getLogger("wfjail.temporal")
 
@@ -115,6 +124,10 @@ class JailedWorkflowRunner(WorkflowRunner):
     run's confined output and bad ends, naming the run, on the ``wfjail.temporal`` logger
     (``oplog``).
 
+    The Worker that uses it polls only once its servers run (``ready()``, awaited by a step
+    the runner adds to ``Worker.run()``, or by ``JailedPlugin``), and fails to start with
+    ``ServerNotReady`` when one cannot start.
+
     Raises ``sdk.UntestedTemporalio`` when the installed ``temporalio`` is not a version
     this runner was tested with (it relies on private parts of the SDK: ``sdk``).
     """
@@ -156,6 +169,14 @@ class JailedWorkflowRunner(WorkflowRunner):
         # The start of the servers as soon as the worker has prepared its workflows (a timer
         # each prepare_workflow re-arms), not on the first workflow task.
         self._early_start: threading.Timer | None = None
+        # policy -> the latest start of its server, on a thread of its own (``_start``).
+        self._starts: dict[str, concurrent.futures.Future[Client]] = {}
+        self._starts_lock = threading.Lock()
+        # The policies of the workflows prepared so far: what ``ready()`` waits for.
+        self._used_policies: list[str] = []
+        # The SDK's workflow workers (one per Worker) whose Worker awaits ``ready()`` before
+        # it polls (``_poll_when_ready``): their runs never wait for a server on the loop.
+        self._polls_when_ready: weakref.WeakSet[object] = weakref.WeakSet()
 
     # -- WorkflowRunner ------------------------------------------------------------------------
 
@@ -167,7 +188,22 @@ class JailedWorkflowRunner(WorkflowRunner):
         module = path.partition(":")[0]
         if module not in self._modules:
             self._modules.append(module)
-        self._start_soon(self._policy_of(defn))
+        policy = self._policy_of(defn)
+        if policy not in self._used_policies:
+            self._used_policies.append(policy)
+        self._poll_when_ready(sdk.caller_self(1), sdk.worker_being_built())
+        self._start_soon(policy)
+
+    def _poll_when_ready(self, workflow_worker: object, worker: Any) -> None:
+        """Makes the ``Worker`` being built (``worker``, None for a Replayer) await
+        ``ready()`` before it polls, as ``JailedPlugin`` does: the SDK gives a runner no hook
+        into ``Worker.run()``, so the runner adds a step to it (``sdk.add_run_step``)."""
+        if worker is None or workflow_worker is None or workflow_worker in self._polls_when_ready:
+            return
+        from .plugin import ReadyFirst  # (plugin imports this module)
+
+        self._polls_when_ready.add(workflow_worker)
+        sdk.add_run_step(worker, ReadyFirst(self))
 
     def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
                                                  ) -> None:
@@ -175,21 +211,66 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
-        activation path): the zygote forks a child, which builds the workflow instance."""
+        activation path): the zygote forks a child, which builds the workflow instance. It
+        never waits for a server's start on a Worker's loop (a Replayer's waits)."""
         policy = self._policy_of(det.defn)
-        client = self._ensure_server(policy)
         made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
         # The worker's logger levels and workflow.logger's settings hold in the child.
         made["logging"] = logging_settings()
-        # The runner's metrics on the worker's runtime meter, labelled with the run's.
+        run_log = LogRelay(det.info)
+        # The runner's metrics on the worker's runtime meter, labelled with the run's, and
+        # the operator's log of the run's session (known once it opens: here, or at the
+        # first call of a deferred session).
         meter = metrics.run_meter(det)
         run_metrics = metrics.RunMetrics(meter, det.info)
+        session_log: oplog.SessionLog | None = None
+        instance: _JailedInstance | None = None
+
+        def open_on(client: Client) -> Session:
+            nonlocal session_log
+            session = self._open_session(client, det, made, run_log, run_metrics)
+            metrics.server_restarts(client, policy).poll(meter)
+            log = oplog.REGISTRY.opened(client.path, session.id, session.pid, det.info)
+            if instance is not None:  # a deferred session, opened by the run's first call
+                instance._session_log = log
+            else:
+                session_log = log
+            return session
+
+        client = self._ready_client(policy)
+        session: Session
+        if client is not None:
+            session = open_on(client)
+        elif sdk.caller_self(1) not in self._polls_when_ready:
+            # A Replayer (it polls nothing; the SDK gives no hook before its replays): its
+            # first run waits here for the start.
+            session = open_on(self._ensure_server(policy))
+        else:
+            # A Worker's server that is not running any more (it died, or a workflow was
+            # prepared since): the event loop does not wait for its start; the run's first
+            # activation does, on the SDK's workflow-task thread. A start that failed is
+            # raised here, with its reason.
+            start = self._start(policy)
+            if start.done():
+                session = open_on(start.result())
+            else:
+                session = _DeferredSession(start, open_on, policy)
+        instance = _JailedInstance(session, det, self._reserved_metrics,
+                                   self._max_reply_bytes, run_log, policy, run_metrics,
+                                   session_log)
+        # The OpenTelemetry plugin's provider: the child's spans are exported through it.
+        instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
+        return instance
+
+    def _open_session(self, client: Client, det: WorkflowInstanceDetails,
+                      made: dict[str, Any], run_log: LogRelay,
+                      run_metrics: metrics.RunMetrics) -> ClientSession:
+        """Opens a run's session on ``client``'s server: the zygote forks its child."""
         try:
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
-            run_log = LogRelay(det.info)
             session = client.session(handler=FACTORY, init=made, timeout=self._call_timeout,
                                      on_log=run_log,
                                      # Warnings go through the worker's machinery.
@@ -206,15 +287,16 @@ class JailedWorkflowRunner(WorkflowRunner):
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise RuntimeError(
+                    "wfjail: the worker is out of file descriptors (%s): each cached "
+                    "workflow run holds one; raise the worker's RLIMIT_NOFILE (ulimit -n, "
+                    "the pod's nofile limit) above max_cached_workflows plus the worker's "
+                    "own (see docs/temporal.md, \"Sizing a pod and the cache\")" % e) from None
+            raise
         run_metrics.opened()
-        metrics.server_restarts(client, policy).poll(meter)
-        instance = _JailedInstance(session, det, self._reserved_metrics,
-                                   self._max_reply_bytes, run_log, policy, run_metrics,
-                                   oplog.REGISTRY.opened(client.path, session.id, session.pid,
-                                                         det.info))
-        # The OpenTelemetry plugin's provider: the child's spans are exported through it.
-        instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
-        return instance
+        return session
 
     def _policy_of(self, defn: sdk.Definition) -> str:
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -224,13 +306,21 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     # -- the servers ---------------------------------------------------------------------------
 
+    def _preload_of(self) -> list[str]:
+        return self._modules + self._preload + _BY_VALUE_PRELOAD + _span_preload()
+
+    def _key(self, policy: str) -> ServerKey:
+        """The configuration of ``policy``'s server for the workflows prepared so far."""
+        return server_key(self._wfjail, policy,
+                          socket=self._socket if policy == self._policy else None,
+                          classes=self._classes, preload=self._preload_of(),
+                          max_sessions=self._max_sessions, zygotes=self._zygotes)
+
     def _ensure_server(self, policy: str | None = None) -> Client:
         policy = policy or self._policy
         socket = self._socket if policy == self._policy else None
-        preload = self._modules + self._preload + _BY_VALUE_PRELOAD + _span_preload()
-        key = server_key(self._wfjail, policy, socket=socket, classes=self._classes,
-                         preload=preload, max_sessions=self._max_sessions,
-                         zygotes=self._zygotes)
+        preload = self._preload_of()
+        key = self._key(policy)
         with self._lock:
             held = self._held.get(policy)
             if held is not None and held[0] == key and held[1].alive():
@@ -244,6 +334,45 @@ class JailedWorkflowRunner(WorkflowRunner):
                 zygotes=self._zygotes))
             self._held[policy] = (key, server)
             return server.client
+
+    def _ready_client(self, policy: str) -> Client | None:
+        """The client of ``policy``'s server when this runner holds it running in its
+        current configuration; None when it is starting (or not started): never waits."""
+        if not self._lock.acquire(blocking=False):
+            return None  # a start is in progress
+        try:
+            held = self._held.get(policy)
+            if held is None or not held[1].alive() or held[0] != self._key(policy):
+                return None
+            return held[1].client
+        finally:
+            self._lock.release()
+
+    def _start(self, policy: str) -> concurrent.futures.Future[Client]:
+        """The start of ``policy``'s server (``_ensure_server``) on a thread of its own:
+        the one in progress, or a new one (which returns at once when the server runs)."""
+        with self._starts_lock:
+            start = self._starts.get(policy)
+            if start is not None and not start.done():
+                return start
+            start = concurrent.futures.Future()
+            self._starts[policy] = start
+        threading.Thread(target=_start_into, args=(weakref.ref(self), policy, start),
+                         daemon=True, name="wfjail-server-start").start()
+        return start
+
+    async def ready(self) -> None:
+        """Waits, off the event loop, until the server (and zygotes) of every policy the
+        worker's workflows use runs, starting them if needed; raises ``ServerNotReady`` with
+        the reason (the binary is missing, the policy does not load, a zygote cannot import
+        a workflow's module: its last messages) when one cannot start. After it returns,
+        a workflow task starts no server (unless one died). ``JailedPlugin`` awaits it before
+        the Worker polls."""
+        for policy in list(self._used_policies or [self._policy]):
+            try:
+                await asyncio.wrap_future(self._start(policy))
+            except RuntimeError as e:
+                raise ServerNotReady(policy, str(e)) from None
 
     @property
     def _servers(self) -> dict[str, Server]:
@@ -267,10 +396,8 @@ class JailedWorkflowRunner(WorkflowRunner):
             for p in sorted(policies):
                 if runner is None:
                     return
-                try:
-                    runner._ensure_server(p)
-                except Exception:  # noqa: BLE001  (remembered; the first task raises it)
-                    pass
+                # A failure is remembered (``server``); ready() or the first task raises it.
+                runner._start(p)
 
         timer = threading.Timer(EARLY_START_AFTER, start)
         timer.policies = policies  # type: ignore[attr-defined]
@@ -286,6 +413,75 @@ class JailedWorkflowRunner(WorkflowRunner):
             self._early_start.cancel()
         with self._lock:
             _release_all(self._held, linger=False)
+
+
+class ServerNotReady(RuntimeError):
+    """A runner's server could not start: the worker cannot serve workflow tasks."""
+
+    def __init__(self, policy: str, reason: str) -> None:
+        super().__init__("wfjail: the server for policy %r did not start, so this worker "
+                         "cannot run its workflows: %s" % (policy, reason))
+        self.policy = policy
+
+
+def _start_into(ref: "weakref.ref[JailedWorkflowRunner]", policy: str,
+                start: concurrent.futures.Future[Client]) -> None:
+    """(A start's thread.) ``_ensure_server(policy)`` into ``start``."""
+    runner = ref()
+    try:
+        if runner is None:
+            raise RuntimeError("wfjail: the runner was dropped")
+        start.set_result(runner._ensure_server(policy))
+    except BaseException as e:  # noqa: BLE001  (the future carries it)
+        start.set_exception(e)
+
+
+class _DeferredSession:
+    """The session of a run created while its server was starting: opened by its first
+    call (on the SDK's workflow-task thread, never on the event loop), after waiting up to
+    DEFERRED_OPEN_WAIT for the start; a call that finds it still starting, or failed, fails
+    its task with why (Temporal retries it)."""
+
+    def __init__(self, start: concurrent.futures.Future[Client],
+                 open_on: Callable[[Client], Session], policy: str) -> None:
+        self._start, self._open_on, self._policy = start, open_on, policy
+        self._session: Session | None = None
+        self._ended = False
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        return self._session.violations if self._session is not None else []
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        return self._session.report if self._session is not None else None
+
+    def call(self, request: bytes, time_ns: int | None = None) -> bytes:
+        if self._session is None:
+            if self._ended:
+                raise RuntimeError("the session is not open")
+            try:
+                client = self._start.result(DEFERRED_OPEN_WAIT)
+            except concurrent.futures.TimeoutError:
+                raise RuntimeError(
+                    "wfjail: the server for policy %r is still starting (it was no longer "
+                    "running: it ended, or a workflow was prepared after the worker ran); "
+                    "this workflow task fails and Temporal retries it" % self._policy) from None
+            self._session = self._open_on(client)
+        return self._session.call(request, time_ns)
+
+    def interrupt(self) -> None:
+        if self._session is not None:
+            self._session.interrupt()
+
+    def abort(self) -> None:
+        self._ended = True
+        if self._session is not None:
+            self._session.abort()
+
+    def close(self) -> object:
+        self._ended = True
+        return self._session.close() if self._session is not None else None
 
 
 def _release_all_later(held: dict[str, tuple[ServerKey, Server]]) -> None:

@@ -1,0 +1,89 @@
+"""``JailedPlugin``: a Temporal worker plugin that runs the worker's workflows jailed and lets
+the Worker poll only once their server runs; a worker whose server cannot start fails to
+start, with the reason."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import temporalio.worker
+from temporalio.client import WorkflowHistory
+
+from . import sdk
+from .worker import JailedWorkflowRunner
+
+
+class JailedPlugin(temporalio.worker.Plugin):
+    """Sets each Worker's (and Replayer's) ``workflow_runner`` to a ``JailedWorkflowRunner``
+    made with ``runner_options`` (one per Worker: its servers are shared per process and
+    configuration), unless the Worker was given one already; and, when the Worker runs,
+    awaits ``runner.ready()`` (off the event loop) before the Worker polls: ``Worker.run()``
+    (or ``async with worker``) raises ``ServerNotReady`` when the binary is missing, the
+    policy does not load or a zygote cannot import a workflow's module.
+
+        worker = Worker(client, task_queue="q", workflows=[...], plugins=[JailedPlugin()])
+    """
+
+    def __init__(self, **runner_options: Any) -> None:
+        self._options = runner_options
+
+    def configure_worker(self, config: temporalio.worker.WorkerConfig,
+                         ) -> temporalio.worker.WorkerConfig:
+        if not isinstance(config.get("workflow_runner"), JailedWorkflowRunner):
+            config["workflow_runner"] = JailedWorkflowRunner(**self._options)
+        return config
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        runner = worker.config(active_config=True).get("workflow_runner")
+        if isinstance(runner, JailedWorkflowRunner):
+            await _ready(worker, runner)
+        await next(worker)
+
+    def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
+                           ) -> temporalio.worker.ReplayerConfig:
+        if not isinstance(config.get("workflow_runner"), JailedWorkflowRunner):
+            config["workflow_runner"] = JailedWorkflowRunner(**self._options)
+        return config
+
+    def run_replayer(
+        self, replayer: temporalio.worker.Replayer, histories: AsyncIterator[WorkflowHistory],
+        next: Callable[[temporalio.worker.Replayer, AsyncIterator[WorkflowHistory]],
+                       AbstractAsyncContextManager[
+                           AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
+    ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
+        return next(replayer, histories)
+
+
+async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner) -> None:
+    """``runner.ready()``; when it raises, ``worker`` is marked as never started (its
+    shutdown, ``async with``'s exit, must not wait for a run that never began)."""
+    try:
+        await runner.ready()
+    except BaseException:
+        sdk.mark_worker_unstarted(worker)
+        raise
+
+
+class ReadyFirst(JailedPlugin):
+    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
+    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls.
+    It configures nothing (it is added after the Worker's configuration)."""
+
+    def __init__(self, runner: JailedWorkflowRunner) -> None:
+        super().__init__()
+        self._runner = runner
+
+    def configure_worker(self, config: temporalio.worker.WorkerConfig,
+                         ) -> temporalio.worker.WorkerConfig:
+        return config
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        await _ready(worker, self._runner)
+        await next(worker)
+
+    def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
+                           ) -> temporalio.worker.ReplayerConfig:
+        return config
