@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 import cold_start_workflows as C
 import preload_broken_workflows as broken
 from test_jailed_runner import DevServerTestCase
+from wfjail.binary import WfjailNotFound
 from wfjail.temporal import JailedPlugin, JailedWorkflowRunner, ServerNotReady, server
 
 
@@ -112,16 +113,14 @@ class ColdStartTests(DevServerTestCase):
         self.assertIsInstance(error, ServerNotReady)
         return str(error)
 
-    def test_a_missing_binary_fails_the_worker_start_with_the_path(self):
-        message = self._fails_to_start(workflows=[C.OneActivation],
-                                       wfjail="/nonexistent/bin/wfjail")
-        self.assertIn("/nonexistent/bin/wfjail", message)
-        self.assertIn("No such file", message)
-
-    def test_without_the_plugin_a_missing_binary_fails_the_worker_start_too(self):
-        message = self._fails_to_start(plain=True, workflows=[C.OneActivation],
-                                       wfjail="/nonexistent/bin/wfjail")
-        self.assertIn("/nonexistent/bin/wfjail", message)
+    def test_a_missing_binary_is_refused_before_the_worker_is_made(self):
+        # Earlier than the server's start: the runner looks for its binary when it is made
+        # (wfjail.binary), with the plugin and without it, naming the path it was given.
+        for make in (JailedPlugin, JailedWorkflowRunner):
+            with self.subTest(make.__name__):
+                with self.assertRaises(WfjailNotFound) as raised:
+                    make(wfjail="/nonexistent/bin/wfjail")
+                self.assertIn("/nonexistent/bin/wfjail", str(raised.exception))
 
     def test_a_policy_that_does_not_load_fails_the_worker_start_with_serves_error(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import temporalio.worker
 from temporalio.client import WorkflowHistory
 
+from ..binary import find_wfjail
 from . import sdk
 from .worker import JailedWorkflowRunner
 
@@ -26,6 +27,9 @@ class JailedPlugin(temporalio.worker.Plugin):
     """
 
     def __init__(self, **runner_options: Any) -> None:
+        # A missing binary is refused here, as JailedWorkflowRunner() refuses it: before any
+        # Worker is made with the plugin (``WfjailNotFound``, naming where it looked).
+        find_wfjail(runner_options.get("wfjail"))
         self._options = runner_options
 
     def configure_worker(self, config: temporalio.worker.WorkerConfig,
@@ -72,7 +76,8 @@ class ReadyFirst(JailedPlugin):
     It configures nothing (it is added after the Worker's configuration)."""
 
     def __init__(self, runner: JailedWorkflowRunner) -> None:
-        super().__init__()
+        # Not JailedPlugin.__init__, which looks for a binary: the runner has found its own.
+        self._options: dict[str, Any] = {}
         self._runner = runner
 
     def configure_worker(self, config: temporalio.worker.WorkerConfig,
