@@ -22,7 +22,8 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
     supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
-                                              "session_domain": 7, "control": 2}
+                                              "session_domain": 7, "control": 2,
+                                              "immortal": 205930 (objects) or why not}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
@@ -53,6 +54,9 @@ import signal
 import socket
 import sys
 
+from .immortal import ENV as immortal_env
+from .immortal import immortalize
+from .immortal import wanted as wants_immortal
 from .wire_control import CONTROL_VERSION, ControlKind, pack_control, parse_control
 
 TYPE_CHECKING = False
@@ -384,6 +388,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
     parser.add_argument("--no-spare", action="store_true",
                         help="fork when a session opens instead of keeping a child ready")
+    parser.add_argument("--no-immortal", action="store_true",
+                        help="leave the preloaded heap mortal (also WFJAIL_IMMORTAL=0)")
     args = parser.parse_args(argv)
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
@@ -422,13 +428,22 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
 
     gc.collect()
+    # Python >= 3.12: the preloaded heap immortal, so that children reading it do not write
+    # its pages (wfjail.immortal). A number of objects marked, or why none were.
+    immortal: "Union[int, str]" = "off (--no-immortal or %s=0)" % immortal_env
+    if not args.no_immortal and wants_immortal(os.environ):
+        immortal = immortalize()
+        if isinstance(immortal, str) and sys.version_info >= (3, 12):
+            print("wfjail.zygote: the preloaded heap stays mortal: %s" % immortal,
+                  file=sys.stderr)
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
-             "session_domain": session_domain, "control": CONTROL_VERSION}
+             "session_domain": session_domain, "control": CONTROL_VERSION,
+             "immortal": immortal}
     if error:
         ready["error"] = error
     ctl.sendall(pack_control(READY, ready))
