@@ -33,7 +33,8 @@ OPEN_RUNS = 6
 
 def session_children():
     """Pids of the zygotes' children under this process (session children and spares): a
-    process whose command line and whose parent's both run ``wfjail.zygote``."""
+    process whose command line and whose parent's both run ``wfjail.zygote``, a descendant
+    of this process (not of another worker on the machine)."""
     def cmdline(pid):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
@@ -48,12 +49,16 @@ def session_children():
         except (OSError, ValueError, IndexError):
             return 0
 
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and b"wfjail.zygote" in cmdline(entry) \
-                and b"wfjail.zygote" in cmdline(ppid(entry)):
-            found.append(int(entry))
-    return found
+    def ours(pid):
+        while pid > 1:
+            pid = ppid(pid)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and b"wfjail.zygote" in cmdline(entry)
+            and b"wfjail.zygote" in cmdline(ppid(entry)) and ours(int(entry))]
 
 
 def private_kib(pid):

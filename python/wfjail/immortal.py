@@ -69,6 +69,9 @@ def immortalize() -> "Union[int, str]":
     import ctypes
 
     value = IMMORTAL_REFCNT[sys.version_info[:2]]
+    # Memory as words from address 8 (ctypes refuses to index a NULL pointer): an object's
+    # refcount is words[address // 8 - 1]; one pointer, not a ctypes object per object.
+    words = ctypes.cast(ctypes.c_void_p(8), ctypes.POINTER(ctypes.c_ssize_t))
     todo: "List[object]" = gc.get_objects()
     seen: "Set[int]" = set()  # made after the list: not in it, so not marked (freed at return)
     marked = 0
@@ -78,9 +81,8 @@ def immortalize() -> "Union[int, str]":
         if address in seen:
             continue
         seen.add(address)
-        refcnt = ctypes.c_ssize_t.from_address(address)
-        if refcnt.value != value:
-            refcnt.value = value
+        if words[(address >> 3) - 1] != value:
+            words[(address >> 3) - 1] = value
             marked += 1
         for ref in gc.get_referents(obj):
             if not gc.is_tracked(ref) and id(ref) not in seen:
