@@ -20,7 +20,8 @@ import uuid
 from temporalio.worker import Worker
 
 import immortal_workflows as I
-from test_jailed_runner import DevServerTestCase
+from test_jailed_runner import DevServerTestCase  # (puts the example's directory on sys.path)
+import workflows as W
 from wfjail.temporal import JailedWorkflowRunner
 
 IMMORTAL_REFCNT = 0xFFFFFFFF
@@ -84,8 +85,8 @@ def mortal_policy(directory):
                  "Python %d.%d has no immortal objects (PEP 683 is 3.12+)" % sys.version_info[:2])
 class ImmortalZygoteTests(DevServerTestCase):
     def run_workflows(self, policy, held):
-        """Runs SharedRefcount to its end, then keeps ``held`` Held runs open and measures
-        their children's private memory after a signal and a query each; returns
+        """Runs SharedRefcount to its end, then keeps ``held`` runs of the example's Counter
+        open and measures their children's private memory after a signal and a query each; returns
         (SharedRefcount's result, the children's private KiB, largest first)."""
         runner = JailedWorkflowRunner(policy=policy, max_sessions=64 + held)
         before = set(session_children())
@@ -93,25 +94,25 @@ class ImmortalZygoteTests(DevServerTestCase):
         async def go():
             client = await self.server.client()
             queue = "immortal-" + uuid.uuid4().hex
-            async with Worker(client, task_queue=queue, workflows=[I.SharedRefcount, I.Held],
+            async with Worker(client, task_queue=queue, workflows=[I.SharedRefcount, W.Counter],
                               activities=[], workflow_runner=runner,
                               max_cached_workflows=held + 10):
                 result = await client.execute_workflow(
                     I.SharedRefcount.run, id=str(uuid.uuid4()), task_queue=queue)
-                handles = [await client.start_workflow(I.Held.run, id=str(uuid.uuid4()),
+                handles = [await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
                                                        task_queue=queue)
                            for _ in range(held)]
                 for h in handles:
-                    await h.signal(I.Held.add, 1)
+                    await h.signal(W.Counter.add, 1)
                 for h in handles:
-                    self.assertEqual(await h.query(I.Held.seen), 4)
+                    self.assertEqual(await h.query(W.Counter.value), 1)
                 kids = [p for p in session_children() if p not in before]
                 sizes = sorted((k for k in map(private_kib, kids) if k is not None),
                                reverse=True)
                 for h in handles:
-                    await h.signal(I.Held.finish)
+                    self.assertEqual(await h.execute_update(W.Counter.finish), 1)
                 for h in handles:
-                    self.assertEqual(await h.result(), 4)
+                    self.assertEqual(await h.result(), 1)
                 return result, sizes[:held]
 
         try:
