@@ -3,11 +3,12 @@
     python -m wfjail.zygote --preload temporalio,my_workflows
 
 It imports what it is told to (and calls each ``module:function`` it is told to: a
-warm-up), freezes the garbage collector (so that children share the
-preloaded objects copy-on-write instead of touching them), says READY, and then serves one
-child per session on request. It keeps one child forked ahead (a spare, waiting for its
-session on a socket pair), so that opening a session does not wait for a fork; the next
-spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
+warm-up), makes the preloaded heap immortal on Python 3.12 and 3.13 (``wfjail.immortal``:
+children that take references to it do not write its pages) and freezes the garbage
+collector (so that children share the preloaded objects copy-on-write instead of touching
+them), says READY, and then serves one child per session on request. It keeps one child
+forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
+does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
 fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
 
