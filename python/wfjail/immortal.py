@@ -7,7 +7,8 @@ is skipped by ``Py_INCREF``/``Py_DECREF``, so its page stays shared. The zygote 
 object it holds (``gc.get_objects()`` and, through them, the untracked objects they refer
 to: strings, code, tuples of constants...) once, after preloading and its last
 ``gc.collect()``, then freezes the collector: ``gc.get_objects()`` no longer sees frozen
-objects, so the walk comes first. docs/benchmarks.md, "Issue 20", has what it saves.
+objects, so the walk comes first. Code objects are not GC types: their constants and names
+are reached through their attributes. docs/benchmarks.md, "Issue 20", has what it saves.
 
 What it costs: a marked object is never freed. The zygote keeps what it preloaded for its
 life anyway; an object a session child drops stays allocated in that child only, until the
@@ -33,6 +34,12 @@ if TYPE_CHECKING:
 ENV = "WFJAIL_IMMORTAL"
 # _Py_IMMORTAL_REFCNT of 64-bit builds with the GIL: UINT_MAX in 3.12's and 3.13's object.h.
 IMMORTAL_REFCNT = {(3, 12): 0xFFFFFFFF, (3, 13): 0xFFFFFFFF}
+
+
+# A code object is not a GC type (gc.get_referents gives nothing): what it refers to, its
+# constants (strings, numbers, nested code) and names among them, is reached through these.
+CODE_REFERENTS = ("co_consts", "co_names", "co_varnames", "co_cellvars", "co_freevars",
+                  "co_filename", "co_name", "co_qualname", "co_linetable", "co_exceptiontable")
 
 
 def unsupported() -> "Union[str, None]":
@@ -69,6 +76,7 @@ def immortalize() -> "Union[int, str]":
     import ctypes
 
     value = IMMORTAL_REFCNT[sys.version_info[:2]]
+    code = type(unsupported.__code__)
     # Memory as words from address 8 (ctypes refuses to index a NULL pointer): an object's
     # refcount is words[address // 8 - 1]; one pointer, not a ctypes object per object.
     words = ctypes.cast(ctypes.c_void_p(8), ctypes.POINTER(ctypes.c_ssize_t))
@@ -84,7 +92,10 @@ def immortalize() -> "Union[int, str]":
         if words[(address >> 3) - 1] != value:
             words[(address >> 3) - 1] = value
             marked += 1
-        for ref in gc.get_referents(obj):
+        refs = gc.get_referents(obj)
+        if type(obj) is code:
+            refs = [getattr(obj, name) for name in CODE_REFERENTS]
+        for ref in refs:
             if not gc.is_tracked(ref) and id(ref) not in seen:
                 todo.append(ref)
     return marked
