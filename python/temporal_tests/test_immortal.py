@@ -27,7 +27,7 @@ from wfjail.temporal import JailedWorkflowRunner
 IMMORTAL_REFCNT = 0xFFFFFFFF
 # A cached run's child owned ~1,200 pages (4,868 KiB) with a mortal heap on 3.11 (issue 18's
 # bench-temporal), ~1,050 pages on 3.12 (scripts/bench-pages); with the heap immortal about
-# 560 (2,250 KiB): the bound, in KiB, leaves room for noise but not for the mortal heap's.
+# 500 (2,000 KiB; 3.13: 2,124): the bound, in KiB, leaves room for noise but not for the mortal heap's.
 MAX_PRIVATE_KIB = 3000
 OPEN_RUNS = 6
 
