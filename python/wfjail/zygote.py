@@ -3,11 +3,12 @@
     python -m wfjail.zygote --preload temporalio,my_workflows
 
 It imports what it is told to (and calls each ``module:function`` it is told to: a
-warm-up), freezes the garbage collector (so that children share the
-preloaded objects copy-on-write instead of touching them), says READY, and then serves one
-child per session on request. It keeps one child forked ahead (a spare, waiting for its
-session on a socket pair), so that opening a session does not wait for a fork; the next
-spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
+warm-up), makes the preloaded heap immortal on Python 3.12 and 3.13 (``wfjail.immortal``:
+children that take references to it do not write its pages) and freezes the garbage
+collector (so that children share the preloaded objects copy-on-write instead of touching
+them), says READY, and then serves one child per session on request. It keeps one child
+forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
+does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
 fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
 
@@ -22,7 +23,8 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
     supervisor -> zygote  FORK    0x31  JSON {"session": n, "handler": "mod:func"} + 2 fds
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
-                                              "session_domain": 7, "control": 2}
+                                              "session_domain": 7, "control": 2,
+                                              "immortal": 205930 (objects) or why not}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
@@ -53,6 +55,9 @@ import signal
 import socket
 import sys
 
+from .immortal import ENV as immortal_env
+from .immortal import immortalize
+from .immortal import wanted as wants_immortal
 from .wire_control import CONTROL_VERSION, ControlKind, pack_control, parse_control
 
 TYPE_CHECKING = False
@@ -384,6 +389,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
     parser.add_argument("--no-spare", action="store_true",
                         help="fork when a session opens instead of keeping a child ready")
+    parser.add_argument("--no-immortal", action="store_true",
+                        help="leave the preloaded heap mortal (also WFJAIL_IMMORTAL=0)")
     args = parser.parse_args(argv)
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
@@ -422,13 +429,22 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
 
     gc.collect()
+    # Python >= 3.12: the preloaded heap immortal, so that children reading it do not write
+    # its pages (wfjail.immortal). A number of objects marked, or why none were.
+    immortal: "Union[int, str]" = "off (--no-immortal or %s=0)" % immortal_env
+    if not args.no_immortal and wants_immortal(os.environ):
+        immortal = immortalize()
+        if isinstance(immortal, str) and sys.version_info >= (3, 12):
+            print("wfjail.zygote: the preloaded heap stays mortal: %s" % immortal,
+                  file=sys.stderr)
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
-             "session_domain": session_domain, "control": CONTROL_VERSION}
+             "session_domain": session_domain, "control": CONTROL_VERSION,
+             "immortal": immortal}
     if error:
         ready["error"] = error
     ctl.sendall(pack_control(READY, ready))
