@@ -137,6 +137,26 @@ class OplogLineTests(unittest.TestCase):
             reg.output("sock", b"[session 3] raw\n")
         write.assert_called_once_with(2, b"[session 3] raw\n")
 
+    def test_layers_a_host_refused_are_a_warning_once_per_process(self):
+        reg = oplog._Registry()
+        report = {"status": "ok", "violations": [], "layers": {"degraded": [
+            "address-layout: personality(ADDR_NO_RANDOMIZE) refused (EPERM)"]}}
+        with _Capture("wfjail.temporal", logging.DEBUG) as records, \
+                mock.patch.object(oplog, "_DEGRADED", oplog._Run()):
+            for i in range(3):
+                reg.opened("sock", 10 + i, None, _info("run-d%d" % i)).ended(report)
+            # A hostile report: not a list, not strings; nothing logged, nothing raised.
+            reg.opened("sock", 20, None, _info("run-e")).ended(
+                {"status": "ok", "layers": {"degraded": [1, None]}})
+            reg.opened("sock", 21, None, _info("run-f")).ended(
+                {"status": "ok", "layers": {"degraded": "address-layout"}})
+        warnings = [r for r in records if r.levelno == logging.WARNING]
+        self.assertEqual(len(warnings), 1, [r.getMessage() for r in records])
+        self.assertIn("address-layout: personality(ADDR_NO_RANDOMIZE) refused",
+                      warnings[0].getMessage())
+        self.assertIn("run-d0", warnings[0].getMessage())
+        self.assertEqual(warnings[0].wfjail_degraded[0][:14], "address-layout")
+
     def test_what_is_remembered_is_bounded(self):
         reg = oplog._Registry()
         with _Capture("wfjail.temporal", logging.DEBUG):

@@ -110,6 +110,7 @@ class SessionLog:
                       extra=self.extra)
         if not isinstance(report, dict):
             return
+        _note_degraded(report, self)
         status = report.get("status")
         violations = report.get("violations")
         violations = violations if isinstance(violations, list) else []
@@ -132,6 +133,27 @@ class SessionLog:
                  "" if first else " (as an earlier session of the run)", extra={
                      **self.extra, "wfjail_status": escape(status, 64),
                      "wfjail_violations": min(len(violations), 10**6)})
+
+
+# What sessions ran without (layers the container or kernel refused, e.g. the pinned address
+# layout under a default seccomp profile): every run of the policy goes without them, so it is
+# said once per process and set of layers, at WARNING, instead of on each run.
+_DEGRADED = _Run()
+MAX_DEGRADED = 16
+
+
+def _note_degraded(report: dict[str, Any], log: SessionLog) -> None:
+    layers = report.get("layers")
+    degraded = layers.get("degraded") if isinstance(layers, dict) else None
+    if not isinstance(degraded, list):
+        return
+    items = [escape(d, 512) for d in degraded[:MAX_DEGRADED] if isinstance(d, str)]
+    text = "; ".join(items)
+    if items and _DEGRADED.first_time(text):
+        _log.warning("confined workflow runs go without what this host refused: %s (first "
+                     "seen in %s; `wfjail check -p POLICY` there says what each costs and how "
+                     "to get it back)", text, log.name,
+                     extra={**log.extra, "wfjail_degraded": items})
 
 
 class _Registry:
