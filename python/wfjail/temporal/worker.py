@@ -8,6 +8,7 @@ child ended). What the worker takes from a child is checked in ``relays``, ``con
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import concurrent.futures
 import datetime
@@ -74,6 +75,9 @@ DEADLOCK_INTERRUPT_AFTER = 1.5
 # How long an open refused BUSY waits for the sessions of evicted runs still closing (each
 # a child's exit and reap, milliseconds) before the run's task fails for want of room.
 CLOSING_WAIT = 0.5
+# How long the runner's close (and the worker's exit) waits for those closes before it stops
+# the servers.
+CLOSES_AT_STOP_WAIT = 2.0
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
 # How long the first activation of a Worker's run opened while its server was starting again
@@ -427,6 +431,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         run starts new ones."""
         if self._early_start is not None:
             self._early_start.cancel()
+        _CLOSER.wait_for_closes(CLOSES_AT_STOP_WAIT)
         with self._lock:
             _release_all(self._held, linger=False)
 
@@ -896,6 +901,9 @@ class _Closer:
 
 
 _CLOSER = _Closer()
+# Before the servers stop at exit (``server._stop_all``, registered first, runs after): the
+# last runs' closes, so that their reports come whole, not as zygotes that died.
+atexit.register(_CLOSER.wait_for_closes, CLOSES_AT_STOP_WAIT)
 
 
 # -- the failures the worker writes ---------------------------------------------------------
