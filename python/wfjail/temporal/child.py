@@ -55,7 +55,15 @@ def instance_factory(recipe: Recipe) -> Activate:
     """Session factory (runs in the child): rebuilds the run's details from the recipe, builds
     the workflow instance inside a running event loop, and returns the per-activation
     handler (protobuf bytes in, protobuf bytes out). The loop lives as long as the child."""
-    return _build(recipe)[0]
+    global _session_loop
+    activate, _session_loop = _build(recipe)
+    return activate
+
+
+# The session's event loop, held for the child's life: dropped, it was collected at once,
+# unclosed, and its ResourceWarning (shown: the child's filter is "always") was two lines
+# of every session on the server's stderr, relayed to the worker's log.
+_session_loop: asyncio.AbstractEventLoop | None = None
 
 
 def _build(recipe: Recipe) -> tuple[Activate, asyncio.AbstractEventLoop]:
@@ -204,11 +212,16 @@ def _relay_records(settings: dict[str, Any] | None) -> None:
     # Every warning reaches the worker, whose filters decide (workflow code's own filters,
     # set later, come first).
     warnings.simplefilter("always")
+    # Only what differs from the zygote's: each setLevel and disable walks every logger of
+    # the process to clear its cache, writing pages the child would otherwise share.
     for name, level in settings.get("levels", {}).items():
         if isinstance(level, int):
-            logging.getLogger(name or None).setLevel(level)
-    if isinstance(settings.get("disable"), int):
-        logging.disable(settings["disable"])
+            named = logging.getLogger(name or None)
+            if named.level != level:
+                named.setLevel(level)
+    disable = settings.get("disable")
+    if isinstance(disable, int) and disable != logging.root.manager.disable:
+        logging.disable(disable)
     adapter = temporalio.workflow.logger
     for key, value in settings.get("adapter", {}).items():
         if isinstance(value, bool) and isinstance(getattr(adapter, key, None), bool):

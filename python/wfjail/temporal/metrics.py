@@ -188,10 +188,13 @@ class ServerRestarts:
             return
         count = _number(status.get("zygote_restarts") if isinstance(status, dict) else None,
                         2.0**63)
-        if count is None:
-            return
         with self._lock:
             _, heard = self._heard.get(id(meter), (instruments, 0))
+            if count is None:
+                # A server that does not count restarts (an older binary) is asked again
+                # only after STATUS_EVERY, as one that does: not on every open.
+                self._heard[id(meter)] = (instruments, heard)
+                return
             self._heard[id(meter)] = (instruments, max(heard, int(count)))
             if count > heard:
                 instruments.restarts.add(int(count) - heard, {"policy": self._policy})

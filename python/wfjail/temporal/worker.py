@@ -8,6 +8,8 @@ child ended). What the worker takes from a child is checked in ``relays``, ``con
 from __future__ import annotations
 
 import asyncio
+import atexit
+import collections
 import concurrent.futures
 import datetime
 import errno
@@ -70,6 +72,12 @@ INTERRUPT_WAIT = 1.0
 # thread, off the worker's event loop), so that its stack reaches the deadlock failure before
 # the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
 DEADLOCK_INTERRUPT_AFTER = 1.5
+# How long an open refused BUSY waits for the sessions of evicted runs still closing (each
+# a child's exit and reap, milliseconds) before the run's task fails for want of room.
+CLOSING_WAIT = 0.5
+# How long the runner's close (and the worker's exit) waits for those closes before it stops
+# the servers.
+CLOSES_AT_STOP_WAIT = 2.0
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
 # How long the first activation of a Worker's run opened while its server was starting again
@@ -271,16 +279,14 @@ class JailedWorkflowRunner(WorkflowRunner):
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
-            session = client.session(handler=FACTORY, init=made, timeout=self._call_timeout,
-                                     on_log=run_log,
-                                     # Warnings go through the worker's machinery.
-                                     on_upcall=run_log.upcalls(upcalls_in_worker(det)),
-                                     # A child's frames are read only up to what the worker
-                                     # takes of them (a reply and its side channel).
-                                     max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
-                                                   MAX_UPCALL_BYTES),
-                                     seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
-                                     time_ns=_start_ns(det.info)).open()
+            try:
+                session = self._session_of(client, det, made, run_log).open()
+            except Busy:
+                # Sessions of evicted runs still closing (``_CLOSER``) hold their slots
+                # until their children are reaped: an open they made BUSY waits for them.
+                if not _CLOSER.wait_for_closes(CLOSING_WAIT):
+                    raise
+                session = self._session_of(client, det, made, run_log).open()
         except Busy as e:
             run_metrics.busy()
             raise RuntimeError(
@@ -297,6 +303,20 @@ class JailedWorkflowRunner(WorkflowRunner):
             raise
         run_metrics.opened()
         return session
+
+    def _session_of(self, client: Client, det: WorkflowInstanceDetails,
+                    made: dict[str, Any], run_log: LogRelay) -> ClientSession:
+        """A run's session on ``client``'s server, not yet open."""
+        return client.session(handler=FACTORY, init=made, timeout=self._call_timeout,
+                              on_log=run_log,
+                              # Warnings go through the worker's machinery.
+                              on_upcall=run_log.upcalls(upcalls_in_worker(det)),
+                              # A child's frames are read only up to what the worker takes
+                              # of them (a reply and its side channel).
+                              max_frame=max(self._max_reply_bytes + MAX_SIDE_CHANNEL + 4,
+                                            MAX_UPCALL_BYTES),
+                              seed=det.randomness_seed & 0xFFFFFFFFFFFFFFFF,
+                              time_ns=_start_ns(det.info))
 
     def _policy_of(self, defn: sdk.Definition) -> str:
         """The policy of a workflow: ``policies`` by workflow type, else a ``wfjail_policy``
@@ -411,6 +431,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         run starts new ones."""
         if self._early_start is not None:
             self._early_start.cancel()
+        _CLOSER.wait_for_closes(CLOSES_AT_STOP_WAIT)
         with self._lock:
             _release_all(self._held, linger=False)
 
@@ -699,8 +720,15 @@ class _JailedInstance(WorkflowInstance):
                 close = evicting or self._aborted
             self._idle.set()
             if close:
-                self._session.close()
-            self._note_end(closed=close)
+                # The child's exit and reap, and its report, come off the activation's path.
+                _CLOSER.close(self)
+            else:
+                self._note_end(closed=False)
+
+    def _close(self) -> None:
+        """(On the closer's thread.) Ends the session; its end in metrics and log."""
+        self._session.close()
+        self._note_end(closed=True)
 
     def _note_end(self, closed: bool) -> None:
         """Once the session has ended (its report came, or the worker closed it): its end
@@ -823,6 +851,59 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+class _Closer:
+    """One thread of the worker that closes the sessions of evicted runs (and of those
+    ended by an interruption): the close waits for the child's exit and reap (its report),
+    which need not be on the eviction's path. The closes in flight hold their server slots
+    until answered: an open refused BUSY while there are any waits for them
+    (``wait_for_closes``) and asks again, so that a closing run never refuses a new one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_JailedInstance] = collections.deque()
+        self._in_flight = 0
+        self._thread: threading.Thread | None = None
+
+    def close(self, instance: _JailedInstance) -> None:
+        with self._cond:
+            self._queue.append(instance)
+            self._in_flight += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wfjail-closer",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wait_for_closes(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` for the closes in flight; whether there were any and all
+        are done."""
+        with self._cond:
+            if not self._in_flight:
+                return False
+            return self._cond.wait_for(lambda: not self._in_flight, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                instance = self._queue.popleft()
+            try:
+                instance._close()
+            except Exception:  # noqa: BLE001  (one run's session must not stop the closes)
+                _log.exception("closing a run's session failed")
+            finally:
+                with self._cond:
+                    self._in_flight -= 1
+                    self._cond.notify_all()
+
+
+_CLOSER = _Closer()
+# Before the servers stop at exit (``server._stop_all``, registered first, runs after): the
+# last runs' closes, so that their reports come whole, not as zygotes that died.
+atexit.register(_CLOSER.wait_for_closes, CLOSES_AT_STOP_WAIT)
 
 
 # -- the failures the worker writes ---------------------------------------------------------
