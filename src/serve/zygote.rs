@@ -26,7 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -108,6 +108,11 @@ pub struct Zygote {
     pending: Mutex<HashMap<u64, PendingFork>>,
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
+    /// Counts what changes the outcome of [`Zygote::await_session`] (a child registered by
+    /// its FORKED, a FORK no longer in flight, the zygote's death); `registered` wakes the
+    /// router waiting on it.
+    registrations: Mutex<u64>,
+    registered: Condvar,
     alive: AtomicBool,
     /// The server is stopping it: its death is expected, not restarted.
     stopping: AtomicBool,
@@ -179,6 +184,7 @@ impl Zygote {
         drop((session_end, output));
         if let Err(e) = sent {
             self.pending.lock().unwrap().remove(&shared.id);
+            self.registration_changed();
             return Err(ForkError::Send(e));
         }
         rx.recv_timeout(FORK_WAIT)
@@ -193,6 +199,7 @@ impl Zygote {
             .retain(|_, s| s.id != shared.id);
         self.by_pid.lock().unwrap().retain(|_, s| s.id != shared.id);
         self.pending.lock().unwrap().remove(&shared.id);
+        self.registration_changed();
     }
 
     /// The global pid of the child with namespace pid `ns_pid`, from the zygote's children.
@@ -205,22 +212,40 @@ impl Zygote {
     }
 
     /// A child that started its session before the zygote's FORKED reached us: wait for it
-    /// (briefly: the zygote sends FORKED right after the hand-over), holding its call.
+    /// (briefly: the zygote sends FORKED right after the hand-over), holding its call. Woken
+    /// by the registration itself ([`Zygote::registration_changed`]), not by polling: a new
+    /// session's first clock read or `getpid` comes this way, on its open's path.
     fn await_session(&self, pid: u32) -> Option<Arc<SessionShared>> {
-        let deadline = Instant::now() + Duration::from_millis(500);
-        while Instant::now() < deadline && self.alive() {
+        let deadline = Instant::now() + AWAIT_SESSION;
+        loop {
+            // Read before looking: a registration after the look changes it, so the wait
+            // below does not miss it.
+            let seen = *self.registrations.lock().unwrap();
             // No FORK in flight: the caller is no session's child (a spare, not handed a
             // session yet), and waiting would not make it one.
             let in_flight = !self.pending.lock().unwrap().is_empty();
-            std::thread::sleep(Duration::from_micros(200));
             if let Some(s) = self.session_for(pid) {
                 return Some(s);
             }
-            if !in_flight {
+            let now = Instant::now();
+            if !in_flight || !self.alive() || now >= deadline {
                 return None;
             }
+            let count = self.registrations.lock().unwrap();
+            // Bounded slices: a FORK that ends without a FORKED (its session gone) wakes no
+            // one; the next look sees it no longer in flight.
+            let slice = (deadline - now).min(AWAIT_SLICE);
+            let _ = self
+                .registered
+                .wait_timeout_while(count, slice, |c| *c == seen)
+                .unwrap();
         }
-        None
+    }
+
+    /// Something [`Zygote::await_session`] waits on changed: wake the waiter.
+    fn registration_changed(&self) {
+        *self.registrations.lock().unwrap() += 1;
+        self.registered.notify_all();
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
@@ -486,6 +511,11 @@ pub const PRELOAD_INSTANT: i64 = 946_684_800_000_000_000;
 /// reported). A `wfjail run` guest and an exec-mode session are pid 1 of their own
 /// namespace.
 pub const SESSION_PID: i32 = 4_194_303;
+
+/// How long the router holds a call of a child not known yet, waiting for its FORKED.
+const AWAIT_SESSION: Duration = Duration::from_millis(500);
+/// The longest single wait of [`Zygote::await_session`] before it looks again.
+const AWAIT_SLICE: Duration = Duration::from_millis(5);
 
 /// How many parents up from a caller a session's process is looked for (a session's
 /// processes are bounded by `limits.processes`; a deeper chain is no session's).

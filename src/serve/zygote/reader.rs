@@ -42,6 +42,7 @@ impl Zygote {
                         ForkOutcome::Error { error } => Err(ForkError::Refused(error)),
                     };
                     drop(pending);
+                    self.registration_changed();
                     let _ = tx.send(reply);
                 }
                 Ok(Control::Exited(exited)) => {
@@ -83,6 +84,7 @@ impl Zygote {
         for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
             let _ = tx.send(Err(ForkError::Died));
         }
+        self.registration_changed();
         if !expected {
             on_death(self.index);
         }

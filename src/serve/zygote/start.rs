@@ -108,6 +108,8 @@ impl Zygote {
             pending: Mutex::new(HashMap::new()),
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),
+            registrations: Mutex::new(0),
+            registered: std::sync::Condvar::new(),
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
