@@ -72,7 +72,12 @@ class OpenRetryTests(ServerTestCase):
             for drop in (drop_unread, drop_after_open):
                 with self.subTest(asynchronous=asynchronous, drop=drop.__name__):
                     server = FakeServer(drop, drop, session_script())
-                    report = self.open_and_close(server, asynchronous)
+                    with self.assertLogs("wfjail.client", "WARNING") as logs:
+                        report = self.open_and_close(server, asynchronous)
+                    self.assertEqual(len(logs.records), 2)
+                    self.assertIn("dropped the connection of an OPEN without answering",
+                                  logs.output[0])
+                    self.assertIn("(1 of 2)", logs.output[0])
                     self.assertEqual(report["status"], "ok")
                     server.close()  # three connections: two dropped, the third served
                     if drop is drop_after_open:  # the same OPEN each time
@@ -83,11 +88,13 @@ class OpenRetryTests(ServerTestCase):
         for asynchronous in (False, True):
             with self.subTest(asynchronous=asynchronous):
                 server = FakeServer(*[drop_unread] * (OPEN_RETRIES + 1))
-                with self.assertRaises(ConnectionResetError):
+                with self.assertRaises(ConnectionResetError), \
+                        self.assertLogs("wfjail.client", "WARNING"):
                     self.open_fails(server, asynchronous)
                 server.close()  # exactly OPEN_RETRIES + 1 connections, none left waiting
                 server = FakeServer(*[drop_after_open] * (OPEN_RETRIES + 1))
-                with self.assertRaises(ProtocolError) as cm:
+                with self.assertRaises(ProtocolError) as cm, \
+                        self.assertLogs("wfjail.client", "WARNING"):
                     self.open_fails(server, asynchronous)
                 self.assertEqual(cm.exception.code, "truncated")
                 server.close()

@@ -21,6 +21,7 @@ wire").
 """
 
 import asyncio
+import logging
 import os
 import socket
 
@@ -99,6 +100,15 @@ def _listed(argv: "Optional[Iterable[str]]") -> "Optional[List[str]]":
 
 # How many times an OPEN is sent again after wfjail dropped its connection unanswered.
 OPEN_RETRIES = 2
+
+_log = logging.getLogger("wfjail.client")
+
+
+def _retrying(path: str, exc: BaseException, attempt: int) -> None:
+    """Logs an OPEN sent again (a server that drops connections is worth knowing of)."""
+    _log.warning("wfjail at %s dropped the connection of an OPEN without answering (%s: %s); "
+                 "sending it again (%d of %d)", path, type(exc).__name__, exc, attempt,
+                 OPEN_RETRIES)
 
 
 def _dropped(exc: BaseException, received: int) -> bool:
@@ -180,6 +190,7 @@ class Session(_Conversing):
                 self._drop()
                 if attempt < OPEN_RETRIES and _dropped(e, self._received):
                     attempt += 1
+                    _retrying(self._path, e, attempt)
                     continue
                 raise
             return self
@@ -311,6 +322,7 @@ class AsyncSession(_Conversing):
                     self._writer = None
                 if attempt < OPEN_RETRIES and _dropped(e, self._received):
                     attempt += 1
+                    _retrying(self._path, e, attempt)
                     continue
                 raise
             return self
