@@ -144,6 +144,20 @@ struct Session {
 pub fn run(conn: UnixStream, server: Arc<Server>) {
     let id = server.next_id();
     let mut client = WorkerConn::new(conn);
+    // Every way out below answers the worker (STATUS, BUSY, FAILED, CLOSED); one that does
+    // not (a panic: a bug) still does, with this, rather than drop the connection unanswered.
+    client.owe(
+        failure_report(
+            &server,
+            vec![],
+            format!(
+                "wfjail's session {id} ended without answering (a bug in wfjail: its stderr \
+                 says where)"
+            ),
+        )
+        .to_json()
+        .into_bytes(),
+    );
     let (open, early) = match client.read_open(OPEN_WAIT) {
         Ok(o) => o,
         // STATUS instead of OPEN: the capacity, and nothing else on this connection.
