@@ -21,6 +21,7 @@ wire").
 """
 
 import asyncio
+import logging
 import os
 import socket
 
@@ -97,6 +98,32 @@ def _listed(argv: "Optional[Iterable[str]]") -> "Optional[List[str]]":
     return None if argv is None else list(argv)
 
 
+# How many times an OPEN is sent again after wfjail dropped its connection unanswered.
+OPEN_RETRIES = 2
+
+_log = logging.getLogger("wfjail.client")
+
+
+def _retrying(path: str, exc: BaseException, attempt: int) -> None:
+    """Logs an OPEN sent again (a server that drops connections is worth knowing of)."""
+    _log.warning("wfjail at %s dropped the connection of an OPEN without answering (%s: %s); "
+                 "sending it again (%d of %d)", path, type(exc).__name__, exc, attempt,
+                 OPEN_RETRIES)
+
+
+def _dropped(exc: BaseException, received: int) -> bool:
+    """Whether ``exc`` ended an OPEN's connection before wfjail answered a single byte (the
+    server's end closed unanswered, or went away with the connection still in its listener's
+    backlog: reset, end of file, or a broken pipe while sending). The server then holds no
+    session of it (a guest it started ends when it sees the worker gone): the OPEN can be
+    sent again. A refused or missing socket is not retried (no server there)."""
+    if received:
+        return False
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        return True
+    return isinstance(exc, ProtocolError) and exc.code == "truncated"
+
+
 class _Conversing:
     """The conversation's state, as a session's own attributes."""
 
@@ -137,6 +164,7 @@ class Session(_Conversing):
         self._path = path
         self._conversation = Conversation(open_doc, on_log, on_upcall, max_frame)
         self._sock: "Optional[socket.socket]" = None
+        self._received = 0  # bytes read on the current connection
 
     @property
     def _max_frame(self) -> int:
@@ -147,15 +175,25 @@ class Session(_Conversing):
         self._conversation.max_frame = value
 
     def open(self) -> "Session":
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.connect(self._path)
-            self._sock.sendall(self._conversation.open())
-            self._answer()
-        except BaseException:
-            self._drop()
-            raise
-        return self
+        """Connects and sends OPEN; returns once OPENED came. An OPEN whose connection ended
+        before wfjail answered a single byte (``_DROPPED``) is sent again on a new
+        connection, up to ``OPEN_RETRIES`` times: no session the worker knows of began."""
+        attempt = 0
+        while True:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._received = 0
+            try:
+                self._sock.connect(self._path)
+                self._sock.sendall(self._conversation.open())
+                self._answer()
+            except BaseException as e:
+                self._drop()
+                if attempt < OPEN_RETRIES and _dropped(e, self._received):
+                    attempt += 1
+                    _retrying(self._path, e, attempt)
+                    continue
+                raise
+            return self
 
     def call(self, request: "Union[bytes, str]", time_ns: "Optional[int]" = None) -> bytes:
         """Send one call; return the guest's result bytes. ``time_ns``: the workflow time
@@ -221,7 +259,9 @@ class Session(_Conversing):
     def _read_frame(self) -> "Tuple[int, bytes]":
         conversation, sock = self._conversation, self._socket()
         while True:
-            got = conversation.frame_from(sock.recv(conversation.wanted()))
+            data = sock.recv(conversation.wanted())
+            self._received += len(data)
+            got = conversation.frame_from(data)
             if got is not None:
                 return got
 
@@ -265,18 +305,27 @@ class AsyncSession(_Conversing):
         self._conversation = Conversation(open_doc, on_log, on_upcall)
         self._reader: "Optional[asyncio.StreamReader]" = None
         self._writer: "Optional[asyncio.StreamWriter]" = None
+        self._received = 0  # bytes read on the current connection
 
     async def open(self) -> "AsyncSession":
-        self._reader, self._writer = await asyncio.open_unix_connection(self._path)
-        try:
-            await self._send(self._conversation.open())
-            await self._answer()
-        except BaseException:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            raise
-        return self
+        """As ``Session.open``: an OPEN dropped unanswered is sent again (``OPEN_RETRIES``)."""
+        attempt = 0
+        while True:
+            self._reader, self._writer = await asyncio.open_unix_connection(self._path)
+            self._received = 0
+            try:
+                await self._send(self._conversation.open())
+                await self._answer()
+            except BaseException as e:
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+                if attempt < OPEN_RETRIES and _dropped(e, self._received):
+                    attempt += 1
+                    _retrying(self._path, e, attempt)
+                    continue
+                raise
+            return self
 
     async def call(self, request: "Union[bytes, str]", time_ns: "Optional[int]" = None) -> bytes:
         if self._writer is None:
@@ -325,7 +374,9 @@ class AsyncSession(_Conversing):
         if reader is None:
             raise RuntimeError("the session is not open")
         while True:
-            got = conversation.frame_from(await reader.read(conversation.wanted()))
+            data = await reader.read(conversation.wanted())
+            self._received += len(data)
+            got = conversation.frame_from(data)
             if got is not None:
                 return got
 

@@ -602,10 +602,21 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             loop {
                 match listener.accept() {
                     Ok((conn, _)) => {
+                        // A thread that cannot start drops its closure, and with it the
+                        // connection, which then answers FAILED (`owe`): the worker hears why
+                        // instead of finding its OPEN reset.
+                        let mut client = worker_conn::WorkerConn::new(conn);
+                        client.owe(session::failure_doc(
+                            &server,
+                            "wfjail cannot start a thread for this session (out of memory or \
+                             threads: its stderr says which); lower --max-executions or give \
+                             the server more room"
+                                .into(),
+                        ));
                         let server = server.clone();
                         let spawned = std::thread::Builder::new()
                             .name("session".into())
-                            .spawn(move || session::run(conn, server));
+                            .spawn(move || session::run(client, server));
                         if let Err(e) = spawned {
                             eprintln!("wfjail: cannot start a session thread: {e}");
                         }

@@ -61,6 +61,10 @@ pub struct WorkerConn {
     /// Encoded frames the socket has not taken yet.
     out: Vec<u8>,
     gone: bool,
+    /// The FAILED report the worker gets if this connection is dropped before its last frame
+    /// was sent ([`WorkerConn::owe`]): a session thread that panicked, or any way out that
+    /// forgot to answer, ends with why, not with a connection the worker sees reset.
+    owed: Option<Vec<u8>>,
 }
 
 impl WorkerConn {
@@ -70,7 +74,14 @@ impl WorkerConn {
             dec: worker::decoder(MAX_FRAME),
             out: Vec::new(),
             gone: false,
+            owed: None,
         }
+    }
+
+    /// Owes the worker a last frame: dropped without one (`send_last`), the connection
+    /// sends FAILED with `report` (a session report as JSON) first.
+    pub fn owe(&mut self, report: Vec<u8>) {
+        self.owed = Some(report);
     }
 
     /// Whether the worker is gone: end-of-file or an error on its connection.
@@ -105,6 +116,7 @@ impl WorkerConn {
 
     /// Sends the last frame, waiting (bounded) until it is written.
     pub fn send_last(&mut self, kind: u8, payload: &[u8]) {
+        self.owed = None;
         self.send(kind, payload);
         let deadline = Instant::now() + LAST_FRAME_WAIT;
         while !self.out.is_empty() && !self.gone && Instant::now() < deadline {
@@ -174,11 +186,25 @@ impl WorkerConn {
     }
 }
 
+impl Drop for WorkerConn {
+    fn drop(&mut self) {
+        if let Some(report) = self.owed.take()
+            && !self.gone
+        {
+            self.send_last(worker::FAILED, &report);
+        }
+    }
+}
+
 impl AsFd for WorkerConn {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.conn.as_fd()
     }
 }
+
+#[cfg(test)]
+#[path = "worker_conn_owed_tests.rs"]
+mod owed_tests;
 
 #[cfg(test)]
 mod tests {

@@ -140,10 +140,19 @@ struct Session {
     call_started: Option<Instant>,
 }
 
-/// Serves one worker connection.
-pub fn run(conn: UnixStream, server: Arc<Server>) {
+/// Serves one worker connection (its thread's; `client` owes the worker a FAILED should the
+/// thread not start).
+pub fn run(mut client: WorkerConn, server: Arc<Server>) {
     let id = server.next_id();
-    let mut client = WorkerConn::new(conn);
+    // Every way out below answers the worker (STATUS, BUSY, FAILED, CLOSED); one that does
+    // not (a panic: a bug) still does, with this, rather than drop the connection unanswered.
+    client.owe(failure_doc(
+        &server,
+        format!(
+            "wfjail's session {id} ended without answering (a bug in wfjail: its stderr says \
+             where)"
+        ),
+    ));
     let (open, early) = match client.read_open(OPEN_WAIT) {
         Ok(o) => o,
         // STATUS instead of OPEN: the capacity, and nothing else on this connection.
@@ -200,6 +209,11 @@ fn capacity(server: &Server) -> Capacity {
         policy: server.policy.name.clone(),
         zygote_restarts: server.metrics.zygote_restarts(),
     }
+}
+
+/// The FAILED report of a connection that cannot be served, for `why`, as JSON.
+pub fn failure_doc(server: &Server, why: String) -> Vec<u8> {
+    failure_report(server, vec![], why).to_json().into_bytes()
 }
 
 /// Answers a connection that cannot be served with FAILED and `why`, without reading it.
