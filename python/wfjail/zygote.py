@@ -185,6 +185,30 @@ def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[s
     guest.run(_reseeding(handler), fds=(3, 4))
 
 
+def _no_stop_notices() -> None:
+    """Adds ``SA_NOCLDSTOP`` to the zygote's SIGCHLD handler (Python's ``signal`` module
+    cannot): wfjail stops each session child after every answer and continues it with the
+    next call, and every stop and continue was a SIGCHLD to the zygote, about ten per
+    workflow run, each a wake-up of its loop (a timed ``select`` again, its clock read and
+    wait supervised, its own pages written). Only children that exit need it: it reaps them.
+    Best effort: where it fails, the zygote is woken as before."""
+    try:
+        import ctypes
+
+        class SigAction(ctypes.Structure):  # glibc's struct sigaction (x86_64)
+            _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                        ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        act = SigAction()
+        if libc.sigaction(signal.SIGCHLD, None, ctypes.byref(act)) != 0:
+            return
+        act.flags |= 1  # SA_NOCLDSTOP
+        libc.sigaction(signal.SIGCHLD, ctypes.byref(act), None)
+    except (OSError, AttributeError):
+        pass
+
+
 def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
     """Fork a child ahead of demand: it waits for its session (socket + handler) on a
     socket pair, so that opening a session does not wait for a fork. Returns (pid, socket)."""
@@ -442,6 +466,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.siginterrupt(signal.SIGCHLD, False)  # SA_RESTART: restart interrupted calls
+    _no_stop_notices()
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
              "session_domain": session_domain, "control": CONTROL_VERSION,
              "immortal": immortal}
