@@ -18,12 +18,15 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
 
 import temporalio.converter
+import temporalio.worker
 import temporalio.workflow
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.client import WorkflowHistory
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from ..binary import find_wfjail
@@ -208,8 +211,6 @@ class JailedWorkflowRunner(WorkflowRunner):
         into ``Worker.run()``, so the runner adds a step to it (``sdk.add_run_step``)."""
         if worker is None or workflow_worker is None or workflow_worker in self._polls_when_ready:
             return
-        from .plugin import ReadyFirst  # (plugin imports this module)
-
         self._polls_when_ready.add(workflow_worker)
         sdk.add_run_step(worker, ReadyFirst(self))
 
@@ -443,6 +444,47 @@ class ServerNotReady(RuntimeError):
         super().__init__("wfjail: the server for policy %r did not start, so this worker "
                          "cannot run its workflows: %s" % (policy, reason))
         self.policy = policy
+
+
+class ReadyFirst(temporalio.worker.Plugin):
+    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
+    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls,
+    as ``plugin.JailedPlugin`` does (which re-exports it). It configures nothing (it is added
+    after the Worker's configuration)."""
+
+    def __init__(self, runner: JailedWorkflowRunner) -> None:
+        self._runner = runner
+
+    def configure_worker(self, config: temporalio.worker.WorkerConfig,
+                         ) -> temporalio.worker.WorkerConfig:
+        return config
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        await _ready(worker, self._runner)
+        await next(worker)
+
+    def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
+                           ) -> temporalio.worker.ReplayerConfig:
+        return config
+
+    def run_replayer(
+        self, replayer: temporalio.worker.Replayer, histories: AsyncIterator[WorkflowHistory],
+        next: Callable[[temporalio.worker.Replayer, AsyncIterator[WorkflowHistory]],
+                       AbstractAsyncContextManager[
+                           AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
+    ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
+        return next(replayer, histories)
+
+
+async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner) -> None:
+    """``runner.ready()``; when it raises, ``worker`` is marked as never started (its
+    shutdown, ``async with``'s exit, must not wait for a run that never began)."""
+    try:
+        await runner.ready()
+    except BaseException:
+        sdk.mark_worker_unstarted(worker)
+        raise
 
 
 def _start_into(ref: "weakref.ref[JailedWorkflowRunner]", policy: str,
