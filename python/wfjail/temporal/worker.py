@@ -605,6 +605,7 @@ class _JailedInstance(WorkflowInstance):
         # What the run's session adds to the worker's metrics and log (create_instance).
         self._run_metrics = run_metrics
         self._session_log = session_log
+        # Whether the session's end went to the metrics and the log (``_note_end``).
         self._session_over = False
         self._policy = policy  # the run's policy, as its failures name it
         # The run's log relay (``LogRelay``): its budget of records is per activation.
@@ -774,7 +775,9 @@ class _JailedInstance(WorkflowInstance):
 
     def _note_end(self, closed: bool) -> None:
         """Once the session has ended (its report came, or the worker closed it): its end
-        in the worker's metrics and log."""
+        in the worker's metrics and log. The one place that knows whether the run's session
+        is over (``_session_over``): called from the activation's thread, the eviction's and
+        the closer's, it tells the metrics and the log once."""
         report = getattr(self._session, "report", None)
         with self._state:
             if self._session_over or (report is None and not closed):
