@@ -81,6 +81,17 @@ CLOSING_WAIT = 0.5
 # How long the runner's close (and the worker's exit) waits for those closes before it stops
 # the servers.
 CLOSES_AT_STOP_WAIT = 2.0
+# How long a session's close may wait for its answer: the server gives a child EXIT_GRACE
+# (2 s, src/serve/phases.rs) to exit once its input ended, then kills it and answers; one
+# more second for the kill, the reap and the report. A close still unanswered then (a server
+# that does not answer) is abandoned: the worker shuts its connection down, which the server
+# takes as a CLOSE.
+CLOSE_WAIT = 3.0
+# Sessions closed at once, each on a thread of the closer's: a child that does not exit when
+# its session closes holds one thread (up to CLOSE_WAIT), not the closes behind it. A thread
+# idle this long ends.
+MAX_CLOSERS = 64
+CLOSER_IDLE = 10.0
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
 # How long the first activation of a Worker's run opened while its server was starting again
@@ -280,14 +291,7 @@ class JailedWorkflowRunner(WorkflowRunner):
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
-            try:
-                session = self._session_of(client, det, made, run_log).open()
-            except Busy:
-                # Sessions of evicted runs still closing (``_CLOSER``) hold their slots
-                # until their children are reaped: an open they made BUSY waits for them.
-                if not _CLOSER.wait_for_closes(CLOSING_WAIT):
-                    raise
-                session = self._session_of(client, det, made, run_log).open()
+            session = self._open_when_room(client, det, made, run_log)
         except Busy as e:
             run_metrics.busy()
             raise RuntimeError(
@@ -304,6 +308,21 @@ class JailedWorkflowRunner(WorkflowRunner):
             raise
         run_metrics.opened()
         return session
+
+    def _open_when_room(self, client: Client, det: WorkflowInstanceDetails,
+                        made: dict[str, Any], run_log: LogRelay) -> ClientSession:
+        """Opens a run's session; refused BUSY, asks again each time a session of an evicted
+        run still closing (``_CLOSER``: it holds its slot until its child is reaped) ends,
+        for up to CLOSING_WAIT; then BUSY is raised."""
+        deadline: float | None = None
+        while True:
+            try:
+                return self._session_of(client, det, made, run_log).open()
+            except Busy:
+                if deadline is None:
+                    deadline = time.monotonic() + CLOSING_WAIT
+                if not _CLOSER.wait_for_a_close(deadline - time.monotonic()):
+                    raise
 
     def _session_of(self, client: Client, det: WorkflowInstanceDetails,
                     made: dict[str, Any], run_log: LogRelay) -> ClientSession:
@@ -899,26 +918,35 @@ _WATCHDOG = _Watchdog()
 
 
 class _Closer:
-    """One thread of the worker that closes the sessions of evicted runs (and of those
-    ended by an interruption): the close waits for the child's exit and reap (its report),
-    which need not be on the eviction's path. The closes in flight hold their server slots
-    until answered: an open refused BUSY while there are any waits for them
-    (``wait_for_closes``) and asks again, so that a closing run never refuses a new one."""
+    """The threads of the worker that close the sessions of evicted runs (and of those ended
+    by an interruption): the close waits for the child's exit and reap (its report), which
+    need not be on the eviction's path. Each close runs on a thread of its own (up to
+    MAX_CLOSERS at once, idle ones kept for CLOSER_IDLE), so that a child that does not exit
+    when its session closes (the server kills it after its 2 s grace) holds its own close,
+    not the closes queued behind it; and each is bounded: one not answered within CLOSE_WAIT
+    (a server that does not answer) is abandoned to the server, its connection shut down.
+    The closes in flight hold their server slots until answered: an open refused BUSY while
+    there are any waits for one of them to end (``wait_for_a_close``) and asks again, so that
+    a closing run never refuses a new one."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: collections.deque[_JailedInstance] = collections.deque()
         self._in_flight = 0
-        self._thread: threading.Thread | None = None
+        self._done = 0  # closes ended so far
+        self._threads = 0
+        self._idle = 0  # threads waiting for a close
+        # A close in progress -> when it is abandoned (monotonic), watched by one thread.
+        self._due: dict[_JailedInstance, float] = {}
+        self._watch: threading.Thread | None = None
 
     def close(self, instance: _JailedInstance) -> None:
         with self._cond:
             self._queue.append(instance)
             self._in_flight += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wfjail-closer",
-                                                daemon=True)
-                self._thread.start()
+            if self._idle < len(self._queue) and self._threads < MAX_CLOSERS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="wfjail-closer", daemon=True).start()
             self._cond.notify_all()
 
     def wait_for_closes(self, timeout: float) -> bool:
@@ -929,20 +957,68 @@ class _Closer:
                 return False
             return self._cond.wait_for(lambda: not self._in_flight, timeout)
 
+    def wait_for_a_close(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` for one of the closes in flight to end (its slot is free
+        by then); whether one did (False at once when none is in flight)."""
+        with self._cond:
+            if not self._in_flight:
+                return False
+            done = self._done
+            return self._cond.wait_for(lambda: self._done != done, max(timeout, 0.0))
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
+                self._idle += 1
+                try:
+                    while not self._queue:
+                        if not self._cond.wait(CLOSER_IDLE) and not self._queue:
+                            self._threads -= 1
+                            return
+                finally:
+                    self._idle -= 1
                 instance = self._queue.popleft()
+                self._due[instance] = time.monotonic() + CLOSE_WAIT
+                if self._watch is None:
+                    self._watch = threading.Thread(target=self._abandon_overdue,
+                                                   name="wfjail-close-watch", daemon=True)
+                    self._watch.start()
+                self._cond.notify_all()
             try:
                 instance._close()
             except Exception:  # noqa: BLE001  (one run's session must not stop the closes)
                 _log.exception("closing a run's session failed")
             finally:
                 with self._cond:
+                    self._due.pop(instance, None)
                     self._in_flight -= 1
+                    self._done += 1
                     self._cond.notify_all()
+
+    def _abandon_overdue(self) -> None:
+        """(The watch thread.) Shuts down the connection of each close not answered within
+        CLOSE_WAIT: its thread's close then returns without a report, and the server takes
+        the worker's leaving as a CLOSE (it kills the guest if it has not exited within its
+        own grace)."""
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                overdue = [i for i, d in self._due.items() if d <= now]
+                if not overdue:
+                    pending = [d for d in self._due.values() if d > now]
+                    self._cond.wait(min(pending) - now if pending else None)
+                    continue
+                for i in overdue:
+                    self._due[i] = float("inf")  # abandoned once
+            for instance in overdue:
+                _log.warning(
+                    "the session of workflow %s (run %s) was not closed within %s s: it is "
+                    "left to the server, which ends its confined process",
+                    instance._det.info.workflow_type, instance._det.info.run_id, CLOSE_WAIT)
+                try:
+                    instance._session.abort()
+                except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
+                    _log.exception("abandoning a run's session failed")
 
 
 _CLOSER = _Closer()
