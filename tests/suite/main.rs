@@ -67,4 +67,5 @@ mod serve {
     mod metrics;
     mod preload;
     mod sessions;
+    mod zygote_entropy;
 }
