@@ -316,12 +316,15 @@ class JailedWorkflowRunner(WorkflowRunner):
         for up to CLOSING_WAIT; then BUSY is raised."""
         deadline: float | None = None
         while True:
+            # Counted before the open: a close that ends while the server says BUSY is one
+            # to ask again after, not one to wait for.
+            closed = _CLOSER.closes_ended()
             try:
                 return self._session_of(client, det, made, run_log).open()
             except Busy:
                 if deadline is None:
                     deadline = time.monotonic() + CLOSING_WAIT
-                if not _CLOSER.wait_for_a_close(deadline - time.monotonic()):
+                if not _CLOSER.wait_for_a_close(closed, deadline - time.monotonic()):
                     raise
 
     def _session_of(self, client: Client, det: WorkflowInstanceDetails,
@@ -957,14 +960,19 @@ class _Closer:
                 return False
             return self._cond.wait_for(lambda: not self._in_flight, timeout)
 
-    def wait_for_a_close(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` for one of the closes in flight to end (its slot is free
-        by then); whether one did (False at once when none is in flight)."""
+    def closes_ended(self) -> int:
+        """How many closes have ended so far (for ``wait_for_a_close``)."""
         with self._cond:
-            if not self._in_flight:
+            return self._done
+
+    def wait_for_a_close(self, since: int, timeout: float) -> bool:
+        """Waits up to ``timeout`` for a close to end after the first ``since`` had
+        (``closes_ended()``; its slot is free by then); whether one has (False at once when
+        none has and none is in flight)."""
+        with self._cond:
+            if self._done == since and not self._in_flight:
                 return False
-            done = self._done
-            return self._cond.wait_for(lambda: self._done != done, max(timeout, 0.0))
+            return self._cond.wait_for(lambda: self._done != since, max(timeout, 0.0))
 
     def _run(self) -> None:
         while True:
