@@ -19,6 +19,9 @@ pub struct Call {
     pub spawns_thread: bool,
     /// `nanosleep` or `clock_nanosleep`: a sleep.
     pub sleeps: bool,
+    /// `getrandom`: entropy, whatever the policy makes of it (`seeded`: answered from a seed;
+    /// `deny`: a violation, or a warning under `warn`; `allow`: never notified).
+    pub draws_entropy: bool,
     /// A signal (`kill`, `tkill`, `tgkill`) to the caller's own pid or thread group in the
     /// namespace.
     pub signals_itself: bool,
@@ -87,14 +90,18 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
         Asker::Zygote | Asker::ZygoteThread if call.native && call.spawns_thread => {
             Routed::Continue
         }
-        // While preloading it reads real entropy (the SDK needs randomness at import), and it
-        // waits with a timeout between sessions; sessions get theirs after the fork.
+        // While preloading it reads real entropy (the SDK needs randomness at import) under
+        // every policy: `getrandom = "seeded"` or `"deny"` is the sessions' rule, not the
+        // zygote's, and judged as theirs its draw would be denied and reported as a violation
+        // at every start. It waits with a timeout between sessions; sessions get theirs after
+        // the fork.
         Asker::Zygote | Asker::ZygoteThread
             if call.native
-                && matches!(
-                    call.check,
-                    Some(Check::Seeded | Check::Usage | Check::Pid | Check::TimedWait)
-                ) =>
+                && (call.draws_entropy
+                    || matches!(
+                        call.check,
+                        Some(Check::Seeded | Check::Usage | Check::Pid | Check::TimedWait)
+                    )) =>
         {
             Routed::Continue
         }
@@ -109,9 +116,12 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
         }
         // A fork of another thread is judged (and denied, never killed), like any of its calls.
         Asker::Zygote | Asker::ZygoteThread => Routed::ZygoteHandles,
+        // Python reseeds `random` in every forked child; a failing getrandom would make
+        // CPython give up on it for the life of the process (its session's draws would then
+        // never reach the policy: no violation, no warning, only an error). Under every
+        // policy, as the zygote's own draw.
+        Asker::Unknown if call.native && call.draws_entropy => Routed::SpareSeeded,
         Asker::Unknown if call.native => match call.check {
-            // Python reseeds `random` in every forked child; a failing getrandom would make
-            // CPython give up on it for the life of the process.
             Some(Check::Seeded) => Routed::SpareSeeded,
             // The real clock, until its session.
             Some(Check::Clock | Check::Usage | Check::Pid | Check::Stat) => Routed::Continue,
@@ -145,6 +155,7 @@ mod tests {
             forks: false,
             spawns_thread: false,
             sleeps: false,
+            draws_entropy: false,
             signals_itself: false,
             signals_session_pid: false,
         }
@@ -234,6 +245,36 @@ mod tests {
             for asker in [Asker::Zygote, Asker::ZygoteThread] {
                 assert_eq!(route(call(Some(check)), || asker), Routed::Continue);
             }
+        }
+    }
+
+    #[test]
+    fn the_zygote_and_its_threads_draw_real_entropy_under_every_builtin_policy() {
+        // What each built-in policy's sessions get for getrandom (seeded, a violation under
+        // deny or warn, or nothing to route when it is allowed outright): the zygote's own
+        // draw at preload runs, never judged as a session's (a denial, or a violation record
+        // under `warn`, at every start).
+        use crate::policy::decisions::Decisions;
+        use crate::policy::rules::Shape;
+        let getrandom = crate::policy::syscalls::number("getrandom").unwrap();
+        for (name, _) in crate::policy::BUILTINS {
+            let policy = crate::policy::load(name).unwrap();
+            let decisions = Decisions::compile(&policy, Shape::default());
+            let draw = Call {
+                draws_entropy: true,
+                ..call(decisions.get(getrandom).map(|d| d.check))
+            };
+            for asker in [Asker::Zygote, Asker::ZygoteThread] {
+                assert_eq!(route(draw, || asker), Routed::Continue, "{name}, {asker:?}");
+            }
+            // A spare's (Python reseeds at fork) is fixed bytes, never refused; a session's is
+            // its policy's, after its budget.
+            assert_eq!(
+                route(draw, || Asker::Unknown),
+                Routed::SpareSeeded,
+                "{name}"
+            );
+            assert_eq!(route(draw, || Asker::Session), Routed::Session, "{name}");
         }
     }
 

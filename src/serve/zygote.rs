@@ -322,6 +322,7 @@ impl Zygote {
                     || (name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 == 0),
                 spawns_thread: name == "clone" && n.args[0] & libc::CLONE_THREAD as u64 != 0,
                 sleeps: matches!(name, "nanosleep" | "clock_nanosleep"),
+                draws_entropy: syscalls::RANDOM.contains(&name),
                 signals_itself: signal
                     && native
                     && (crate::procfs::ns_pid(n.pid) == Some(n.args[0] as i32)

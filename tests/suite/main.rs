@@ -68,4 +68,5 @@ mod serve {
     mod preload;
     mod sessions;
     mod unanswered;
+    mod zygote_entropy;
 }

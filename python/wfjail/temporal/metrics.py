@@ -115,7 +115,6 @@ class RunMetrics:
         self._labels: dict[str, str | int | float | bool] = {
             "namespace": info.namespace, "task_queue": info.task_queue,
             "workflow_type": info.workflow_type}
-        self._ended = False
 
     def opened(self) -> None:
         if self._metrics is not None:
@@ -131,10 +130,10 @@ class RunMetrics:
 
     def ended(self, report: dict[str, Any] | None) -> None:
         """The session ended with ``report`` (None: the worker shut it down without one).
-        Counted once."""
-        if self._ended or self._metrics is None:
+        Whether and when a session has ended is the run's proxy's to say
+        (``worker._JailedInstance._note_end``, once per session); this counts how."""
+        if self._metrics is None:
             return
-        self._ended = True
         m, labels = self._metrics, self._labels
         if not isinstance(report, dict):
             m.ended.add(1, {**labels, "status": NO_REPORT})

@@ -11,8 +11,11 @@ import temporalio.worker
 from temporalio.client import WorkflowHistory
 
 from ..binary import find_wfjail
-from . import sdk
-from .worker import JailedWorkflowRunner
+from .worker import JailedWorkflowRunner, ReadyFirst, _ready
+
+# ``ReadyFirst`` (the step a runner adds to its Worker's run) lives beside the runner, which
+# makes it: re-exported here, where it was.
+__all__ = ["JailedPlugin", "ReadyFirst"]
 
 
 class JailedPlugin(temporalio.worker.Plugin):
@@ -58,37 +61,3 @@ class JailedPlugin(temporalio.worker.Plugin):
                            AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
     ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
         return next(replayer, histories)
-
-
-async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner) -> None:
-    """``runner.ready()``; when it raises, ``worker`` is marked as never started (its
-    shutdown, ``async with``'s exit, must not wait for a run that never began)."""
-    try:
-        await runner.ready()
-    except BaseException:
-        sdk.mark_worker_unstarted(worker)
-        raise
-
-
-class ReadyFirst(JailedPlugin):
-    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
-    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls.
-    It configures nothing (it is added after the Worker's configuration)."""
-
-    def __init__(self, runner: JailedWorkflowRunner) -> None:
-        # Not JailedPlugin.__init__, which looks for a binary: the runner has found its own.
-        self._options: dict[str, Any] = {}
-        self._runner = runner
-
-    def configure_worker(self, config: temporalio.worker.WorkerConfig,
-                         ) -> temporalio.worker.WorkerConfig:
-        return config
-
-    async def run_worker(self, worker: temporalio.worker.Worker,
-                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
-        await _ready(worker, self._runner)
-        await next(worker)
-
-    def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
-                           ) -> temporalio.worker.ReplayerConfig:
-        return config

@@ -18,12 +18,15 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
 
 import temporalio.converter
+import temporalio.worker
 import temporalio.workflow
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.client import WorkflowHistory
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from ..binary import find_wfjail
@@ -78,6 +81,17 @@ CLOSING_WAIT = 0.5
 # How long the runner's close (and the worker's exit) waits for those closes before it stops
 # the servers.
 CLOSES_AT_STOP_WAIT = 2.0
+# How long a session's close may wait for its answer: the server gives a child EXIT_GRACE
+# (2 s, src/serve/phases.rs) to exit once its input ended, then kills it and answers; one
+# more second for the kill, the reap and the report. A close still unanswered then (a server
+# that does not answer) is abandoned: the worker shuts its connection down, which the server
+# takes as a CLOSE.
+CLOSE_WAIT = 3.0
+# Sessions closed at once, each on a thread of the closer's: a child that does not exit when
+# its session closes holds one thread (up to CLOSE_WAIT), not the closes behind it. A thread
+# idle this long ends.
+MAX_CLOSERS = 64
+CLOSER_IDLE = 10.0
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
 # How long the first activation of a Worker's run opened while its server was starting again
@@ -208,8 +222,6 @@ class JailedWorkflowRunner(WorkflowRunner):
         into ``Worker.run()``, so the runner adds a step to it (``sdk.add_run_step``)."""
         if worker is None or workflow_worker is None or workflow_worker in self._polls_when_ready:
             return
-        from .plugin import ReadyFirst  # (plugin imports this module)
-
         self._polls_when_ready.add(workflow_worker)
         sdk.add_run_step(worker, ReadyFirst(self))
 
@@ -279,14 +291,7 @@ class JailedWorkflowRunner(WorkflowRunner):
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
-            try:
-                session = self._session_of(client, det, made, run_log).open()
-            except Busy:
-                # Sessions of evicted runs still closing (``_CLOSER``) hold their slots
-                # until their children are reaped: an open they made BUSY waits for them.
-                if not _CLOSER.wait_for_closes(CLOSING_WAIT):
-                    raise
-                session = self._session_of(client, det, made, run_log).open()
+            session = self._open_when_room(client, det, made, run_log)
         except Busy as e:
             run_metrics.busy()
             raise RuntimeError(
@@ -303,6 +308,24 @@ class JailedWorkflowRunner(WorkflowRunner):
             raise
         run_metrics.opened()
         return session
+
+    def _open_when_room(self, client: Client, det: WorkflowInstanceDetails,
+                        made: dict[str, Any], run_log: LogRelay) -> ClientSession:
+        """Opens a run's session; refused BUSY, asks again each time a session of an evicted
+        run still closing (``_CLOSER``: it holds its slot until its child is reaped) ends,
+        for up to CLOSING_WAIT; then BUSY is raised."""
+        deadline: float | None = None
+        while True:
+            # Counted before the open: a close that ends while the server says BUSY is one
+            # to ask again after, not one to wait for.
+            closed = _CLOSER.closes_ended()
+            try:
+                return self._session_of(client, det, made, run_log).open()
+            except Busy:
+                if deadline is None:
+                    deadline = time.monotonic() + CLOSING_WAIT
+                if not _CLOSER.wait_for_a_close(closed, deadline - time.monotonic()):
+                    raise
 
     def _session_of(self, client: Client, det: WorkflowInstanceDetails,
                     made: dict[str, Any], run_log: LogRelay) -> ClientSession:
@@ -445,6 +468,47 @@ class ServerNotReady(RuntimeError):
         self.policy = policy
 
 
+class ReadyFirst(temporalio.worker.Plugin):
+    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
+    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls,
+    as ``plugin.JailedPlugin`` does (which re-exports it). It configures nothing (it is added
+    after the Worker's configuration)."""
+
+    def __init__(self, runner: JailedWorkflowRunner) -> None:
+        self._runner = runner
+
+    def configure_worker(self, config: temporalio.worker.WorkerConfig,
+                         ) -> temporalio.worker.WorkerConfig:
+        return config
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        await _ready(worker, self._runner)
+        await next(worker)
+
+    def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
+                           ) -> temporalio.worker.ReplayerConfig:
+        return config
+
+    def run_replayer(
+        self, replayer: temporalio.worker.Replayer, histories: AsyncIterator[WorkflowHistory],
+        next: Callable[[temporalio.worker.Replayer, AsyncIterator[WorkflowHistory]],
+                       AbstractAsyncContextManager[
+                           AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
+    ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
+        return next(replayer, histories)
+
+
+async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner) -> None:
+    """``runner.ready()``; when it raises, ``worker`` is marked as never started (its
+    shutdown, ``async with``'s exit, must not wait for a run that never began)."""
+    try:
+        await runner.ready()
+    except BaseException:
+        sdk.mark_worker_unstarted(worker)
+        raise
+
+
 def _start_into(ref: "weakref.ref[JailedWorkflowRunner]", policy: str,
                 start: concurrent.futures.Future[Client]) -> None:
     """(A start's thread.) ``_ensure_server(policy)`` into ``start``."""
@@ -563,6 +627,7 @@ class _JailedInstance(WorkflowInstance):
         # What the run's session adds to the worker's metrics and log (create_instance).
         self._run_metrics = run_metrics
         self._session_log = session_log
+        # Whether the session's end went to the metrics and the log (``_note_end``).
         self._session_over = False
         self._policy = policy  # the run's policy, as its failures name it
         # The run's log relay (``LogRelay``): its budget of records is per activation.
@@ -732,7 +797,9 @@ class _JailedInstance(WorkflowInstance):
 
     def _note_end(self, closed: bool) -> None:
         """Once the session has ended (its report came, or the worker closed it): its end
-        in the worker's metrics and log."""
+        in the worker's metrics and log. The one place that knows whether the run's session
+        is over (``_session_over``): called from the activation's thread, the eviction's and
+        the closer's, it tells the metrics and the log once."""
         report = getattr(self._session, "report", None)
         with self._state:
             if self._session_over or (report is None and not closed):
@@ -854,26 +921,35 @@ _WATCHDOG = _Watchdog()
 
 
 class _Closer:
-    """One thread of the worker that closes the sessions of evicted runs (and of those
-    ended by an interruption): the close waits for the child's exit and reap (its report),
-    which need not be on the eviction's path. The closes in flight hold their server slots
-    until answered: an open refused BUSY while there are any waits for them
-    (``wait_for_closes``) and asks again, so that a closing run never refuses a new one."""
+    """The threads of the worker that close the sessions of evicted runs (and of those ended
+    by an interruption): the close waits for the child's exit and reap (its report), which
+    need not be on the eviction's path. Each close runs on a thread of its own (up to
+    MAX_CLOSERS at once, idle ones kept for CLOSER_IDLE), so that a child that does not exit
+    when its session closes (the server kills it after its 2 s grace) holds its own close,
+    not the closes queued behind it; and each is bounded: one not answered within CLOSE_WAIT
+    (a server that does not answer) is abandoned to the server, its connection shut down.
+    The closes in flight hold their server slots until answered: an open refused BUSY while
+    there are any waits for one of them to end (``wait_for_a_close``) and asks again, so that
+    a closing run never refuses a new one."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: collections.deque[_JailedInstance] = collections.deque()
         self._in_flight = 0
-        self._thread: threading.Thread | None = None
+        self._done = 0  # closes ended so far
+        self._threads = 0
+        self._idle = 0  # threads waiting for a close
+        # A close in progress -> when it is abandoned (monotonic), watched by one thread.
+        self._due: dict[_JailedInstance, float] = {}
+        self._watch: threading.Thread | None = None
 
     def close(self, instance: _JailedInstance) -> None:
         with self._cond:
             self._queue.append(instance)
             self._in_flight += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wfjail-closer",
-                                                daemon=True)
-                self._thread.start()
+            if self._idle < len(self._queue) and self._threads < MAX_CLOSERS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="wfjail-closer", daemon=True).start()
             self._cond.notify_all()
 
     def wait_for_closes(self, timeout: float) -> bool:
@@ -884,20 +960,73 @@ class _Closer:
                 return False
             return self._cond.wait_for(lambda: not self._in_flight, timeout)
 
+    def closes_ended(self) -> int:
+        """How many closes have ended so far (for ``wait_for_a_close``)."""
+        with self._cond:
+            return self._done
+
+    def wait_for_a_close(self, since: int, timeout: float) -> bool:
+        """Waits up to ``timeout`` for a close to end after the first ``since`` had
+        (``closes_ended()``; its slot is free by then); whether one has (False at once when
+        none has and none is in flight)."""
+        with self._cond:
+            if self._done == since and not self._in_flight:
+                return False
+            return self._cond.wait_for(lambda: self._done != since, max(timeout, 0.0))
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
+                self._idle += 1
+                try:
+                    while not self._queue:
+                        if not self._cond.wait(CLOSER_IDLE) and not self._queue:
+                            self._threads -= 1
+                            return
+                finally:
+                    self._idle -= 1
                 instance = self._queue.popleft()
+                self._due[instance] = time.monotonic() + CLOSE_WAIT
+                if self._watch is None:
+                    self._watch = threading.Thread(target=self._abandon_overdue,
+                                                   name="wfjail-close-watch", daemon=True)
+                    self._watch.start()
+                self._cond.notify_all()
             try:
                 instance._close()
             except Exception:  # noqa: BLE001  (one run's session must not stop the closes)
                 _log.exception("closing a run's session failed")
             finally:
                 with self._cond:
+                    self._due.pop(instance, None)
                     self._in_flight -= 1
+                    self._done += 1
                     self._cond.notify_all()
+
+    def _abandon_overdue(self) -> None:
+        """(The watch thread.) Shuts down the connection of each close not answered within
+        CLOSE_WAIT: its thread's close then returns without a report, and the server takes
+        the worker's leaving as a CLOSE (it kills the guest if it has not exited within its
+        own grace)."""
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                overdue = [i for i, d in self._due.items() if d <= now]
+                if not overdue:
+                    pending = [d for d in self._due.values() if d > now]
+                    self._cond.wait(min(pending) - now if pending else None)
+                    continue
+                for i in overdue:
+                    self._due[i] = float("inf")  # abandoned once
+            for instance in overdue:
+                _log.warning(
+                    "the session of workflow %s (run %s) was not closed within %s s: it is "
+                    "left to the server, which ends its confined process",
+                    instance._det.info.workflow_type, instance._det.info.run_id, CLOSE_WAIT)
+                try:
+                    instance._session.abort()
+                except Exception:  # noqa: BLE001  (one run's session must not stop the watch)
+                    _log.exception("abandoning a run's session failed")
 
 
 _CLOSER = _Closer()
