@@ -176,7 +176,7 @@ class Session(_Conversing):
 
     def open(self) -> "Session":
         """Connects and sends OPEN; returns once OPENED came. An OPEN whose connection ended
-        before wfjail answered a single byte (``_DROPPED``) is sent again on a new
+        before wfjail answered a single byte (``_dropped``) is sent again on a new
         connection, up to ``OPEN_RETRIES`` times: no session the worker knows of began."""
         attempt = 0
         while True:
