@@ -4,21 +4,19 @@ start, with the reason."""
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import temporalio.worker
-from temporalio.client import WorkflowHistory
 
 from ..binary import find_wfjail
-from .worker import JailedWorkflowRunner, ReadyFirst, _ready
+from .worker import JailedWorkflowRunner, ReadyFirst, _Plugin, _ready
 
 # ``ReadyFirst`` (the step a runner adds to its Worker's run) lives beside the runner, which
 # makes it: re-exported here, where it was.
 __all__ = ["JailedPlugin", "ReadyFirst"]
 
 
-class JailedPlugin(temporalio.worker.Plugin):
+class JailedPlugin(_Plugin):
     """Sets each Worker's (and Replayer's) ``workflow_runner`` to a ``JailedWorkflowRunner``
     made with ``runner_options`` (one per Worker: its servers are shared per process and
     configuration), unless the Worker was given one already; and, when the Worker runs,
@@ -53,11 +51,3 @@ class JailedPlugin(temporalio.worker.Plugin):
         if not isinstance(config.get("workflow_runner"), JailedWorkflowRunner):
             config["workflow_runner"] = JailedWorkflowRunner(**self._options)
         return config
-
-    def run_replayer(
-        self, replayer: temporalio.worker.Replayer, histories: AsyncIterator[WorkflowHistory],
-        next: Callable[[temporalio.worker.Replayer, AsyncIterator[WorkflowHistory]],
-                       AbstractAsyncContextManager[
-                           AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
-    ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
-        return next(replayer, histories)

@@ -468,14 +468,10 @@ class ServerNotReady(RuntimeError):
         self.policy = policy
 
 
-class ReadyFirst(temporalio.worker.Plugin):
-    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
-    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls,
-    as ``plugin.JailedPlugin`` does (which re-exports it). It configures nothing (it is added
-    after the Worker's configuration)."""
-
-    def __init__(self, runner: JailedWorkflowRunner) -> None:
-        self._runner = runner
+class _Plugin(temporalio.worker.Plugin):
+    """A Temporal plugin that changes nothing: each step hands on to the next (the SDK's
+    ``Plugin`` has no defaults). ``ReadyFirst`` and ``plugin.JailedPlugin`` override what
+    they do."""
 
     def configure_worker(self, config: temporalio.worker.WorkerConfig,
                          ) -> temporalio.worker.WorkerConfig:
@@ -483,7 +479,6 @@ class ReadyFirst(temporalio.worker.Plugin):
 
     async def run_worker(self, worker: temporalio.worker.Worker,
                          next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
-        await _ready(worker, self._runner)
         await next(worker)
 
     def configure_replayer(self, config: temporalio.worker.ReplayerConfig,
@@ -497,6 +492,21 @@ class ReadyFirst(temporalio.worker.Plugin):
                            AsyncIterator[temporalio.worker.WorkflowReplayResult]]],
     ) -> AbstractAsyncContextManager[AsyncIterator[temporalio.worker.WorkflowReplayResult]]:
         return next(replayer, histories)
+
+
+class ReadyFirst(_Plugin):
+    """The step a ``JailedWorkflowRunner`` adds to the run of the Worker that uses it
+    (``JailedWorkflowRunner._poll_when_ready``): ``runner.ready()`` before the Worker polls,
+    as ``plugin.JailedPlugin`` does (which re-exports it). It configures nothing (it is added
+    after the Worker's configuration)."""
+
+    def __init__(self, runner: JailedWorkflowRunner) -> None:
+        self._runner = runner
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        await _ready(worker, self._runner)
+        await next(worker)
 
 
 async def _ready(worker: temporalio.worker.Worker, runner: JailedWorkflowRunner) -> None:
