@@ -142,6 +142,19 @@ def _reseeding(handler: "Handler") -> "Handler":
     return reseed_then_handle
 
 
+def _begin_session() -> None:
+    """Tell the supervisor that this child's session begins, before any of its code runs: a
+    zero-length ``getrandom``, which it answers and notes. Its draws before were the fork's
+    (CPython reseeds ``random`` in every forked child, before or after the zygote's FORKED
+    registered it, as whether a spare was ready decides): fixed bytes under every policy,
+    never a violation. From here on a draw is the session's, judged by its policy (a
+    handler module imported here that draws is denied under ``deny``)."""
+    try:
+        os.getrandom(0)
+    except OSError:
+        pass  # allowed outright, the kernel answered; never refused by a working supervisor
+
+
 def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[str]" = None,
            init: "Optional[Tuple[Any]]" = None) -> None:
     """In a session child: become a guest on the session socket, with the session's own
@@ -149,6 +162,7 @@ def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[s
     Landlock domain of its own; then it answers ERROR instead of HELLO and exits. ``init``:
     ``(value,)`` when OPEN carried one: the handler is a factory, called once with it, and
     what it returns handles the session's calls."""
+    _begin_session()
     from . import guest
     from . import protocol as P
 

@@ -193,6 +193,12 @@ pub struct Determinism {
     /// child between its fork and its session), fixed bytes: how much it drew then depends
     /// on timing (whether a spare was ready), which must not shift the session's stream.
     pub armed: bool,
+    /// The child has left the fork: the zygote's code in it said so (a zero-length
+    /// `getrandom`, first thing in `_child` of zygote.py) before any of the session's code.
+    /// Before, its draws are the fork machinery's (CPython reseeds `random` in every forked
+    /// child), made before or after the zygote's FORKED registered it as whether a spare was
+    /// ready decides: fixed bytes under every policy, never a violation.
+    pub begun: bool,
 }
 
 impl Determinism {
@@ -207,6 +213,7 @@ impl Determinism {
             seed,
             monotonic: Default::default(),
             armed: false,
+            begun: false,
         }
     }
 }

@@ -72,6 +72,9 @@ pub enum SessionRouted {
     Pid,
     /// The signal is sent for it (to the caller's real pid).
     SignalForIt,
+    /// A draw of its child before the session began ([`crate::serve::Determinism::begun`]):
+    /// fixed bytes, as a spare's; a zero-length one says the session begins.
+    BeforeSession,
     /// The one handler, with the session's state.
     Handle,
 }
@@ -133,9 +136,13 @@ pub fn route(call: Call, asker: impl FnOnce() -> Asker) -> Routed {
     }
 }
 
-/// Routes a session's call (its budget charged); `armed`: its guest has said HELLO.
-pub fn route_session(call: Call, armed: bool) -> SessionRouted {
-    if call.native && armed && call.check == Some(Check::Pid) {
+/// Routes a session's call (its budget charged); `armed`: its guest has said HELLO;
+/// `begun`: its child has left the fork (`armed` implies it: a guest that never said so
+/// answers HELLO as a session's code, and its draws are judged from then on).
+pub fn route_session(call: Call, armed: bool, begun: bool) -> SessionRouted {
+    if call.native && call.draws_entropy && !armed && !begun {
+        SessionRouted::BeforeSession
+    } else if call.native && armed && call.check == Some(Check::Pid) {
         SessionRouted::Pid
     } else if call.native && armed && call.signals_session_pid {
         SessionRouted::SignalForIt
@@ -348,18 +355,46 @@ mod tests {
     #[test]
     fn an_armed_session_reads_the_pinned_pid_and_signals_it() {
         let pid = call(Some(Check::Pid));
-        assert_eq!(route_session(pid, true), SessionRouted::Pid);
-        assert_eq!(route_session(pid, false), SessionRouted::Handle);
+        assert_eq!(route_session(pid, true, true), SessionRouted::Pid);
+        assert_eq!(route_session(pid, false, true), SessionRouted::Handle);
         let signal = Call {
             signals_session_pid: true,
             ..call(Some(Check::Signal))
         };
-        assert_eq!(route_session(signal, true), SessionRouted::SignalForIt);
-        assert_eq!(route_session(signal, false), SessionRouted::Handle);
+        assert_eq!(
+            route_session(signal, true, true),
+            SessionRouted::SignalForIt
+        );
+        assert_eq!(route_session(signal, false, true), SessionRouted::Handle);
         let foreign = Call {
             native: false,
             ..pid
         };
-        assert_eq!(route_session(foreign, true), SessionRouted::Handle);
+        assert_eq!(route_session(foreign, true, true), SessionRouted::Handle);
+    }
+
+    #[test]
+    fn a_draw_before_the_session_begins_is_the_forks_under_every_rule() {
+        // CPython's reseed at fork runs in the child before its session's code, before or
+        // after FORKED registered it: never judged by the session's rule. Once the child said
+        // its session begins, or its guest said HELLO, a draw is the policy's.
+        for check in [Some(Check::Seeded), Some(Check::Violation), None] {
+            let draw = Call {
+                draws_entropy: true,
+                ..call(check)
+            };
+            assert_eq!(
+                route_session(draw, false, false),
+                SessionRouted::BeforeSession
+            );
+            assert_eq!(route_session(draw, false, true), SessionRouted::Handle);
+            assert_eq!(route_session(draw, true, false), SessionRouted::Handle);
+            assert_eq!(route_session(draw, true, true), SessionRouted::Handle);
+            // Only draws: the child's other calls before its session are judged as today.
+            assert_eq!(
+                route_session(call(check), false, false),
+                SessionRouted::Handle
+            );
+        }
     }
 }

@@ -395,8 +395,7 @@ impl Zygote {
                 route::Routed::SpareSeeded => {
                     // A spare before its session gets fixed bytes (its session reseeds from its
                     // own seed, `_child` in zygote.py).
-                    let mut fixed = crate::answers::entropy::Entropy::new(0);
-                    notify::respond(listener.as_fd(), &n, notify::seeded_answer(&n, &mut fixed));
+                    answer_fixed_bytes(listener.as_fd(), &n);
                     continue;
                 }
                 route::Routed::SpareCpuCount(cpus) => {
@@ -423,7 +422,15 @@ impl Zygote {
             }
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
-            match route::route_session(call, det.armed) {
+            match route::route_session(call, det.armed, det.begun) {
+                route::SessionRouted::BeforeSession => {
+                    if n.args[1] == 0 {
+                        det.begun = true;
+                    }
+                    drop((v, det));
+                    answer_fixed_bytes(listener.as_fd(), &n);
+                    continue;
+                }
                 route::SessionRouted::Pid => {
                     drop((v, det));
                     let answer = notify::Answer::Value {
@@ -480,6 +487,13 @@ impl Zygote {
             }
         }
     }
+}
+
+/// Answers a `getrandom` of a zygote's child made before its session (a spare's, or the
+/// fork's reseed): fixed bytes, the same under every policy and in every run.
+fn answer_fixed_bytes(listener: BorrowedFd<'_>, n: &sys::Notif) {
+    let mut fixed = crate::answers::entropy::Entropy::new(0);
+    notify::respond(listener, n, notify::seeded_answer(n, &mut fixed));
 }
 
 /// Kills the task that made notification `n`: it waits on the notification, so its pid cannot

@@ -325,7 +325,12 @@ for name, base, adds in POLICIES:
         check("%s: serve --zygote sessions complete, degrading what check predicted" % name,
               ok and all(s["report"]["status"] == "ok" for s in served["sessions"])
               and all(g == best_effort for g in got),
-              "serve %s, check %s; %s" % (got, best_effort, repr(served)[-1500:]))
+              "serve %s, check %s; sessions (status, violations) %s; %s"
+              % (got, best_effort,
+                 [(s["report"]["status"], [[v["syscall"], v["args"], v["action"]]
+                                           for v in s["report"].get("violations", [])])
+                  for s in served["sessions"]],
+                 repr(served)[-1500:]))
         if base == "temporal-python" and ok:
             a, b = (json.loads(s["result"]) for s in served["sessions"])
             check("temporal-python sessions: workflow time and seeded randomness repeat",

@@ -90,3 +90,78 @@ fn the_zygote_draws_real_entropy_at_preload_under_every_getrandom_rule_and_no_vi
         assert_eq!(r["violations"], want, "{what}: {r}");
     }
 }
+
+/// A preloaded module that imports `random` (which reseeds in every forked child) and one
+/// the session imports itself, drawing at import.
+const RESEEDS_AT_FORK: &str = r#"
+import random
+def echo(req):
+    return b"echo " + req
+"#;
+const DRAWS_WHEN_IMPORTED: &str = r#"
+import os
+try:
+    os.urandom(16)
+except Exception:
+    pass
+def echo(req):
+    return b"late " + req
+"#;
+
+const BACK_TO_BACK: &str = r#"
+c = Client()
+out = {"odd": []}
+# Back to back: the zygote forks the next spare only once idle, so most of these children are
+# forked for their session, registered by FORKED while they still run CPython's reseed.
+for i in range(40):
+    with c.session(handler=MOD + ":echo") as s:
+        s.call(b"x")
+    r = s.report
+    if r["status"] != "ok" or r.get("violations"):
+        out["odd"].append([i, r["status"], [v["syscall"] for v in r.get("violations", [])]])
+s = c.session(handler=MOD + "_late:echo").open()
+out["late"] = s.call(b"x").decode()
+report = s.close()
+out["late_violations"] = [[v["syscall"], v["action"]] for v in report.get("violations", [])]
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_childs_reseed_at_fork_is_never_its_sessions_draw_and_the_sessions_own_code_is_judged() {
+    // Under `deny` the reseed judged as the session's failed one session in three back to
+    // back (a violation in a session that drew nothing; under `warn` a spurious warning):
+    // whether it came before or after FORKED was timing. A module the session imports itself
+    // draws as the session's code, before HELLO: judged.
+    for (what, extra, action) in [
+        (
+            "deny, as strict",
+            "[random]\ngetrandom = \"deny\"\n",
+            "denied",
+        ),
+        (
+            "deny under warn, as permissive",
+            "on_violation = \"warn\"\n[random]\ngetrandom = \"deny\"\n",
+            "warned",
+        ),
+    ] {
+        let (s, module) = serve_scratch(
+            "zygote-reseed",
+            "reseed",
+            RESEEDS_AT_FORK,
+            extra,
+            &[],
+            BACK_TO_BACK,
+        );
+        s.write(&format!("{module}_late.py"), DRAWS_WHEN_IMPORTED);
+        let out = super::sessions::serve(&s, &module, true, &["--zygotes", "1"]);
+        out.check(out.code == 0, &format!("wfjail serve exits 0 ({what})"));
+        let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(r["odd"], serde_json::json!([]), "{what}: {r}");
+        assert_eq!(r["late"], "late x", "{what}: {r}");
+        assert_eq!(
+            r["late_violations"],
+            serde_json::json!([["getrandom", action]]),
+            "{what}: {r}"
+        );
+    }
+}
