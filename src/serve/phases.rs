@@ -209,6 +209,8 @@ pub struct Phases {
     deadline: Option<Instant>,
     failure: Option<Failure>,
     timed_out: bool,
+    /// Closed, but the guest did not exit within [`EXIT_GRACE`] and was killed (rule 3).
+    exit_overdue: bool,
     protocol_error: bool,
     guest_error: Option<GuestError>,
 }
@@ -228,6 +230,7 @@ impl Phases {
             deadline: Some(now + timeout.unwrap_or(START_WAIT).max(START_WAIT)),
             failure: None,
             timed_out: false,
+            exit_overdue: false,
             protocol_error: false,
             guest_error: None,
         }
@@ -250,6 +253,12 @@ impl Phases {
     /// A call ran past its timeout.
     pub fn timed_out(&self) -> bool {
         self.timed_out
+    }
+
+    /// Rule 3: the session was closed, but its guest did not exit within [`EXIT_GRACE`]
+    /// of its input ending, and was killed.
+    pub fn exit_overdue(&self) -> bool {
+        self.exit_overdue
     }
 
     /// The guest broke the guest protocol.
@@ -401,7 +410,11 @@ impl Phases {
         }
         self.deadline = None;
         match self.phase {
-            Phase::Closing => vec![Action::Kill], // it did not exit after its input ended
+            Phase::Closing => {
+                // It did not exit after its input ended.
+                self.exit_overdue = true;
+                vec![Action::Kill]
+            }
             _ if self.abandoned => self.fail(Failure::Abandoned),
             Phase::Starting => self.fail(Failure::NoHello),
             Phase::Idle | Phase::Calling => {
@@ -743,6 +756,9 @@ mod tests {
         assert_eq!(s.failure(), None);
         assert!(s.closed());
         assert_eq!(s.end(), SessionEnd::Closed);
+        // Said in its report (a timeout, not a crash), not as a failure of the session.
+        assert!(s.exit_overdue());
+        assert!(!s.timed_out());
     }
 
     #[test]

@@ -74,7 +74,17 @@ impl Session {
             wait_status: status_word,
             zygote_died,
             violation_enforced: enforced,
-            timed_out: self.phases.timed_out(),
+            // A guest that did not exit within its grace after the close was killed: its
+            // report says so as a timeout, not as a crash with no words.
+            timed_out: self.phases.timed_out() || self.phases.exit_overdue(),
+            timeout_words: self.phases.exit_overdue().then(|| {
+                format!(
+                    "the session was closed, but its guest did not exit within {} s of its \
+                     input ending (an atexit handler, a thread, a finalizer that does not \
+                     return): killed",
+                    crate::serve::phases::EXIT_GRACE.as_secs()
+                )
+            }),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,
             notifications_exceeded: self.shared.budget.lock().unwrap().exceeded,

@@ -72,6 +72,14 @@ def json_dumps(v):
     from wfjail import guest
     assert guest.init_value() == v
     return json.dumps(v, sort_keys=True)
+def linger(req):
+    # A guest that does not exit once its input ends (as an atexit handler or a finalizer
+    # that never returns would keep it): the guest's own exit spins.
+    def never(status):
+        while True:
+            pass
+    os._exit = never
+    return b"lingering"
 def slow(req):
     # Busy for a while without reading the clock: under the virtual clock every read is an
     # answer of the supervisor's, and a spin on it meets the notification budget.
@@ -298,6 +306,38 @@ print(json.dumps(out))
     assert_eq!(
         r["stdio"], "fifo",
         "a guest's stdout and stderr are pipes, not wfjail's own stderr"
+    );
+}
+
+#[test]
+fn a_guest_that_does_not_exit_after_its_close_is_killed_and_its_report_says_why() {
+    // Rule 3 of serve/phases.rs: the session is still closed (every call was answered), but
+    // its report is a timeout that names the grace, not a crash without words.
+    let worker = r#"
+c = Client()
+out = {}
+for name in ("linger", "mutate"):
+    with c.session(handler=MOD + ":" + name) as s:
+        out[name] = s.call(b"x").decode()
+    r = s.report
+    out[name + "_report"] = [r["status"], r.get("signal"), r.get("error")]
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("linger", worker, "");
+    let out = serve(&s, &module, true, &["--zygotes", "1"]);
+    let r = worker_json(&out);
+    assert_eq!(r["linger"], "lingering");
+    assert_eq!(r["linger_report"][0], "timeout", "{r}");
+    assert_eq!(r["linger_report"][1], "SIGKILL", "{r}");
+    let error = r["linger_report"][2].as_str().unwrap_or_default();
+    assert!(
+        error.contains("did not exit within 2 s") && error.contains("killed"),
+        "{r}"
+    );
+    assert_eq!(
+        r["mutate_report"],
+        serde_json::json!(["ok", null, null]),
+        "the next session is not touched: {r}"
     );
 }
 
