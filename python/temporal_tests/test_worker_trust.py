@@ -17,6 +17,7 @@ import logging
 import struct
 import sys
 import threading
+import time
 import types
 import unittest
 from unittest import mock
@@ -323,6 +324,36 @@ class DeadlockTests(unittest.TestCase):
         worker._CLOSER.wait_for_closes(10)  # an interrupted run's close is the closer thread's
         self.assertTrue(session.closed)
 
+    def test_an_eviction_of_a_run_that_answers_its_interruption_leaves_the_close_to_the_closer(self):
+        # The SDK evicts a run whose activation it gave up on; the child answers the
+        # interruption, and its close (the child's exit and reap, here held until the test
+        # lets it end) comes off the eviction's path, as any evicted run's.
+        session, _ = self._stuck(_interrupted_failure("Traceback (most recent call last):\n"))
+        let_close = threading.Event()
+
+        def held_close():
+            let_close.wait(10)
+            session.closed = True
+
+        session.close = held_close
+        inst = worker._JailedInstance(session, _det())
+        from temporalio.bridge.proto.workflow_activation import WorkflowActivationJob
+        evict = WorkflowActivationJob()
+        evict.remove_from_cache.message = "deadlocked"
+        with mock.patch.object(worker, "DEADLOCK_INTERRUPT_AFTER", 600.0, create=True):
+            thread, _ = self._activate_in_thread(inst)
+            try:
+                completion = inst.activate(_activation(evict))
+                closed_before_eviction_returned = session.closed
+            finally:
+                let_close.set()
+            thread.join(30)
+        self.assertTrue(session.interrupted.is_set())
+        self.assertTrue(completion.HasField("successful"), completion)
+        self.assertFalse(closed_before_eviction_returned,
+                         "the eviction returned before the child's close ended")
+        self.assertTrue(worker._CLOSER.wait_for_closes(10))
+        self.assertTrue(session.closed)
 
 class LogTests(unittest.TestCase):
     def test_a_childs_log_text_cannot_forge_records_or_send_escapes(self):

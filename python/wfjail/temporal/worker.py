@@ -689,8 +689,9 @@ class _JailedInstance(WorkflowInstance):
             if stuck:
                 self._session.abort()  # its thread closes the session
             else:
-                self._session.close()  # the interrupted activation is over
-                self._note_end(closed=True)
+                # The interrupted activation is over: its close (the child's exit and reap)
+                # comes off the eviction's path and is bounded, as any evicted run's.
+                _CLOSER.close(self)
             return _evicted(act)
         self._calling = True
         self._idle.clear()
