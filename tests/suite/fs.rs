@@ -1235,6 +1235,7 @@ fn limits_disk_judges_after_what_the_guest_started_is_gone() {
                 o.code == 5 && o.status() == "limit" && o.report["limit"] == "disk",
                 "48 MiB allocated after the guest's exit: status limit, limit disk, exit 5",
             );
+            break;
         } else {
             o.check(
                 o.code == 0 && o.status() == "ok",
