@@ -58,6 +58,7 @@ import sys
 from .immortal import ENV as immortal_env
 from .immortal import immortalize
 from .immortal import wanted as wants_immortal
+from . import hugepages
 from .wire_control import CONTROL_VERSION, ControlKind, pack_control, parse_control
 
 TYPE_CHECKING = False
@@ -429,6 +430,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
                         help="fork when a session opens instead of keeping a child ready")
     parser.add_argument("--no-immortal", action="store_true",
                         help="leave the preloaded heap mortal (also WFJAIL_IMMORTAL=0)")
+    parser.add_argument("--no-hugepages", action="store_true",
+                        help="leave the heap in 4 KiB pages (also WFJAIL_HUGEPAGES=0)")
     args = parser.parse_args(argv)
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
@@ -475,6 +478,12 @@ def main(argv: "Optional[List[str]]" = None) -> int:
         if isinstance(immortal, str) and sys.version_info >= (3, 12):
             print("wfjail.zygote: the preloaded heap stays mortal: %s" % immortal,
                   file=sys.stderr)
+    # The heap in 2 MiB pages: each fork copies, and each exit drops, far fewer page-table
+    # entries (wfjail.hugepages). How many KiB were collapsed, or why none were. Its ranges
+    # are found from the objects' addresses, before the freeze hides them from the collector.
+    huge: "Union[int, str]" = "off (--no-hugepages or %s=0)" % hugepages.ENV
+    if not args.no_hugepages and hugepages.wanted(os.environ):
+        huge = hugepages.collapse(id(o) for o in gc.get_objects())
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
@@ -483,7 +492,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     _no_stop_notices()
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
              "session_domain": session_domain, "control": CONTROL_VERSION,
-             "immortal": immortal}
+             "immortal": immortal, "hugepages": huge}
     if error:
         ready["error"] = error
     ctl.sendall(pack_control(READY, ready))

@@ -63,6 +63,7 @@ mod run {
 }
 mod serve {
     mod hostile;
+    mod hugepages;
     mod limits;
     mod metrics;
     mod preload;
