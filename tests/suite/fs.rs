@@ -1212,21 +1212,7 @@ fn limits_disk_judges_after_what_the_guest_started_is_gone() {
     for attempt in 0..5 {
         let out = scratch.path(&format!("out{attempt}"));
         std::fs::create_dir(&out).unwrap();
-        let o = crate::common::wfjail(&[
-            "run",
-            "-p",
-            policy.to_str().unwrap(),
-            "--rw",
-            &s(&out),
-            "--ro",
-            &s(&bin_dir),
-            "--raw",
-            "--timeout",
-            "60s",
-            "--",
-            bin.to_str().unwrap(),
-            &s(&out),
-        ]);
+        let o = run_raw_with_out(&policy, &bin_dir, &bin, &out);
         use std::os::unix::fs::MetadataExt;
         let on_disk = std::fs::metadata(out.join("big")).map_or(0, |m| m.blocks() * 512);
         if on_disk >= 48 << 20 {
@@ -1312,18 +1298,29 @@ fn c_under_disk_limit(scratch: &Scratch, program: &str, more: &str) -> Outcome {
         "disk.toml",
         &format!("extends = \"default\"\n{more}[limits]\nprocesses = 16\ndisk = \"16MiB\"\n"),
     );
+    run_raw_with_out(&policy, &bin_dir, &bin, &out)
+}
+
+/// `wfjail run --raw` of `bin` under `policy`, its directory read-only and `out` writable
+/// (its one argument).
+fn run_raw_with_out(
+    policy: &std::path::Path,
+    bin_dir: &std::path::Path,
+    bin: &std::path::Path,
+    out: &std::path::Path,
+) -> Outcome {
     crate::common::wfjail(&[
         "run",
         "-p",
         policy.to_str().unwrap(),
         "--rw",
-        &s(&out),
+        &s(out),
         "--ro",
-        &s(&bin_dir),
+        &s(bin_dir),
         "--raw",
         "--",
         bin.to_str().unwrap(),
-        &s(&out),
+        &s(out),
     ])
 }
 
