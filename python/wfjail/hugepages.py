@@ -11,8 +11,9 @@ memory is the same (docs/benchmarks.md, "Issue 20").
 Only ``MADV_COLLAPSE`` is asked, once, of each 2 MiB-aligned range among the zygote's
 objects (found from their addresses, ``id()``, and the spans between them:
 ``/proc/self/maps`` is not readable under a policy) that is mostly in memory (``mincore``);
-the kernel refuses any that is not wholly inside one private, anonymous mapping. Not ``MADV_HUGEPAGE``, which would make a child's fault in an untouched part of
-those mappings allocate a whole 2 MiB page. The zygote itself grows by the holes filled in
+the kernel refuses any that is not wholly inside one private, anonymous mapping. Not
+``MADV_HUGEPAGE``, which would make a child's fault in an untouched part of those mappings
+allocate a whole 2 MiB page. The zygote itself grows by the holes filled in
 (a few hundred KiB). Best effort: a kernel without it (before 6.1), THP set to ``never``, or
 a refusal leaves the heap as it was and says why. The policy turns it off with
 ``WFJAIL_HUGEPAGES=0`` in its ``[env]``; ``python -m wfjail.zygote --no-hugepages`` too."""
@@ -23,7 +24,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Iterable, List, Mapping, Union
+    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 # The environment variable that turns the collapse off ("0"); anything else leaves it on.
 ENV = "WFJAIL_HUGEPAGES"
@@ -96,14 +97,19 @@ def collapse(addresses: "Iterable[int]") -> "Union[int, str]":
     except (OSError, AttributeError) as exc:
         return "no madvise: %s" % exc
     vec = (ctypes.c_ubyte * (HUGE // 4096))()
+    # Pages in memory of each range looked at (None: not mapped), asked of mincore once.
+    resident: "Dict[int, Optional[int]]" = {}
 
-    def mapped(at: int) -> bool:
-        return bool(libc.mincore(at, HUGE, vec) == 0)
+    def in_memory(at: int) -> "Optional[int]":
+        if at not in resident:
+            ok = libc.mincore(at, HUGE, vec) == 0
+            resident[at] = sum(b & 1 for b in vec) if ok else None
+        return resident[at]
 
     done, why = 0, ""
-    for at in spans(huge_ranges(addresses), mapped):
+    for at in spans(huge_ranges(addresses), lambda at: in_memory(at) is not None):
         # Not mapped (ENOMEM), or too sparse: left alone.
-        if libc.mincore(at, HUGE, vec) != 0 or sum(b & 1 for b in vec) < MIN_RESIDENT:
+        if (in_memory(at) or 0) < MIN_RESIDENT:
             continue
         if libc.madvise(at, HUGE, MADV_COLLAPSE) == 0:
             done += HUGE // 1024
