@@ -275,14 +275,15 @@ class SpanRecordTests(unittest.TestCase):
         forged = [None, 1, "span", {}, dict(good, trace_id=0), dict(good, span_id=2**64),
                   dict(good, kind="NOPE"), dict(good, status=["NOPE", None]),
                   dict(good, start=True), dict(good, parent_id="3"), dict(good, name=5)]
-        spans.export(provider, forged + [good] * (spans.MAX_SPANS + 5))
+        spans.export(provider, forged + [good] * (spans.MAX_SPANS + 5), "run-1", {7: {3}})
         got = exporter.get_finished_spans()
         self.assertEqual(len(got), spans.MAX_SPANS - len(forged))
         span = got[0]
         self.assertEqual((span.name, span.context.trace_id, span.context.span_id,
                           span.parent.span_id, span.parent.is_remote),
                          ("RunWorkflow:X", 7, 9, 3, True))
-        self.assertEqual(dict(span.attributes), {"a": "x" * spans.MAX_SPAN_TEXT, "c": 1})
+        self.assertEqual(dict(span.attributes), {"a": "x" * spans.MAX_SPAN_TEXT, "c": 1,
+                                                 "temporalRunID": "run-1"})
         self.assertEqual(span.status.description, "e")
         self.assertEqual(spans.from_side(relays.side_channel(b"\x00\x00\x00\x00" + b"not json")),
                          [])

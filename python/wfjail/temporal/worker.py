@@ -669,8 +669,10 @@ class _JailedInstance(WorkflowInstance):
         self._overdue = False
         # The metric series the run's child has added (at most MAX_METRIC_SERIES).
         self._metric_series: set[Series] = set()
-        # The worker's replay-safe tracer provider, when the child relays its spans.
+        # The worker's replay-safe tracer provider, when the child relays its spans, and the
+        # trace contexts the run was handed (trace id -> span ids): its spans go only there.
         self._span_provider: Any = None
+        self._span_contexts: dict[int, set[int]] = {}
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         evicting = any(j.HasField("remove_from_cache") for j in act.jobs)
@@ -695,6 +697,8 @@ class _JailedInstance(WorkflowInstance):
             return _evicted(act)
         self._calling = True
         self._idle.clear()
+        if self._span_provider is not None:
+            spans.handed(act, self._span_contexts)
         if self._run_log is not None:
             self._run_log.begin()
         # The SDK's debug mode runs activations on its event loop, with no deadlock timeout:
@@ -724,7 +728,8 @@ class _JailedInstance(WorkflowInstance):
             record_metrics(self._det, metric_records(side), self._metric_series,
                            self._reserved_metrics)
             if self._span_provider is not None:
-                spans.export(self._span_provider, spans.from_side(side))
+                spans.export(self._span_provider, spans.from_side(side), act.run_id,
+                             self._span_contexts)
             if completion.HasField("failed"):
                 failure = completion.failed.failure
                 failure.message = refused_read_text(
