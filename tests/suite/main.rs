@@ -67,6 +67,7 @@ mod serve {
     mod limits;
     mod metrics;
     mod preload;
+    mod races;
     mod sessions;
     mod unanswered;
     mod zygote_entropy;
