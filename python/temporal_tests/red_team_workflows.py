@@ -70,8 +70,8 @@ class OpensASocket:
 
 @workflow.defn
 class ReadsAFile:
-    """Reads a file named by its argument: `temporal-python` with that file readable lets it,
-    a stricter policy file denies it."""
+    """Reads a file named by its argument: a policy that grants it lets it, `temporal-python`
+    denies it."""
 
     @workflow.run
     async def run(self, path: str) -> str:

@@ -7,8 +7,13 @@ different policies. Each asserts the safe outcome exactly.
 """
 
 import asyncio
+import contextlib
+import json
 import os
+import shutil
 import sys
+import tempfile
+import time
 import unittest
 import uuid
 
@@ -94,6 +99,155 @@ class SpanClaimTests(DevServerTestCase):
         run_span, = [s for s in got if s.name == "RunWorkflow:ClaimsATrace"]
         self.assertEqual(run_span.context.trace_id, forger_trace)
         self.assertEqual(run_span.attributes["temporalRunID"], forger_run)
+
+
+async def _failure(handle, wait=30.0):
+    """The first workflow task failure of ``handle`` (None if none came within ``wait``)."""
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        async for e in handle.fetch_history_events():
+            if e.HasField("workflow_task_failed_event_attributes"):
+                return e.workflow_task_failed_event_attributes.failure.message
+        await asyncio.sleep(0.2)
+    return None
+
+
+class SharedServerTests(DevServerTestCase):
+    """Runners of different policies in one worker process: each workflow is served by its
+    own runner's policy, never by a looser one's server or zygote."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="wfjail-red-team-")
+        self.secret = os.path.join(self.tmp, "secret.txt")
+        with open(self.secret, "w") as f:
+            f.write("only the looser policy reads this")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def policy(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    async def both(self, runners, run, *args):
+        """Runs ``run(*args)`` once under each of ``runners``, their Workers polling at once in
+        this process; each run's result, or its task failure (the run terminated)."""
+        client = await self.server.client()
+        workers, queues = [], []
+        for runner in runners:
+            queues.append("shared-" + uuid.uuid4().hex)
+            workers.append(Worker(client, task_queue=queues[-1], workflow_runner=runner,
+                                  workflows=[R.OpensASocket, R.ReadsAFile]))
+        out = []
+        async with contextlib.AsyncExitStack() as stack:
+            for w in workers:
+                await stack.enter_async_context(w)
+            for queue in queues:
+                handle = await client.start_workflow(run, *args, id=str(uuid.uuid4()),
+                                                     task_queue=queue)
+                done = asyncio.ensure_future(handle.result())
+                failure = asyncio.ensure_future(_failure(handle))
+                await asyncio.wait([done, failure], return_when=asyncio.FIRST_COMPLETED)
+                if done.done():
+                    failure.cancel()
+                    out.append(done.result())
+                else:
+                    done.cancel()
+                    out.append("failed: %s" % failure.result())
+                    await handle.terminate()
+        return out
+
+    def assertDenied(self, outcome, says):
+        self.assertTrue(outcome.startswith("failed: ") and says in outcome, outcome)
+
+    def test_a_workflow_under_the_stricter_runner_is_never_served_by_the_looser_one(self):
+        looser = self.policy("looser.toml", 'extends = "temporal-python"\n[filesystem]\n'
+                             'read = [%s]\n' % json.dumps(self.tmp))
+        runners = [JailedWorkflowRunner("permissive"), JailedWorkflowRunner(),
+                   JailedWorkflowRunner(looser)]
+        try:
+            permissive, strict, _ = asyncio.run(self.both(runners, R.OpensASocket.run))
+            _, strict_read, looser_read = asyncio.run(self.both(runners, R.ReadsAFile.run,
+                                                                self.secret))
+            pids = [r._servers[p].proc.pid for r, p in zip(runners, (
+                "permissive", "temporal-python", looser))]
+        finally:
+            for r in runners:
+                r.close()
+        self.assertEqual(permissive, "socket made")
+        self.assertDenied(strict, "network socket(AF_INET")
+        self.assertEqual(looser_read, "only the looser policy reads this")
+        self.assertDenied(strict_read, self.secret)
+        self.assertEqual(len(set(pids)), 3, "one server per policy")
+
+    def test_a_policy_file_rewritten_stricter_is_not_served_by_the_server_of_its_old_text(self):
+        # One path, two texts: the first runner's server was started with the looser text;
+        # a runner made after the file became stricter must not share it.
+        path = self.policy("policy.toml", 'extends = "temporal-python"\n[filesystem]\n'
+                           'read = [%s]\n' % json.dumps(self.tmp))
+        first = JailedWorkflowRunner(path)
+        try:
+            async def go():
+                client = await self.server.client()
+                queue = "rewritten-" + uuid.uuid4().hex
+                async with Worker(client, task_queue=queue, workflows=[R.ReadsAFile],
+                                  workflow_runner=first):
+                    before = await client.execute_workflow(
+                        R.ReadsAFile.run, self.secret, id=str(uuid.uuid4()), task_queue=queue)
+                    self.policy("policy.toml", 'extends = "temporal-python"\n')
+                    second = JailedWorkflowRunner(path)
+                    try:
+                        after, = await self.both([second], R.ReadsAFile.run, self.secret)
+                    finally:
+                        second.close()
+                return before, after
+
+            before, after = asyncio.run(go())
+        finally:
+            first.close()
+        self.assertEqual(before, "only the looser policy reads this")
+        self.assertDenied(after, self.secret)
+
+    def test_runners_of_one_policy_and_different_max_sessions_have_servers_of_their_own(self):
+        runners = [JailedWorkflowRunner(max_sessions=3), JailedWorkflowRunner(max_sessions=5)]
+        try:
+            out = asyncio.run(self.both(runners, R.OpensASocket.run))
+            capacities = [r._servers["temporal-python"].client.status()["capacity"]
+                          for r in runners]
+        finally:
+            for r in runners:
+                r.close()
+        for outcome in out:
+            self.assertDenied(outcome, "network socket(AF_INET")
+        self.assertEqual(capacities, [3, 5])
+
+
+class PolicyDigestTests(unittest.TestCase):
+    """What of a policy goes into its servers' key (``server.policy_digest``), no server."""
+
+    def test_the_text_of_the_file_and_of_each_file_it_extends(self):
+        from wfjail.temporal.server import policy_digest
+
+        tmp = tempfile.mkdtemp(prefix="wfjail-digest-")
+        try:
+            def write(name, text):
+                with open(os.path.join(tmp, name), "w") as f:
+                    f.write(text)
+
+            write("base.toml", 'extends = "permissive"\n')
+            write("p.toml", 'extends = "./base.toml"\n')
+            path = os.path.join(tmp, "p.toml")
+            first = policy_digest(path)
+            write("base.toml", 'extends = "temporal-python"\n')
+            second = policy_digest(path)
+            os.remove(os.path.join(tmp, "base.toml"))
+            missing = policy_digest(path)
+        finally:
+            shutil.rmtree(tmp)
+        self.assertEqual(len({first, second, missing}), 3)
+        self.assertEqual(policy_digest("temporal-python"), "")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import hashlib
 import json
 import logging
 import os
 import queue
+import re
 import resource
 import shutil
 import subprocess
@@ -221,9 +223,11 @@ ServerKey = tuple[object, ...]
 
 
 def server_key(wfjail: str | None, policy: str, *, socket: str | None, classes: Sequence[str],
-               preload: Sequence[str], max_sessions: int, zygotes: int | None) -> ServerKey:
-    """The configuration a server of these arguments would have (``Server``)."""
-    return (wfjail, absolute_policy(policy), socket or "", tuple(preload),
+               preload: Sequence[str], max_sessions: int, zygotes: int | None,
+               policy_text: str = "") -> ServerKey:
+    """The configuration a server of these arguments would have (``Server``);
+    ``policy_text``: ``policy_digest(policy)`` as the runner first read it."""
+    return (wfjail, absolute_policy(policy), policy_text, socket or "", tuple(preload),
             tuple(main_script.preload(list(classes))), main_script.main_file() or "",
             tuple(sys.path), sys.executable, max_sessions, zygotes)
 
@@ -334,6 +338,40 @@ def _stop_unheld(key: ServerKey, entry: _Shared) -> None:
         server = entry.server
     if server is not None:
         stop(server.proc, server.tmp)
+
+
+# How many files of an ``extends`` chain ``policy_digest`` reads (wfjail allows 8 levels).
+MAX_EXTENDS = 8
+_EXTENDS = re.compile(r'^\s*extends\s*=\s*"([^"]*)"', re.MULTILINE)
+
+
+def policy_digest(policy: str) -> str:
+    """The text of policy file ``policy`` and of the files it extends, as a digest ("" for a
+    built-in name: the binary's, in the key already). Servers are shared by key: without it,
+    a runner of a file rewritten stricter was served by the server started with its looser
+    text. A file that cannot be read digests as its error (the server's start says why)."""
+    digest = hashlib.sha256()
+    path = absolute_policy(policy)
+    if not path.startswith("/"):
+        return ""
+    for _ in range(MAX_EXTENDS + 1):
+        if not path.startswith("/"):
+            break  # a built-in name ends the chain
+        try:
+            with open(path, "rb") as f:
+                text = f.read(1 << 20)
+        except OSError as e:
+            digest.update(b"\0error\0%s" % str(e).encode())
+            break
+        digest.update(b"\0%s\0%s" % (path.encode(), text))
+        found = _EXTENDS.search(text.decode("utf-8", "replace"))
+        if found is None:
+            break
+        parent = found.group(1)
+        if "/" not in parent and not parent.endswith(".toml"):
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), parent))
+    return digest.hexdigest()
 
 
 def absolute_policy(policy: str) -> str:

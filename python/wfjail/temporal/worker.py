@@ -59,7 +59,8 @@ from .relays import (
     split_reply,
     upcalls_in_worker,
 )
-from .server import Server, ServerKey, acquire, release, release_later, server_key
+from .server import (Server, ServerKey, acquire, policy_digest, release, release_later,
+                     server_key)
 from .stack import (
     MAX_CHILD_MESSAGE,
     MAX_STACK_NAME,
@@ -170,6 +171,9 @@ class JailedWorkflowRunner(WorkflowRunner):
                                        is None else reserved_metric_prefixes)
         # Workflow type (or class) -> its own policy: one server (zygote pool) per policy.
         self._policies = {sdk.workflow_type_of(k): v for k, v in (policies or {}).items()}
+        # policy -> its file's text (``policy_digest``) as this runner read it when made (a
+        # class's ``wfjail_policy``: when first used), part of its servers' key.
+        self._policy_texts = {p: policy_digest(p) for p in [policy, *self._policies.values()]}
         self._max_sessions = int(max_sessions)
         self._socket = socket
         self._wfjail = find_wfjail(wfjail)
@@ -354,10 +358,16 @@ class JailedWorkflowRunner(WorkflowRunner):
 
     def _key(self, policy: str) -> ServerKey:
         """The configuration of ``policy``'s server for the workflows prepared so far."""
+        # A policy file's text as this runner first read it: runners share a server only
+        # when theirs said the same.
+        text = self._policy_texts.get(policy)
+        if text is None:
+            text = self._policy_texts.setdefault(policy, policy_digest(policy))
         return server_key(self._wfjail, policy,
                           socket=self._socket if policy == self._policy else None,
                           classes=self._classes, preload=self._preload_of(),
-                          max_sessions=self._max_sessions, zygotes=self._zygotes)
+                          max_sessions=self._max_sessions, zygotes=self._zygotes,
+                          policy_text=text)
 
     def _ensure_server(self, policy: str | None = None) -> Client:
         policy = policy or self._policy
