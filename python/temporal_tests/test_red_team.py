@@ -210,6 +210,61 @@ class SharedServerTests(DevServerTestCase):
         self.assertEqual(before, "only the looser policy reads this")
         self.assertDenied(after, self.secret)
 
+    def test_a_runner_given_another_runners_socket_is_not_served_by_that_server(self):
+        # Both runners serve on one path: the looser one's server runs there; the stricter
+        # one's cannot bind it, and its worker refuses to run (before the fix its readiness
+        # check asked the looser server, which then served its workflows).
+        from wfjail.temporal.worker import ServerNotReady
+
+        sock = os.path.join(self.tmp, "shared.sock")
+        looser, stricter = (JailedWorkflowRunner("permissive", socket=sock),
+                            JailedWorkflowRunner(socket=sock))
+
+        async def go():
+            client = await self.server.client()
+            queues = ["socket-" + uuid.uuid4().hex for _ in range(2)]
+            async with Worker(client, task_queue=queues[0], workflows=[R.OpensASocket],
+                              workflow_runner=looser):
+                made = await client.execute_workflow(R.OpensASocket.run, id=str(uuid.uuid4()),
+                                                     task_queue=queues[0])
+                handle = await client.start_workflow(R.OpensASocket.run, id=str(uuid.uuid4()),
+                                                     task_queue=queues[1])
+                # Whichever comes first: the stricter worker's refusal, or its workflow's
+                # result (served by a server of the looser policy).
+                run = asyncio.ensure_future(Worker(
+                    client, task_queue=queues[1], workflows=[R.OpensASocket],
+                    workflow_runner=stricter).run())
+                result = asyncio.ensure_future(handle.result())
+                await asyncio.wait([run, result], return_when=asyncio.FIRST_COMPLETED)
+                if result.done():
+                    refused = "served: %s" % result.result()
+                    run.cancel()
+                else:
+                    result.cancel()
+                    try:
+                        run.result()
+                        refused = "ran"
+                    except ServerNotReady as e:
+                        refused = str(e)
+                events = [e.WhichOneof("attributes") async for e in
+                          handle.fetch_history_events()]
+                if not result.done():
+                    await handle.terminate()
+            return made, refused, events
+
+        try:
+            made, refused, events = asyncio.run(go())
+        finally:
+            looser.close()
+            stricter.close()
+        self.assertEqual(made, "socket made")
+        self.assertIn("wfjail: the server for policy 'temporal-python' did not start", refused,
+                      refused)
+        self.assertIn("its socket %s is served by another process" % sock, refused)
+        self.assertEqual(events, ["workflow_execution_started_event_attributes",
+                                  "workflow_task_scheduled_event_attributes"],
+                         "no task of the stricter runner's workflow ran")
+
     def test_runners_of_one_policy_and_different_max_sessions_have_servers_of_their_own(self):
         runners = [JailedWorkflowRunner(max_sessions=3), JailedWorkflowRunner(max_sessions=5)]
         try:

@@ -13,6 +13,8 @@ import queue
 import re
 import resource
 import shutil
+import socket as socket_module
+import struct
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import threading
 import time
 from typing import IO, Callable, Sequence
 
-from ..client import Client
+from ..client import Client, Session
 from ..errors import ProtocolError
 from . import main_script, oplog
 from .child import WARM_ENV, WARM_UP
@@ -168,15 +170,27 @@ class Server:
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + READY_WITHIN
+        other: int | None = None
         while True:
             try:
-                self.client.status()
+                other = None
+                served_by = _status_of(self.client.path)
+                if served_by != self.proc.pid:
+                    # Another server on this path (another runner's, of another policy?):
+                    # never ours to use; ours fails to bind it and exits.
+                    other = served_by
+                    raise OSError("served by another process")
                 return
             except (OSError, ProtocolError):
                 if self.proc.poll() is not None:
                     raise RuntimeError(
-                        "wfjail serve exited with status %s before it was ready; its last "
-                        "messages:\n%s" % (self.proc.returncode, self._stderr.text())) from None
+                        "wfjail serve exited with status %s before it was ready%s; its last "
+                        "messages:\n%s" % (
+                            self.proc.returncode,
+                            "" if other is None else
+                            " (its socket %s is served by another process, pid %d: give each "
+                            "runner a socket of its own)" % (self.client.path, other),
+                            self._stderr.text())) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError("wfjail serve was not ready within %d s; its last "
                                        "messages:\n%s" % (READY_WITHIN, self._stderr.text(0)),
@@ -185,6 +199,22 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def _status_of(path: str) -> int:
+    """Asks the server on ``path`` its status (STATUS); the pid of the process that listens
+    there (SO_PEERCRED), which is the server started only if it is that process."""
+    session = Session(path, "")
+    with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as sock:
+        sock.connect(path)
+        creds = sock.getsockopt(socket_module.SOL_SOCKET, socket_module.SO_PEERCRED,
+                                struct.calcsize("3i"))
+        sock.sendall(session._conversation.status())
+        session._sock = sock
+        session._answer()
+        session._sock = None
+    pid: int = struct.unpack("3i", creds)[0]
+    return pid
 
 
 def _raise_if_failed_recently(key: tuple[str, ...]) -> None:
