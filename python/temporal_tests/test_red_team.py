@@ -279,6 +279,163 @@ class SharedServerTests(DevServerTestCase):
         self.assertEqual(capacities, [3, 5])
 
 
+class HostileHistoryTests(DevServerTestCase):
+    """``check_determinism`` fed hostile histories: each is refused before any replay with
+    ``HistoryError`` naming it and what is wrong, or replays to a failure; none passes, none
+    hangs (an empty history stopped the SDK's replayer for good: the check never returned)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        import workflows as W  # the example's (test_jailed_runner put it on sys.path)
+
+        cls.W = W
+
+        async def record():
+            client = await cls.server.client()
+            queue = "history-" + uuid.uuid4().hex
+            wid = "recorded-" + uuid.uuid4().hex
+            async with Worker(client, task_queue=queue, workflows=[W.Greeting],
+                              activities=[W.greet], workflow_runner=JailedWorkflowRunner()):
+                await client.execute_workflow(W.Greeting.run, "x", id=wid, task_queue=queue)
+            return await client.get_workflow_handle(wid).fetch_history()
+
+        cls.history = asyncio.run(record())
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="wfjail-history-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def check(self, histories, workflows=None):
+        from wfjail.temporal import check_determinism
+
+        return asyncio.run(check_determinism(histories, workflows or [self.W.Greeting],
+                                             runs=1))
+
+    def refused(self, histories, says, workflows=None):
+        from wfjail.temporal import HistoryError
+
+        with self.assertRaises(HistoryError) as cm:
+            self.check(histories, workflows)
+        self.assertEqual(str(cm.exception), says)
+
+    def variant(self, change):
+        from temporalio.client import WorkflowHistory
+
+        doc = self.history.to_json_dict()
+        change(doc)
+        return WorkflowHistory.from_json(self.history.workflow_id, doc)
+
+    def started(self, doc):
+        return doc["events"][0]["workflowExecutionStartedEventAttributes"]
+
+    def test_malformed_histories_are_refused_naming_them(self):
+        from temporalio.client import WorkflowHistory
+
+        wid = self.history.workflow_id
+        name = "history 0 (workflow id %r)" % wid
+        self.refused([], "check_determinism() was given no histories: there is nothing to "
+                     "judge (did the list of history files come out empty?)")
+        self.refused([WorkflowHistory(wid, [])], name + ": has no events")
+        self.refused([{"events": []}],
+                     "history 0 is a dict, not a WorkflowHistory or the path of a history file")
+
+        def reverse(doc):
+            doc["events"].reverse()
+
+        def swap(doc):
+            doc["events"][3], doc["events"][4] = doc["events"][4], doc["events"][3]
+
+        def cut(doc):
+            del doc["events"][3:]
+
+        def retype(doc):
+            self.started(doc)["workflowType"]["name"] = "Counter"
+
+        self.refused([self.variant(reverse)],
+                     name + ": its first event is not WorkflowExecutionStarted")
+        self.refused([self.variant(swap)], name + ": its events are not numbered 1, 2, 3... in "
+                     "order (event 4 has id 5)")
+        self.refused([self.variant(cut)], name + ": no workflow task of it completed: there "
+                     "are no commands to compare a replay with (cannot judge)")
+        self.refused([self.variant(retype)], name + ": is a history of workflow type "
+                     "'Counter', which is not among the workflows given ('Greeting')")
+        # One bad history among good ones: nothing is replayed.
+        self.refused([self.history, self.variant(cut)], name.replace("history 0",
+                     "history 1") + ": no workflow task of it completed: there are no commands "
+                     "to compare a replay with (cannot judge)")
+
+    def test_histories_that_replay_to_a_failure_never_pass(self):
+        import base64
+
+        def retype(doc):
+            self.started(doc)["workflowType"]["name"] = "Counter"
+
+        def deep(doc):  # decodes to a list nested 200,000 deep
+            self.started(doc)["input"]["payloads"][0]["data"] = base64.b64encode(
+                b"[" * 200_000 + b"]" * 200_000).decode()
+
+        def huge(doc):  # a 30 MiB string argument
+            self.started(doc)["input"]["payloads"][0]["data"] = base64.b64encode(
+                b'"' + b"a" * (30 << 20) + b'"').decode()
+
+        results = self.check([self.variant(retype), self.variant(deep), self.variant(huge)],
+                             [self.W.Greeting, self.W.Counter])
+        failures = [r.failure or "" for r in results]
+        self.assertEqual(len(failures), 3)
+        self.assertIn("Nondeterminism error", failures[0])
+        self.assertIn("Failed decoding arguments", failures[1])
+        self.assertIn("exceeds the 16777216-byte", failures[2])
+        # The history as recorded replays.
+        self.assertEqual([r.failure for r in self.check([self.history])], [None])
+
+    def test_history_files_are_read_only_when_regular_and_bounded(self):
+        good = os.path.join(self.tmp, self.history.workflow_id + ".json")
+        with open(good, "w") as f:
+            f.write(self.history.to_json())
+        secret = os.path.join(self.tmp, "secret")
+        with open(secret, "w") as f:
+            f.write('{"events": [], "api_key": "s3cr3t"}')
+        link = os.path.join(self.tmp, "link.json")
+        os.symlink(secret, link)
+        fifo = os.path.join(self.tmp, "fifo.json")
+        os.mkfifo(fifo)
+        big = os.path.join(self.tmp, "big.json")
+        with open(big, "wb") as f:
+            f.truncate((64 << 20) + 1)
+        nested = os.path.join(self.tmp, "nested.json")
+        with open(nested, "w") as f:
+            f.write("[" * 100_000 + "]" * 100_000)
+        garbage = os.path.join(self.tmp, "garbage.json")
+        with open(garbage, "w") as f:
+            f.write("not json")
+        other = os.path.join(self.tmp, "other.json")
+        with open(other, "w") as f:
+            f.write('{"api_key": "s3cr3t"}')
+
+        self.assertEqual([(r.workflow_id, r.failure) for r in self.check([good])],
+                         [(self.history.workflow_id, None)])
+        self.refused([link], link + ": is a symbolic link; give the history file itself")
+        self.refused([fifo], fifo + ": is not a regular file; give the history file itself")
+        self.refused([big], big + ": is larger than 67108864 bytes, more than a Temporal "
+                     "history can be")
+        self.refused([nested], nested + ": its JSON is nested too deeply to be a history")
+        self.refused([garbage], garbage + ": is not JSON (Expecting value: line 1 column 1 "
+                     "(char 0))")
+        self.refused([os.path.join(self.tmp, "missing.json")],
+                     os.path.join(self.tmp, "missing.json") + ": cannot be read: No such file "
+                     "or directory")
+        from wfjail.temporal import HistoryError
+
+        with self.assertRaises(HistoryError) as cm:
+            self.check([other])
+        self.assertTrue(str(cm.exception).startswith(
+            other + ": is not a workflow history as WorkflowHistory.to_json() writes it ("),
+            cm.exception)
+
+
 class PolicyDigestTests(unittest.TestCase):
     """What of a policy goes into its servers' key (``server.policy_digest``), no server."""
 

@@ -36,10 +36,10 @@ traceback as the worker shows them), ``sdk`` (every private SDK use, and the ver
 ``determinism`` (``check_determinism``). Importing them does no work beyond definitions.
 """
 
-from .determinism import DeterminismResult, check_determinism
+from .determinism import DeterminismResult, HistoryError, check_determinism
 from .plugin import JailedPlugin
 from .sdk import UntestedTemporalio
 from .worker import JailedWorkflowRunner, ServerNotReady
 
-__all__ = ["DeterminismResult", "JailedPlugin", "JailedWorkflowRunner", "ServerNotReady",
-           "UntestedTemporalio", "check_determinism"]
+__all__ = ["DeterminismResult", "HistoryError", "JailedPlugin", "JailedWorkflowRunner",
+           "ServerNotReady", "UntestedTemporalio", "check_determinism"]
