@@ -175,7 +175,7 @@ class Server:
             try:
                 other = None
                 served_by = _status_of(self.client.path)
-                if served_by != self.proc.pid:
+                if not _descends(served_by, self.proc.pid):
                     # Another server on this path (another runner's, of another policy?):
                     # never ours to use; ours fails to bind it and exits.
                     other = served_by
@@ -215,6 +215,23 @@ def _status_of(path: str) -> int:
         session._sock = None
     pid: int = struct.unpack("3i", creds)[0]
     return pid
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or its descendant (a `wfjail` that is a
+    wrapper script runs the server as its child)."""
+    for _ in range(16):
+        if pid == ancestor:
+            return True
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                # The parent's pid follows the command's closing parenthesis and state.
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
 
 def _raise_if_failed_recently(key: tuple[str, ...]) -> None:
