@@ -118,7 +118,7 @@ def _spec(name: str, search: list[str] | None) -> importlib.machinery.ModuleSpec
         search = list(parent.submodule_search_locations)
     try:
         return importlib.machinery.PathFinder.find_spec(name, search)
-    except (ImportError, ValueError, OSError):
+    except Exception:  # noqa: BLE001  (a path hook's own error: the module is not found)
         return None
 
 
@@ -130,7 +130,7 @@ def imports_of(path: str, name: str, package: bool) -> list[str]:
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     here = name if package else name.rpartition(".")[0]
     out: list[str] = []

@@ -26,6 +26,8 @@ from .stack import escape
 
 # How long a server may take to say it is ready (its zygotes preloaded and warmed up).
 READY_WITHIN = 120
+# How long ``wfjail policy show`` may take (the policy the generated one extends).
+POLICY_SHOW_WITHIN = 60
 # What a failed start's error keeps of the server's stderr (its own error, its zygotes'
 # ``[zygote i]`` lines): the last lines, each cut, all escaped.
 STDERR_TAIL_LINES = 40
@@ -388,14 +390,24 @@ def _toml_list(items: Sequence[str]) -> str:
 
 def _resolved(wfjail: str | None, policy: str) -> dict[str, Any] | None:
     """``policy`` with what it extends applied (``wfjail policy show --json``), or None
-    when it does not load (``wfjail serve`` then says why)."""
+    when it does not load or the binary does not run (``wfjail serve`` then fails, saying
+    why). Raises when it does not answer: a server started without knowing whether to
+    drop ``${cwd}`` could grant it."""
     if not wfjail:
         return None
+    argv = [wfjail, "policy", "show", "--json", absolute_policy(policy)]
     try:
-        done = subprocess.run([wfjail, "policy", "show", "--json", absolute_policy(policy)],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=POLICY_SHOW_WITHIN)
+    except OSError:
+        return None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("wfjail: `%s` did not answer within %d s: the runner cannot tell "
+                           "what policy %r grants, so its server does not start"
+                           % (" ".join(argv), POLICY_SHOW_WITHIN, policy)) from None
+    try:
         shown = json.loads(done.stdout) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
+    except ValueError:
         return None
     return shown if isinstance(shown, dict) else None
 
