@@ -692,9 +692,10 @@ class StackTextTests(unittest.TestCase):
 
 
 class PolicyFileTests(unittest.TestCase):
-    def test_the_zygote_may_read_the_worker_import_path_and_its_real_interpreter(self):
+    def test_the_zygote_may_read_the_interpreter_and_list_the_worker_import_path(self):
         import tomllib
 
+        from wfjail.temporal import reads
         from wfjail.temporal.server import policy_file
 
         tmp = tempfile.mkdtemp(prefix="wfjail-policy-test-")
@@ -704,14 +705,19 @@ class PolicyFileTests(unittest.TestCase):
         finally:
             shutil.rmtree(tmp)
         self.assertEqual(doc["extends"], "strict")
-        reads = doc["filesystem"]["read"]
+        read, listed = doc["filesystem"]["read"], doc["filesystem"]["list"]
         # A venv's python may link to an interpreter elsewhere (pyenv, /opt/python...).
         real = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
-        self.assertIn(real, reads)
-        self.assertIn(os.path.abspath(sys.base_prefix), reads)
+        self.assertTrue(any(real == r or real.startswith(r + "/") for r in read), read)
+        self.assertIn(os.path.abspath(sys.prefix), read)
+        # The rest of the import path (this directory, the examples', the working
+        # directory) is listed, not read whole: only the workflows' module is read there.
         for p in sys.path:
-            if p and os.path.exists(p):
-                self.assertIn(os.path.abspath(p), reads)
+            p = os.path.abspath(p or ".")
+            if os.path.isdir(p) and not reads._under(p, reads.library_dirs()):
+                self.assertIn(p, listed)
+                self.assertNotIn(p, read)
+        self.assertIn(os.path.abspath(W.__file__), read)
         self.assertEqual(doc["env"]["set"]["PYTHONPATH"].split(os.pathsep)[0],
                          os.path.abspath(sys.path[0] or "."))
 

@@ -25,6 +25,9 @@ pub const MAX_SYMLINKS: u32 = 40;
 #[derive(Debug, Clone, Default)]
 pub struct Grants {
     ids: HashSet<(u64, u64)>,
+    /// Directories whose subdirectories may be opened (listed) but no file (`[filesystem]
+    /// list`): only read grants judged under `warn` have any.
+    list_ids: HashSet<(u64, u64)>,
 }
 
 /// An open inside the grants, as the supervisor makes it ([`Grants::granted_target`]).
@@ -244,7 +247,24 @@ impl Grants {
     pub fn new(paths: &[PathBuf]) -> Self {
         Grants {
             ids: paths.iter().filter_map(|p| id_of(p)).collect(),
+            list_ids: HashSet::new(),
         }
+    }
+
+    /// Read grants `paths`, and `list`: directories beneath which a directory may be opened.
+    pub fn with_list(paths: &[PathBuf], list: &[PathBuf]) -> Self {
+        Grants {
+            list_ids: list.iter().filter_map(|p| id_of(p)).collect(),
+            ..Grants::new(paths)
+        }
+    }
+
+    /// Whether `p` (resolved, existing) is a directory beneath a `list` grant.
+    fn listed(&self, p: &Path) -> bool {
+        !self.list_ids.is_empty()
+            && std::fs::metadata(p).is_ok_and(|m| m.is_dir())
+            && p.ancestors()
+                .any(|a| id_of(a).is_some_and(|id| self.list_ids.contains(&id)))
     }
 
     /// Whether `dir` (resolved, existing) or one of its ancestors is granted.
@@ -268,7 +288,8 @@ impl Grants {
             Resolved::Full(p, id) => {
                 // The file itself (a granted device such as /dev/null), then each ancestor.
                 let granted = id.is_some_and(|id| self.ids.contains(&id))
-                    || p.parent().is_some_and(|d| self.covers_dir(d));
+                    || p.parent().is_some_and(|d| self.covers_dir(d))
+                    || (id.is_some() && self.listed(&p));
                 if granted {
                     PathJudgement::Granted
                 } else {

@@ -104,11 +104,13 @@ pub fn why_missing(e: nix::errno::Errno) -> (String, &'static str) {
 }
 
 /// Creates a ruleset for the kernel's ABI `kernel_abi` (at most [`PINNED_ABI`]) granting
-/// read+execute under `read`, everything under `write`; with `deny_tcp` all TCP
-/// bind/connect is denied (no rule grants any port).
+/// read+execute under `read`, listing directories (their entries, not their files) under
+/// `list`, everything under `write`; with `deny_tcp` all TCP bind/connect is denied (no rule
+/// grants any port).
 pub fn build(
     kernel_abi: u32,
     read: &[PathBuf],
+    list: &[PathBuf],
     write: &[PathBuf],
     deny_tcp: bool,
 ) -> Result<(OwnedFd, LandlockInfo), LandlockError> {
@@ -153,6 +155,12 @@ pub fn build(
     for p in read {
         // Read paths never get ioctl on devices: isatty() and friends still work on pipes.
         add(p, read_access)?;
+    }
+    for p in list {
+        // A file has no entries: the plan refuses one here, and nothing is granted on it.
+        if is_dir(p) {
+            add(p, AccessFs::ReadDir.into())?;
+        }
     }
     for p in write {
         add(p, all)?;

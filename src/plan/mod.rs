@@ -200,6 +200,8 @@ pub struct Plan {
     pub last_cap: u32,
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
+    /// Directories listed only (`[filesystem] list`): entries, not contents.
+    pub list: Vec<PathBuf>,
     /// `on_violation = "warn"` in `wfjail run`: Landlock lets every path through, and the
     /// supervisor judges each open against `read` and `write` (a file the policy would refuse
     /// is read or written, and reported).
@@ -450,6 +452,8 @@ fn last_cap() -> u32 {
 pub struct Grants {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
+    /// Directories listed only.
+    pub list: Vec<PathBuf>,
     /// Policy paths that do not exist on this host.
     pub skipped: Vec<String>,
 }
@@ -484,9 +488,25 @@ fn grants_of(
     };
     let mut read = Vec::new();
     let mut write = Vec::new();
+    let mut list = Vec::new();
     let mut skipped = Vec::new();
     expand_grants(&policy.filesystem.read, &ctx, &mut read, &mut skipped)?;
     expand_grants(&policy.filesystem.write, &ctx, &mut write, &mut skipped)?;
+    expand_grants(&policy.filesystem.list, &ctx, &mut list, &mut skipped)?;
+    // Landlock lists directories only: a file here would be a rule without any right.
+    if let Some(r) = policy.filesystem.list.iter().find(|r| {
+        r.value
+            .expand(&ctx)
+            .is_ok_and(|p| std::fs::metadata(p).is_ok_and(|m| !m.is_dir()))
+    }) {
+        return Err(PlanError::Variable {
+            at: r.at.clone(),
+            message: format!(
+                "{:?} is not a directory: [filesystem] list takes directories (grant a file with read)",
+                r.value.0
+            ),
+        });
+    }
     // A virtualenv's interpreter reads `pyvenv.cfg` before anything else (site.py): without
     // it, it cannot start at all. Reading it tells the guest nothing it does not run with.
     if let Some(cfg) = venv_config(command)
@@ -520,6 +540,7 @@ fn grants_of(
     Ok(Grants {
         read,
         write,
+        list,
         skipped,
     })
 }
@@ -535,6 +556,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let Grants {
         mut read,
         write,
+        list,
         skipped,
     } = grants_of(policy, req, &command, &canonical_cmd)?;
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
@@ -587,11 +609,14 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         Ok(abi) if warn_files => {
             let everything = [PathBuf::from("/")];
             (
-                Some(landlock::build(abi, &[], &everything, deny_tcp)?),
+                Some(landlock::build(abi, &[], &[], &everything, deny_tcp)?),
                 None,
             )
         }
-        Ok(abi) => (Some(landlock::build(abi, &read, &write, deny_tcp)?), None),
+        Ok(abi) => (
+            Some(landlock::build(abi, &read, &list, &write, deny_tcp)?),
+            None,
+        ),
         Err(e) => {
             let (what, enable) = landlock::why_missing(e);
             let why = format!("{what}; to enable: {enable}");
@@ -692,6 +717,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         last_cap: last_cap(),
         read,
         write,
+        list,
         skipped,
         unreadable_args,
         warn_files,

@@ -87,6 +87,9 @@ pub struct ZygoteRules {
 pub struct FilesystemRules {
     pub read: Vec<PathRule>,
     pub write: Vec<PathRule>,
+    /// Directories whose entries (names) may be listed, beneath too; no file read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub list: Vec<PathRule>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -671,15 +674,18 @@ fn apply(
                     at: at.clone(),
                     message,
                 })?;
-            let before = p.filesystem.read.len() + p.filesystem.write.len();
-            p.filesystem.read.retain(|r| r.value != path);
-            p.filesystem.write.retain(|r| r.value != path);
-            if p.filesystem.read.len() + p.filesystem.write.len() == before {
+            let fsr = &mut p.filesystem;
+            let before = fsr.read.len() + fsr.write.len() + fsr.list.len();
+            fsr.read.retain(|r| r.value != path);
+            fsr.write.retain(|r| r.value != path);
+            fsr.list.retain(|r| r.value != path);
+            if fsr.read.len() + fsr.write.len() + fsr.list.len() == before {
                 let granted: Vec<String> = p
                     .filesystem
                     .read
                     .iter()
                     .chain(&p.filesystem.write)
+                    .chain(&p.filesystem.list)
                     .map(|r| format!("{:?}", r.value.0))
                     .collect();
                 return Err(PolicyError::Invalid {
@@ -708,6 +714,13 @@ fn apply(
             file,
             source,
             fs.write.as_ref(),
+            PathTemplate::parse,
+        )?;
+        append_located(
+            &mut p.filesystem.list,
+            file,
+            source,
+            fs.list.as_ref(),
             PathTemplate::parse,
         )?;
     }

@@ -165,6 +165,9 @@ pub struct Filesystem {
     pub read: Option<Vec<Spanned<String>>>,
     /// Read, write, create, remove.
     pub write: Option<Vec<Spanned<String>>>,
+    /// List: open the directories beneath and read their entries (names), no file's
+    /// contents (Landlock's `READ_DIR` alone).
+    pub list: Option<Vec<Spanned<String>>>,
     /// Grants of the policies this one extends that it takes away (read or write), as they
     /// are written there.
     pub drop: Option<Vec<Spanned<String>>>,

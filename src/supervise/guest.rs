@@ -105,7 +105,9 @@ impl Judge {
         Judge {
             decisions: plan.rules.decisions.clone(),
             grants: Grants::new(&plan.write),
-            reads: plan.warn_files.then(|| Grants::new(&plan.read)),
+            reads: plan
+                .warn_files
+                .then(|| Grants::with_list(&plan.read, &plan.list)),
             late_reads: learn,
             on_violation: plan.on_violation,
         }

@@ -1459,3 +1459,116 @@ fn limits_disk_counts_a_removed_working_directory() {
     );
     assert_disk_limit(&o, "a removed working directory");
 }
+
+// ---- list grants ----------------------------------------------------------------------------
+
+/// A directory holding a module, a key and a subdirectory, and a policy that lists it and
+/// grants the module alone (`extra`: more of the policy file).
+fn listed_dir(extra: &str) -> (Scratch, std::path::PathBuf) {
+    let dir = Scratch::new("list");
+    std::fs::create_dir(dir.path("sub")).unwrap();
+    dir.write("sub/inner.txt", "inner");
+    dir.write("mod.py", "X = 'imported'\n");
+    dir.write("client.key", "SECRET");
+    let policy = dir.write(
+        "policy.toml",
+        &format!(
+            "extends = \"default\"\n{extra}\n[filesystem]\nlist = [\"{d}\"]\nread = [\"{d}/mod.py\"]\n",
+            d = dir.0.display()
+        ),
+    );
+    (dir, policy)
+}
+
+#[test]
+fn a_list_grant_lists_directories_and_reads_no_file_but_those_granted() {
+    let (dir, policy) = listed_dir("");
+    // Python finds the module by listing the directory (FileFinder), then reads the one file.
+    let code = format!(
+        "import os, sys\nd = {d:?}\nprint(sorted(os.listdir(d)), os.listdir(d + '/sub'))\n\
+         sys.path.insert(0, d)\nimport mod\nprint(mod.X)\n{}{}",
+        errno_of("open(d + '/client.key').read()"),
+        errno_of("open(d + '/sub/inner.txt').read()"),
+        d = s(&dir.0)
+    );
+    let o = py(&s(&policy), &[], &code);
+    o.check(
+        o.stdout
+            == "['client.key', 'mod.py', 'policy.toml', 'sub'] ['inner.txt']\nimported\n\
+                errno=13\nerrno=13\n",
+        "listed, imported, and the key and the inner file refused with EACCES",
+    );
+    o.check(
+        o.code == 0 && o.status() == "ok",
+        "a refused read is no violation",
+    );
+}
+
+#[test]
+fn under_warn_a_listed_directory_is_no_violation_and_a_file_there_is() {
+    let (dir, policy) = listed_dir("on_violation = \"warn\"");
+    let code = format!(
+        "import os\nd = {d:?}\nprint(len(os.listdir(d)), os.listdir(d + '/sub'), open(d + '/client.key').read())\n",
+        d = s(&dir.0)
+    );
+    let o = py(&s(&policy), &[], &code);
+    o.check(
+        o.stdout == "4 ['inner.txt'] SECRET\n",
+        "warn lets everything through",
+    );
+    let key = format!("{} (read)", s(&dir.path("client.key")));
+    let reads: Vec<&str> = violations(&o, "openat")
+        .into_iter()
+        .filter_map(|v| v["args"].as_str())
+        .filter(|a| a.contains(&s(&dir.0)))
+        .collect();
+    o.check(
+        reads == [key.as_str()],
+        "the key's read is reported, the listings are not",
+    );
+}
+
+#[test]
+fn a_file_in_a_list_grant_is_an_error_naming_its_line() {
+    let dir = Scratch::new("list-file");
+    let key = dir.write("client.key", "SECRET");
+    let policy = dir.write(
+        "policy.toml",
+        &format!(
+            "extends = \"default\"\n[filesystem]\nlist = [\"{}\"]\n",
+            s(&key)
+        ),
+    );
+    let o = py(&s(&policy), &[], "pass");
+    o.check(o.code == 2, "exit 2");
+    o.check(
+        o.stderr.contains(&format!(
+            "{}:3:9: \"{}\" is not a directory: [filesystem] list takes directories (grant a file with read)",
+            s(&policy),
+            s(&key)
+        )),
+        "the error names the file, line and column, and what to do",
+    );
+}
+
+#[test]
+fn drop_takes_away_a_list_grant() {
+    let (dir, policy) = listed_dir("");
+    let child = dir.write(
+        "child.toml",
+        &format!(
+            "extends = \"{}\"\n[filesystem]\ndrop = [\"{}\"]\n",
+            s(&policy),
+            s(&dir.0)
+        ),
+    );
+    let o = py(
+        &s(&child),
+        &[],
+        &errno_of(&format!("import os; os.listdir({:?})", s(&dir.0))),
+    );
+    o.check(
+        o.stdout == "errno=13\n",
+        "the directory is no longer listed",
+    );
+}

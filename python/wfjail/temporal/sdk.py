@@ -92,6 +92,21 @@ def payload_converter_class(factory: Callable[..., Any]) -> type | None:
     return getattr(getattr(factory, "__self__", None), "payload_converter_class", None)
 
 
+def run_objects(workflow_worker: Any) -> list[Any]:
+    """(From ``prepare_workflow``.) What a run of the SDK's ``_WorkflowWorker`` (private)
+    ``workflow_worker`` is rebuilt from besides its workflow class, as its constructor set
+    them before it prepares the workflows: the data converter's payload and failure
+    converter classes, the interceptor classes, the patch activation callback (its
+    ``_data_converter``, ``_interceptor_classes``, ``_patch_activation_callback``): the
+    runner's policy lets a run read their modules. Empty for another object."""
+    converter = getattr(workflow_worker, "_data_converter", None)
+    found = [getattr(converter, "payload_converter_class", None),
+             getattr(converter, "failure_converter_class", None),
+             getattr(workflow_worker, "_patch_activation_callback", None)]
+    found += list(getattr(workflow_worker, "_interceptor_classes", None) or [])
+    return [o for o in found if o is not None]
+
+
 def build_in_loop(loop: asyncio.AbstractEventLoop, build: Callable[[], T]) -> T:
     """``build()`` with ``loop`` set as the running loop (``asyncio._set_running_loop``): a
     workflow instance registers itself on the running loop when it is built, and the child

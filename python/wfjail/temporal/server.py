@@ -20,16 +20,18 @@ import sys
 import tempfile
 import threading
 import time
-from typing import IO, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from ..client import Client, Session
 from ..errors import ProtocolError
-from . import main_script, oplog
+from . import main_script, oplog, reads
 from .child import WARM_ENV, WARM_UP
 from .stack import escape
 
 # How long a server may take to say it is ready (its zygotes preloaded and warmed up).
 READY_WITHIN = 120
+# How long ``wfjail policy show`` may take (the policy the generated one extends).
+POLICY_SHOW_WITHIN = 60
 # What a failed start's error keeps of the server's stderr (its own error, its zygotes'
 # ``[zygote i]`` lines): the last lines, each cut, all escaped.
 STDERR_TAIL_LINES = 40
@@ -124,7 +126,7 @@ class Server:
 
     def __init__(self, wfjail: str | None, policy: str, *, socket: str | None,
                  classes: Sequence[str], preload: Sequence[str], max_sessions: int,
-                 zygotes: int | None) -> None:
+                 zygotes: int | None, modules: Sequence[str] = ()) -> None:
         if not wfjail:
             raise RuntimeError("wfjail: the `wfjail` binary is not on PATH; pass "
                                "JailedWorkflowRunner(wfjail=...)")
@@ -133,12 +135,13 @@ class Server:
         # The worker's script first when a workflow class is defined there (main_script).
         preload = (["temporalio.worker"] + main_script.preload(list(classes)) + [WARM_UP]
                    + list(preload))
-        key = (wfjail, policy, ",".join(classes), ",".join(preload), str(max_sessions),
-               str(zygotes), socket or "")
+        key = (wfjail, policy, ",".join(classes), ",".join(preload), ",".join(modules),
+               str(max_sessions), str(zygotes), socket or "")
         _raise_if_failed_recently(key)
         self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
         sock = socket or os.path.join(self.tmp, "serve.sock")
-        argv = [wfjail, "serve", "-q", "-p", policy_file(self.tmp, policy, classes),
+        argv = [wfjail, "serve", "-q", "-p",
+                policy_file(self.tmp, policy, classes, preload, modules, wfjail),
                 "--socket", sock, "--max-executions", str(max_sessions), "--zygote",
                 "--python", sys.executable, "--preload", ",".join(preload),
                 "--exit-with-parent"]
@@ -271,10 +274,11 @@ ServerKey = tuple[object, ...]
 
 def server_key(wfjail: str | None, policy: str, *, socket: str | None, classes: Sequence[str],
                preload: Sequence[str], max_sessions: int, zygotes: int | None,
-               policy_text: str = "") -> ServerKey:
+               modules: Sequence[str] = (), policy_text: str = "") -> ServerKey:
     """The configuration a server of these arguments would have (``Server``);
     ``policy_text``: ``policy_digest(policy)`` as the runner first read it."""
     return (wfjail, absolute_policy(policy), policy_text, socket or "", tuple(preload),
+            tuple(modules),
             tuple(main_script.preload(list(classes))), main_script.main_file() or "",
             tuple(sys.path), sys.executable, max_sessions, zygotes)
 
@@ -429,30 +433,90 @@ def absolute_policy(policy: str) -> str:
     return policy
 
 
-def policy_file(tmp: str, policy: str, classes: Sequence[str]) -> str:
-    """A policy extending ``policy`` that lets the zygote import what the worker imports: the
-    worker's import path, read-only, and as PYTHONPATH; and the interpreter itself where a
-    venv's `python` links to (pyenv, a python.org build...). Its environment names the
-    workflow ``classes`` for the zygote's warm-up."""
-    path = [os.path.abspath(p or ".") for p in sys.path]
-    path = [p for i, p in enumerate(path) if os.path.exists(p) and p not in path[:i]]
-    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
-    reads = path + [p for i, p in enumerate(prefixes)
-                    if os.path.isdir(p) and p not in path and p not in prefixes[:i]]
+def policy_file(tmp: str, policy: str, classes: Sequence[str], preload: Sequence[str] = (),
+                modules: Sequence[str] = (), wfjail: str | None = None) -> str:
+    """A policy extending ``policy`` that lets the zygote and its runs import what they
+    import and read nothing else of the worker's (``reads``): the interpreter, its standard
+    library and site-packages whole; from the other directories of the worker's import path
+    (also PYTHONPATH), listed, the files of the modules the zygote ``preload``s, of the
+    workflow ``classes`` and the ``modules`` of what runs are rebuilt from, and of what
+    those import; the worker's script when a class is defined there. A ``${cwd}`` grant of
+    ``policy`` (``temporal-python``'s) is dropped: it would give workflow code the worker's
+    working directory whole, with the keys, ``.env`` and logs kept there. Its environment
+    names the workflow ``classes`` for the zygote's warm-up."""
+    path = reads.import_path()
     env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes)}
     script = main_script.main_file()
     if script:  # classes defined in the worker's script are imported from it
         env[main_script.MAIN_ENV] = script
-        if os.path.dirname(script) not in reads:
-            reads.append(os.path.dirname(script))
-    text = ("extends = %s\n[filesystem]\nread = [%s]\n[env]\nset = { %s }\n") % (
-        json.dumps(absolute_policy(policy)), ", ".join(json.dumps(p) for p in reads),
+    runs_main = bool(main_script.preload(list(classes))) or "__main__" in modules
+    roots = ([c.partition(":")[0] for c in list(preload) + list(classes)] + list(modules))
+    granted = reads.reads(roots, script if runs_main else None)
+    resolved = _resolved(wfjail, policy)
+    fs = resolved.get("filesystem", {}) if resolved else {}
+    drop = ["${cwd}"] if ("${cwd}" in fs.get("read", ())
+                          and "${cwd}" not in fs.get("write", ())) else []
+    _warn_covered(policy, granted.read + [g for g in fs.get("read", ()) if g not in drop],
+                  script)
+    text = ("extends = %s\n[filesystem]\ndrop = [%s]\nread = [%s]\nlist = [%s]\n"
+            "[env]\nset = { %s }\n") % (
+        json.dumps(absolute_policy(policy)), _toml_list(drop), _toml_list(granted.read),
+        _toml_list(granted.list),
         ", ".join("%s = %s" % (k, json.dumps(v)) for k, v in env.items()))
     out = os.path.join(tmp, "policy.toml")
     with open(out, "w") as f:
         f.write(text)
     return out
+
+
+def _toml_list(items: Sequence[str]) -> str:
+    return ", ".join(json.dumps(p) for p in items)
+
+
+def _resolved(wfjail: str | None, policy: str) -> dict[str, Any] | None:
+    """``policy`` with what it extends applied (``wfjail policy show --json``), or None
+    when it does not load or the binary does not run (``wfjail serve`` then fails, saying
+    why). Raises when it does not answer: a server started without knowing whether to
+    drop ``${cwd}`` could grant it."""
+    if not wfjail:
+        return None
+    argv = [wfjail, "policy", "show", "--json", absolute_policy(policy)]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=POLICY_SHOW_WITHIN)
+    except OSError:
+        return None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("wfjail: `%s` did not answer within %d s: the runner cannot tell "
+                           "what policy %r grants, so its server does not start"
+                           % (" ".join(argv), POLICY_SHOW_WITHIN, policy)) from None
+    try:
+        shown = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        return None
+    return shown if isinstance(shown, dict) else None
+
+
+# The worker's directories already warned about, per policy (once each).
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_covered(policy: str, grants: Sequence[str], script: str | None) -> None:
+    """Logs once when the worker's working directory or its script's lies under a directory
+    the policy lets workflow code read whole (a project inside a venv or site-packages,
+    under /usr): the files kept there are readable."""
+    # The script's directory when it was run by its path (python worker.py); under
+    # python -m, the working directory is the import path's first entry.
+    run_as_file = getattr(sys.modules.get("__main__"), "__spec__", None) is None
+    dirs = [os.getcwd()] + ([os.path.dirname(script)] if script and run_as_file else [])
+    for d, grant in reads.covering(dict.fromkeys(dirs), grants):
+        if (policy, d) in _warned:
+            continue
+        _warned.add((policy, d))
+        _log.warning("wfjail: the worker's directory %s lies under %s, which workflow code "
+                     "may read whole (policy %s and the interpreter's directories): keys, "
+                     ".env files and logs kept there are readable by workflows; keep them "
+                     "elsewhere, or run the worker from another directory", d, grant, policy)
 
 
 def stop(server: subprocess.Popen[bytes], tmp: str | None) -> None:

@@ -217,9 +217,9 @@ _PERMISSION_DENIED = re.compile(r"^\[Errno 13\] Permission denied: ('.*'|\".*\")
 
 
 def policy_refused_read(message: str) -> str | None:
-    """(In the child.) The path of a workflow failure ``message`` that is a PermissionError
-    on opening a file, when the file's mode bits let this process read it (so the policy's
-    Landlock grants refused it), else None."""
+    """(In the child.) The path (absolute) of a workflow failure ``message`` that is a
+    PermissionError on opening a file, when the file's mode bits let this process read it
+    (so the policy's Landlock grants refused it), else None."""
     m = _PERMISSION_DENIED.match(message)
     if not m:
         return None
@@ -236,15 +236,27 @@ def policy_refused_read(message: str) -> str | None:
         bit = stat.S_IRGRP
     else:
         bit = stat.S_IROTH
-    return path if st.st_mode & bit else None
+    return os.path.abspath(path) if st.st_mode & bit else None
+
+
+def _quoted_path(message: str) -> str | None:
+    """The path a ``[Errno 13] Permission denied: 'PATH'`` message names, or None."""
+    m = _PERMISSION_DENIED.match(message)
+    try:
+        path = ast.literal_eval(m.group(1)) if m else None
+    except (ValueError, SyntaxError):
+        return None
+    return path if isinstance(path, str) else None
 
 
 def refused_read_text(message: str, path: object, policy: str) -> str:
     """(In the worker.) A failure ``message`` (the child's) with what the child found: the
     policy does not grant reading ``path`` (the child's word, bounded and escaped), and how
-    to grant it. ``message`` as it is when ``path`` is not a string it names."""
-    if not isinstance(path, str) or not path or path not in message \
-            or not message.startswith("[Errno 13] Permission denied: "):
+    to grant it. ``message`` as it is when ``path`` is not a string naming its file."""
+    quoted = _quoted_path(message)
+    # The file the message names (as the workflow wrote it: maybe relative) is the one.
+    if not isinstance(path, str) or not path or quoted is None \
+            or os.path.basename(quoted) != os.path.basename(path):
         return message
     return ("%s (wfjail: policy %s does not let workflow code read %s: grant it in the "
             "[filesystem] read list of a policy that extends it (docs/policy-format.md) and "

@@ -183,6 +183,9 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._sandboxed = bool(sandboxed)
         self._modules: list[str] = []
         self._classes: list[str] = []
+        # The modules of what runs are rebuilt from besides the workflow classes (converters,
+        # interceptors, failure types, the patch callback): the policy lets runs read them.
+        self._run_modules: list[str] = []
         self._lock = threading.Lock()
         # policy -> (the configuration, the server) this runner holds (``server.acquire``):
         # shared with other runners of the same configuration in this process. Let go when
@@ -214,6 +217,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         module = path.partition(":")[0]
         if module not in self._modules:
             self._modules.append(module)
+        self._note_run_modules(sdk.run_objects(sdk.caller_self(1)))
         policy = self._policy_of(defn)
         if policy not in self._used_policies:
             self._used_policies.append(policy)
@@ -232,6 +236,13 @@ class JailedWorkflowRunner(WorkflowRunner):
     def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]],
                                                  ) -> None:
         self._failure_types = [class_ref(t, "failure exception type") for t in types]
+        self._note_run_modules(types)
+
+    def _note_run_modules(self, objects: Iterable[Any]) -> None:
+        for obj in objects:
+            module = getattr(obj, "__module__", None)
+            if isinstance(module, str) and module not in self._run_modules:
+                self._run_modules.append(module)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         """Opens the run's session (on the worker's event-loop thread, not on the timed
@@ -366,6 +377,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         return server_key(self._wfjail, policy,
                           socket=self._socket if policy == self._policy else None,
                           classes=self._classes, preload=self._preload_of(),
+                          modules=self._run_modules,
                           max_sessions=self._max_sessions, zygotes=self._zygotes,
                           policy_text=text)
 
@@ -383,7 +395,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                 release(held[0])
             server = acquire(key, lambda: Server(
                 self._wfjail, policy, socket=socket, classes=self._classes,
-                preload=preload, max_sessions=self._max_sessions,
+                preload=preload, modules=self._run_modules, max_sessions=self._max_sessions,
                 zygotes=self._zygotes))
             self._held[policy] = (key, server)
             return server.client
@@ -742,8 +754,15 @@ class _JailedInstance(WorkflowInstance):
                              self._span_contexts)
             if completion.HasField("failed"):
                 failure = completion.failed.failure
-                failure.message = refused_read_text(
-                    failure.message, side.get("refused_read"), self._policy)
+                refused = refused_read_text(failure.message, side.get("refused_read"),
+                                            self._policy)
+                if refused != failure.message:
+                    # The SDK's warning of the failed activation (relayed from the child)
+                    # names the path only: the worker's log names the policy too.
+                    _log.warning("workflow %s (run %s) failed its task: %s",
+                                 self._det.info.workflow_type, self._det.info.run_id,
+                                 escape(refused, MAX_CHILD_MESSAGE))
+                failure.message = refused
             where = ""
             if self._interrupting and completion.HasField("failed"):
                 failure = completion.failed.failure
