@@ -1028,7 +1028,8 @@ class _Closer:
                     self._cond.wait(min(pending) - now if pending else None)
                     continue
                 for i in overdue:
-                    self._due[i] = float("inf")  # abandoned once
+                    # Abandoned once, and watched no more (its thread's close ends soon).
+                    del self._due[i]
             for instance in overdue:
                 _log.warning(
                     "the session of workflow %s (run %s) was not closed within %s s: it is "
