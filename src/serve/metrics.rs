@@ -31,6 +31,8 @@ pub struct Metrics {
     call_buckets: [AtomicU64; BUCKETS.len()],
     violations: Mutex<BTreeMap<String, u64>>,
     zygote_restarts: AtomicU64,
+    /// Closed guests killed at once: as many as `--max-executions` lingered already.
+    linger_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -46,6 +48,11 @@ impl Metrics {
 
     pub fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A closed guest was killed at once, with no grace: too many lingered.
+    pub fn linger_refused(&self) {
+        self.linger_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn session_busy(&self) {
@@ -131,6 +138,12 @@ impl Metrics {
             vec![(String::new(), self.zygote_restarts())],
         );
         counter(
+            "wfjail_lingering_killed_total",
+            "Closed guests killed at once, not given their exit grace: as many as \
+             --max-executions had outlived their close already.",
+            vec![(String::new(), self.linger_refused.load(Ordering::Relaxed))],
+        );
+        counter(
             "wfjail_call_errors_total",
             "Calls answered with ERROR.",
             vec![(String::new(), self.call_errors.load(Ordering::Relaxed))],
@@ -149,6 +162,25 @@ impl Metrics {
             "wfjail_call_seconds_bucket{{le=\"+Inf\"}} {calls}\nwfjail_call_seconds_sum {}\nwfjail_call_seconds_count {calls}\n",
             self.call_micros.load(Ordering::Relaxed) as f64 / 1e6
         ));
+        out
+    }
+
+    /// [`Metrics::render`], with the gauges of the slots: sessions `open`, and closed guests
+    /// `lingering` (not exited yet, holding no slot).
+    pub fn render_with_gauges(&self, open: usize, lingering: usize) -> String {
+        let mut out = self.render();
+        for (name, help, v) in [
+            ("wfjail_sessions_open", "Sessions holding a slot now.", open),
+            (
+                "wfjail_guests_lingering",
+                "Closed guests not exited yet (killed at their exit grace); they hold no slot.",
+                lingering,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+            ));
+        }
         out
     }
 

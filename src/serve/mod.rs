@@ -117,29 +117,45 @@ impl ServeError {
     }
 }
 
-/// The `--max-executions` session slots. A session takes one for its whole life; an OPEN
-/// that finds none is answered BUSY at once (a worker thread must never hang on it).
+/// The `--max-executions` session slots. A session takes one from its OPEN until its CLOSE
+/// is taken (the guest's input ended); an OPEN that finds none is answered BUSY at once (a
+/// worker thread must never hang on it). A closed guest that has not exited yet (it has
+/// `EXIT_GRACE`) is no longer a session: it lingers, counted apart and bounded by the same
+/// number, so that a guest that outlives its close never holds a slot an OPEN needs.
 pub struct Slots {
-    free: Mutex<usize>,
+    counts: Arc<Mutex<Counts>>,
     capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    free: usize,
+    lingering: usize,
 }
 
 impl Slots {
     fn new(n: usize) -> Self {
         Slots {
-            free: Mutex::new(n.max(1)),
+            counts: Arc::new(Mutex::new(Counts {
+                free: n.max(1),
+                lingering: 0,
+            })),
             capacity: n.max(1),
         }
     }
 
     /// A free slot, released when the guard drops; `None` when every slot is taken.
-    pub fn try_acquire(&self) -> Option<SlotGuard<'_>> {
-        let mut free = self.free.lock().unwrap();
-        if *free == 0 {
+    pub fn try_acquire(&self) -> Option<SlotGuard> {
+        let mut c = self.counts.lock().unwrap();
+        if c.free == 0 {
             return None;
         }
-        *free -= 1;
-        Some(SlotGuard(self))
+        c.free -= 1;
+        Some(SlotGuard {
+            counts: self.counts.clone(),
+            capacity: self.capacity,
+            lingering: false,
+        })
     }
 
     /// `--max-executions`.
@@ -149,15 +165,48 @@ impl Slots {
 
     /// Sessions holding a slot now.
     pub fn open(&self) -> usize {
-        self.capacity - *self.free.lock().unwrap()
+        self.capacity - self.counts.lock().unwrap().free
+    }
+
+    /// Closed guests not exited yet (at most `capacity`).
+    pub fn lingering(&self) -> usize {
+        self.counts.lock().unwrap().lingering
     }
 }
 
-pub struct SlotGuard<'a>(&'a Slots);
+/// A session's slot, then (`linger`) its closed guest's place among the lingering.
+pub struct SlotGuard {
+    counts: Arc<Mutex<Counts>>,
+    capacity: usize,
+    lingering: bool,
+}
 
-impl Drop for SlotGuard<'_> {
+impl SlotGuard {
+    /// The session was closed and its guest has not exited: the slot is freed and the guest
+    /// counted as lingering. False (the slot kept) when `capacity` guests linger already.
+    pub fn linger(&mut self) -> bool {
+        if self.lingering {
+            return true;
+        }
+        let mut c = self.counts.lock().unwrap();
+        if c.lingering >= self.capacity {
+            return false;
+        }
+        c.lingering += 1;
+        c.free += 1;
+        self.lingering = true;
+        true
+    }
+}
+
+impl Drop for SlotGuard {
     fn drop(&mut self) {
-        *self.0.free.lock().unwrap() += 1;
+        let mut c = self.counts.lock().unwrap();
+        if self.lingering {
+            c.lingering -= 1;
+        } else {
+            c.free += 1;
+        }
     }
 }
 
@@ -294,6 +343,12 @@ pub struct Server {
 impl Server {
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The counters, and the slots' gauges, as Prometheus text.
+    pub fn render_metrics(&self) -> String {
+        self.metrics
+            .render_with_gauges(self.slots.open(), self.slots.lingering())
     }
 }
 
@@ -481,7 +536,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             .name("metrics".into())
             .spawn(move || {
                 loop {
-                    if let Err(e) = file.write(&s.metrics.render()) {
+                    if let Err(e) = file.write(&s.render_metrics()) {
                         eprintln!(
                             "wfjail: --metrics {}: {e}; not written again",
                             path.display()
@@ -654,7 +709,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     };
     shutdown(&server);
     if let Some((_, file)) = &metrics_file {
-        let _ = file.write(&server.metrics.render());
+        let _ = file.write(&server.render_metrics());
     }
     if opts.echo {
         eprintln!("{}", server.metrics.summary());

@@ -52,6 +52,9 @@
 //!     asked, or after the call ended) is dropped.
 //! 18. INTERRUPT during a call interrupts the guest (SIGUSR2: the call answers for itself);
 //!     outside a call it is dropped.
+//! 19. Closing frees the session's slot (session/actions.rs): the guest lingers for its
+//!     grace, holding none. When as many guests linger as the server has slots, the closing
+//!     guest is killed at once (`linger_refused`), and its report says so as for rule 3.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -211,6 +214,8 @@ pub struct Phases {
     timed_out: bool,
     /// Closed, but the guest did not exit within [`EXIT_GRACE`] and was killed (rule 3).
     exit_overdue: bool,
+    /// Closed while this many guests lingered already (rule 19): killed with no grace.
+    linger_refused: Option<usize>,
     protocol_error: bool,
     guest_error: Option<GuestError>,
 }
@@ -231,6 +236,7 @@ impl Phases {
             failure: None,
             timed_out: false,
             exit_overdue: false,
+            linger_refused: None,
             protocol_error: false,
             guest_error: None,
         }
@@ -259,6 +265,24 @@ impl Phases {
     /// of its input ending, and was killed.
     pub fn exit_overdue(&self) -> bool {
         self.exit_overdue
+    }
+
+    /// Rule 19: the guest was killed at its close, with no grace, because this many closed
+    /// guests lingered already.
+    pub fn linger_refused_at(&self) -> Option<usize> {
+        self.linger_refused
+    }
+
+    /// Rule 19: the session was closed while `lingering` closed guests had not exited yet
+    /// (as many as the server has slots): its guest gets no grace.
+    pub fn linger_refused(&mut self, lingering: usize) -> Vec<Action> {
+        if self.phase != Phase::Closing || self.failure.is_some() {
+            return Vec::new();
+        }
+        self.exit_overdue = true;
+        self.linger_refused = Some(lingering);
+        self.deadline = None;
+        vec![Action::Kill]
     }
 
     /// The guest broke the guest protocol.
@@ -759,6 +783,26 @@ mod tests {
         // Said in its report (a timeout, not a crash), not as a failure of the session.
         assert!(s.exit_overdue());
         assert!(!s.timed_out());
+    }
+
+    #[test]
+    fn rule_19_a_close_with_every_lingering_place_taken_kills_the_guest_at_once() {
+        let (mut s, t0) = open();
+        s.worker(vec![close()], false, t0);
+        assert_eq!(s.linger_refused(3), vec![Kill]);
+        assert_eq!(s.deadline(), None, "no grace left to wait for");
+        assert_eq!(s.linger_refused_at(), Some(3));
+        assert!(s.exit_overdue());
+        assert!(s.closed());
+        assert_eq!(s.failure(), None);
+    }
+
+    #[test]
+    fn rule_19_only_a_closing_session_lingers() {
+        let (mut s, _) = calling();
+        assert_eq!(s.linger_refused(3), vec![]);
+        assert_eq!(s.linger_refused_at(), None);
+        assert!(!s.exit_overdue());
     }
 
     #[test]

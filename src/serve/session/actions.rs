@@ -61,6 +61,7 @@ impl Session {
                 Action::EndInput => {
                     // End-of-file on its input tells the guest there is no further call.
                     let _ = shutdown(self.guest.as_raw_fd(), Shutdown::Write);
+                    self.linger();
                 }
                 Action::Opened => {
                     // The guest said HELLO: from now on its randomness is the session's
@@ -151,6 +152,22 @@ impl Session {
             }
         }
         true
+    }
+
+    /// The session is closed (its guest's input ended): its slot is freed for the next OPEN
+    /// while the guest has its exit grace. With as many guests lingering as there are slots,
+    /// this one is killed at once instead: a guest cannot make the server hold more
+    /// processes than twice `--max-executions`.
+    fn linger(&mut self) {
+        let Some(slot) = self.slot.as_mut() else {
+            return;
+        };
+        if slot.linger() || self.phases.failure().is_some() {
+            return; // a failed session's guest is being killed already
+        }
+        self.server.metrics.linger_refused();
+        let acts = self.phases.linger_refused(self.server.slots.capacity());
+        self.act(acts);
     }
 
     /// The violations recorded during the current call: the new entries, and those counted

@@ -78,12 +78,20 @@ impl Session {
             // report says so as a timeout, not as a crash with no words.
             timed_out: self.phases.timed_out() || self.phases.exit_overdue(),
             timeout_words: self.phases.exit_overdue().then(|| {
-                format!(
-                    "the session was closed, but its guest did not exit within {} s of its \
-                     input ending (an atexit handler, a thread, a finalizer that does not \
-                     return): killed",
-                    crate::serve::phases::EXIT_GRACE.as_secs()
-                )
+                match self.phases.linger_refused_at() {
+                    Some(n) => format!(
+                        "the session was closed while {n} closed guests had not exited yet \
+                         (as many as --max-executions): its guest was killed at once, with \
+                         no {} s exit grace",
+                        crate::serve::phases::EXIT_GRACE.as_secs()
+                    ),
+                    None => format!(
+                        "the session was closed, but its guest did not exit within {} s of \
+                         its input ending (an atexit handler, a thread, a finalizer that does \
+                         not return): killed",
+                        crate::serve::phases::EXIT_GRACE.as_secs()
+                    ),
+                }
             }),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,

@@ -342,6 +342,71 @@ print(json.dumps(out))
 }
 
 #[test]
+fn a_guest_that_outlives_its_close_holds_no_slot_and_lingerers_are_bounded() {
+    // Issue 27: one slot. A's guest never exits after its close; while it has its grace,
+    // B opens (the slot is free: A lingers, counted apart). B's guest does not exit either,
+    // and A already takes the one place among the lingering: B is killed at once. C opens.
+    let worker = r#"
+import threading
+c = Client()
+out = {}
+a = c.session(handler=MOD + ":linger").open()
+out["a"] = a.call(b"x").decode()
+closing = threading.Thread(target=a.close)
+closing.start()
+while c.status()["lingering"] != 1:
+    time.sleep(0.01)
+out["status"] = c.status()
+with c.session(handler=MOD + ":linger") as b:
+    out["b"] = b.call(b"x").decode()
+out["b_report"] = [b.report["status"], b.report.get("error")]
+with c.session(handler=MOD + ":mutate") as s:
+    out["c"] = s.call(b"c").decode()
+closing.join()
+out["a_report"] = [a.report["status"], a.report.get("error")]
+out["after"] = c.status()
+print(json.dumps(out))
+"#;
+    let (s, module) = fixture("lingerslot", worker, "");
+    let out = serve(
+        &s,
+        &module,
+        true,
+        &["--max-executions", "1", "--zygotes", "1"],
+    );
+    let r = worker_json(&out);
+    assert_eq!(r["a"], "lingering");
+    assert_eq!(
+        (&r["status"]["open"], &r["status"]["lingering"]),
+        (&0.into(), &1.into()),
+        "{r}"
+    );
+    assert_eq!(r["b"], "lingering", "an OPEN beside a lingering guest: {r}");
+    assert_eq!(r["b_report"][0], "timeout", "{r}");
+    assert!(
+        r["b_report"][1]
+            .as_str()
+            .unwrap_or_default()
+            .contains("while 1 closed guests had not exited yet"),
+        "{r}"
+    );
+    assert_eq!(r["c"], "1:c", "{r}");
+    assert_eq!(r["a_report"][0], "timeout", "{r}");
+    assert!(
+        r["a_report"][1]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not exit within 2 s"),
+        "{r}"
+    );
+    assert_eq!(
+        (&r["after"]["open"], &r["after"]["lingering"]),
+        (&0.into(), &0.into()),
+        "{r}"
+    );
+}
+
+#[test]
 fn a_worker_that_leaves_mid_call_takes_its_guest_along() {
     let worker = r#"
 import socket, time
