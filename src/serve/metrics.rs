@@ -31,7 +31,7 @@ pub struct Metrics {
     call_buckets: [AtomicU64; BUCKETS.len()],
     violations: Mutex<BTreeMap<String, u64>>,
     zygote_restarts: AtomicU64,
-    /// Closed guests killed at once: as many as `--max-executions` lingered already.
+    /// Lingering guests killed before their grace ended, displaced by newer ones.
     linger_refused: AtomicU64,
 }
 
@@ -50,7 +50,7 @@ impl Metrics {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A closed guest was killed at once, with no grace: too many lingered.
+    /// A lingering guest was killed before its grace ended: a newer one took its place.
     pub fn linger_refused(&self) {
         self.linger_refused.fetch_add(1, Ordering::Relaxed);
     }
@@ -138,9 +138,9 @@ impl Metrics {
             vec![(String::new(), self.zygote_restarts())],
         );
         counter(
-            "wfjail_lingering_killed_total",
-            "Closed guests killed at once, not given their exit grace: as many as \
-             --max-executions had outlived their close already.",
+            "wfjail_lingering_displaced_total",
+            "Closed guests killed before their exit grace ended: a newer closed guest took \
+             the place of the one that had lingered longest (at most --max-executions linger).",
             vec![(String::new(), self.linger_refused.load(Ordering::Relaxed))],
         );
         counter(

@@ -120,17 +120,20 @@ impl ServeError {
 /// The `--max-executions` session slots. A session takes one from its OPEN until its CLOSE
 /// is taken (the guest's input ended); an OPEN that finds none is answered BUSY at once (a
 /// worker thread must never hang on it). A closed guest that has not exited yet (it has
-/// `EXIT_GRACE`) is no longer a session: it lingers, counted apart and bounded by the same
-/// number, so that a guest that outlives its close never holds a slot an OPEN needs.
+/// `EXIT_GRACE`) is no longer a session: it lingers, holding no slot, among at most as many
+/// lingering guests as there are slots; a guest closed when that many linger takes the place
+/// of the one that has lingered longest, which is killed (honest guests exit within
+/// milliseconds of their close: the oldest is the one that does not).
 pub struct Slots {
     counts: Arc<Mutex<Counts>>,
     capacity: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Counts {
     free: usize,
-    lingering: usize,
+    /// The lingering guests' sessions, oldest first.
+    lingering: std::collections::VecDeque<Arc<SessionShared>>,
 }
 
 impl Slots {
@@ -138,7 +141,7 @@ impl Slots {
         Slots {
             counts: Arc::new(Mutex::new(Counts {
                 free: n.max(1),
-                lingering: 0,
+                lingering: Default::default(),
             })),
             capacity: n.max(1),
         }
@@ -154,7 +157,7 @@ impl Slots {
         Some(SlotGuard {
             counts: self.counts.clone(),
             capacity: self.capacity,
-            lingering: false,
+            lingering: None,
         })
     }
 
@@ -170,7 +173,7 @@ impl Slots {
 
     /// Closed guests not exited yet (at most `capacity`).
     pub fn lingering(&self) -> usize {
-        self.counts.lock().unwrap().lingering
+        self.counts.lock().unwrap().lingering.len()
     }
 }
 
@@ -178,34 +181,36 @@ impl Slots {
 pub struct SlotGuard {
     counts: Arc<Mutex<Counts>>,
     capacity: usize,
-    lingering: bool,
+    lingering: Option<Arc<SessionShared>>,
 }
 
 impl SlotGuard {
     /// The session was closed and its guest has not exited: the slot is freed and the guest
-    /// counted as lingering. False (the slot kept) when `capacity` guests linger already.
-    pub fn linger(&mut self) -> bool {
-        if self.lingering {
-            return true;
+    /// lingers. With `capacity` guests lingering already, the oldest of them is told to end
+    /// (`SessionShared::displaced`) and loses its place.
+    pub fn linger(&mut self, shared: &Arc<SessionShared>) {
+        if self.lingering.is_some() {
+            return;
         }
         let mut c = self.counts.lock().unwrap();
-        if c.lingering >= self.capacity {
-            return false;
+        if c.lingering.len() >= self.capacity
+            && let Some(oldest) = c.lingering.pop_front()
+        {
+            oldest.displace(self.capacity);
         }
-        c.lingering += 1;
+        c.lingering.push_back(shared.clone());
         c.free += 1;
-        self.lingering = true;
-        true
+        self.lingering = Some(shared.clone());
     }
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap();
-        if self.lingering {
-            c.lingering -= 1;
-        } else {
-            c.free += 1;
+        match &self.lingering {
+            // Gone already if it was displaced.
+            Some(me) => c.lingering.retain(|s| !Arc::ptr_eq(s, me)),
+            None => c.free += 1,
         }
     }
 }
@@ -222,6 +227,8 @@ pub struct SessionShared {
     pub budget: Mutex<crate::notify::Budget>,
     exit: Mutex<Option<ChildExit>>,
     killed: AtomicBool,
+    /// Its lingering guest lost its place to a newer one, when this many lingered (0: not).
+    displaced: AtomicU64,
     /// Written when `exit` is set; the session thread polls the other end.
     wake_w: OwnedFd,
     pub wake_r: OwnedFd,
@@ -279,6 +286,7 @@ impl SessionShared {
             budget: Mutex::new(Default::default()),
             exit: Mutex::new(None),
             killed: AtomicBool::new(false),
+            displaced: AtomicU64::new(0),
             wake_w: w,
             wake_r: r,
         }))
@@ -301,6 +309,21 @@ impl SessionShared {
 
     pub fn killed(&self) -> bool {
         self.killed.load(Ordering::SeqCst)
+    }
+
+    /// Its lingering guest must end: a newer closed guest takes its place among the
+    /// `lingering`. Wakes the session thread.
+    fn displace(&self, lingering: usize) {
+        self.displaced.store(lingering as u64, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.wake_w, b"d");
+    }
+
+    /// How many guests lingered when this one was displaced, if it was.
+    pub fn displaced(&self) -> Option<usize> {
+        match self.displaced.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some(n as usize),
+        }
     }
 }
 

@@ -52,9 +52,10 @@
 //!     asked, or after the call ended) is dropped.
 //! 18. INTERRUPT during a call interrupts the guest (SIGUSR2: the call answers for itself);
 //!     outside a call it is dropped.
-//! 19. Closing frees the session's slot (session/actions.rs): the guest lingers for its
-//!     grace, holding none. When as many guests linger as the server has slots, the closing
-//!     guest is killed at once (`linger_refused`), and its report says so as for rule 3.
+//! 19. Closing frees the session's slot (`Slots`): the guest lingers for its grace, holding
+//!     none. When as many guests linger as the server has slots, the one that has lingered
+//!     longest is killed (`linger_refused`) to make room, and its report says so as for
+//!     rule 3.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -214,7 +215,7 @@ pub struct Phases {
     timed_out: bool,
     /// Closed, but the guest did not exit within [`EXIT_GRACE`] and was killed (rule 3).
     exit_overdue: bool,
-    /// Closed while this many guests lingered already (rule 19): killed with no grace.
+    /// Displaced among the lingering, when this many lingered (rule 19): killed early.
     linger_refused: Option<usize>,
     protocol_error: bool,
     guest_error: Option<GuestError>,
@@ -267,14 +268,14 @@ impl Phases {
         self.exit_overdue
     }
 
-    /// Rule 19: the guest was killed at its close, with no grace, because this many closed
-    /// guests lingered already.
+    /// Rule 19: the lingering guest was killed before its grace ended, displaced by a newer
+    /// one when this many lingered.
     pub fn linger_refused_at(&self) -> Option<usize> {
         self.linger_refused
     }
 
-    /// Rule 19: the session was closed while `lingering` closed guests had not exited yet
-    /// (as many as the server has slots): its guest gets no grace.
+    /// Rule 19: the closed guest lingered longest of `lingering` (as many as the server has
+    /// slots) when a newer one needed a place: the rest of its grace is cut short.
     pub fn linger_refused(&mut self, lingering: usize) -> Vec<Action> {
         if self.phase != Phase::Closing || self.failure.is_some() {
             return Vec::new();
@@ -786,7 +787,7 @@ mod tests {
     }
 
     #[test]
-    fn rule_19_a_close_with_every_lingering_place_taken_kills_the_guest_at_once() {
+    fn rule_19_a_lingering_guest_displaced_is_killed_before_its_grace_ends() {
         let (mut s, t0) = open();
         s.worker(vec![close()], false, t0);
         assert_eq!(s.linger_refused(3), vec![Kill]);

@@ -155,19 +155,24 @@ impl Session {
     }
 
     /// The session is closed (its guest's input ended): its slot is freed for the next OPEN
-    /// while the guest has its exit grace. With as many guests lingering as there are slots,
-    /// this one is killed at once instead: a guest cannot make the server hold more
-    /// processes than twice `--max-executions`.
+    /// while the guest has its exit grace, lingering (`Slots`).
     fn linger(&mut self) {
-        let Some(slot) = self.slot.as_mut() else {
-            return;
-        };
-        if slot.linger() || self.phases.failure().is_some() {
-            return; // a failed session's guest is being killed already
+        if let Some(slot) = self.slot.as_mut() {
+            slot.linger(&self.shared);
         }
-        self.server.metrics.linger_refused();
-        let acts = self.phases.linger_refused(self.server.slots.capacity());
-        self.act(acts);
+    }
+
+    /// Kills the lingering guest a newer one displaced (checked every turn of the loop).
+    pub(super) fn check_displaced(&mut self) {
+        if let Some(n) = self.shared.displaced()
+            && self.phases.linger_refused_at().is_none()
+        {
+            let acts = self.phases.linger_refused(n);
+            if !acts.is_empty() {
+                self.server.metrics.linger_refused();
+            }
+            self.act(acts);
+        }
     }
 
     /// The violations recorded during the current call: the new entries, and those counted

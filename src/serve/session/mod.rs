@@ -75,7 +75,8 @@ enum Token {
     Guest,
     /// The guest's stdout and stderr.
     Output,
-    /// Zygote mode: the pipe that wakes the session when the zygote reported the exit.
+    /// The pipe that wakes the session when the zygote reported the exit, or when its
+    /// lingering guest was displaced.
     Wake,
     /// Exec mode: the guest's supervisor's (pidfd, set-up channel, seccomp listener).
     Exec(guest::Token),
@@ -366,7 +367,11 @@ impl Session {
             Child::Zygote { .. } => {
                 watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
             }
-            Child::Exec(e) => e.sup.register(&mut fds, &mut tokens),
+            Child::Exec(e) => {
+                // Woken when its lingering guest is displaced (`Slots`).
+                watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
+                e.sup.register(&mut fds, &mut tokens)
+            }
         }
         (fds, tokens)
     }
@@ -405,6 +410,7 @@ impl Session {
                 self.act(acts);
             }
             self.check_call_cpu();
+            self.check_displaced();
             if self.sampling() {
                 self.sample_memory(false);
             }

@@ -80,9 +80,9 @@ impl Session {
             timeout_words: self.phases.exit_overdue().then(|| {
                 match self.phases.linger_refused_at() {
                     Some(n) => format!(
-                        "the session was closed while {n} closed guests had not exited yet \
-                         (as many as --max-executions): its guest was killed at once, with \
-                         no {} s exit grace",
+                        "the session was closed, but its guest had not exited when a newer \
+                         closed guest needed its place ({n} lingered, as many as \
+                         --max-executions): killed before its {} s exit grace ended",
                         crate::serve::phases::EXIT_GRACE.as_secs()
                     ),
                     None => format!(
