@@ -32,7 +32,7 @@ pub struct Metrics {
     violations: Mutex<BTreeMap<String, u64>>,
     zygote_restarts: AtomicU64,
     /// Lingering guests killed before their grace ended, displaced by newer ones.
-    linger_refused: AtomicU64,
+    linger_displaced: AtomicU64,
 }
 
 impl Metrics {
@@ -51,8 +51,8 @@ impl Metrics {
     }
 
     /// A lingering guest was killed before its grace ended: a newer one took its place.
-    pub fn linger_refused(&self) {
-        self.linger_refused.fetch_add(1, Ordering::Relaxed);
+    pub fn linger_displaced(&self) {
+        self.linger_displaced.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn session_busy(&self) {
@@ -141,7 +141,7 @@ impl Metrics {
             "wfjail_lingering_displaced_total",
             "Closed guests killed before their exit grace ended: a newer closed guest took \
              the place of the one that had lingered longest (at most --max-executions linger).",
-            vec![(String::new(), self.linger_refused.load(Ordering::Relaxed))],
+            vec![(String::new(), self.linger_displaced.load(Ordering::Relaxed))],
         );
         counter(
             "wfjail_call_errors_total",
@@ -338,6 +338,19 @@ mod tests {
         );
         m.zygote_restarted();
         assert!(m.render().contains("wfjail_zygote_restarts_total 1\n"));
+    }
+
+    #[test]
+    fn the_slots_gauges_and_displaced_lingering_guests_render() {
+        let m = Metrics::default();
+        m.linger_displaced();
+        let text = m.render_with_gauges(3, 2);
+        assert!(
+            text.contains("wfjail_lingering_displaced_total 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE wfjail_sessions_open gauge\nwfjail_sessions_open 3\n"));
+        assert!(text.contains("# TYPE wfjail_guests_lingering gauge\nwfjail_guests_lingering 2\n"));
     }
 
     #[test]

@@ -54,7 +54,7 @@
 //!     outside a call it is dropped.
 //! 19. Closing frees the session's slot (`Slots`): the guest lingers for its grace, holding
 //!     none. When as many guests linger as the server has slots, the one that has lingered
-//!     longest is killed (`linger_refused`) to make room, and its report says so as for
+//!     longest is killed (`linger_displaced`) to make room, and its report says so as for
 //!     rule 3.
 
 use std::collections::VecDeque;
@@ -216,7 +216,7 @@ pub struct Phases {
     /// Closed, but the guest did not exit within [`EXIT_GRACE`] and was killed (rule 3).
     exit_overdue: bool,
     /// Displaced among the lingering, when this many lingered (rule 19): killed early.
-    linger_refused: Option<usize>,
+    linger_displaced: Option<usize>,
     protocol_error: bool,
     guest_error: Option<GuestError>,
 }
@@ -237,7 +237,7 @@ impl Phases {
             failure: None,
             timed_out: false,
             exit_overdue: false,
-            linger_refused: None,
+            linger_displaced: None,
             protocol_error: false,
             guest_error: None,
         }
@@ -270,18 +270,18 @@ impl Phases {
 
     /// Rule 19: the lingering guest was killed before its grace ended, displaced by a newer
     /// one when this many lingered.
-    pub fn linger_refused_at(&self) -> Option<usize> {
-        self.linger_refused
+    pub fn displaced_at(&self) -> Option<usize> {
+        self.linger_displaced
     }
 
     /// Rule 19: the closed guest lingered longest of `lingering` (as many as the server has
     /// slots) when a newer one needed a place: the rest of its grace is cut short.
-    pub fn linger_refused(&mut self, lingering: usize) -> Vec<Action> {
+    pub fn linger_displaced(&mut self, lingering: usize) -> Vec<Action> {
         if self.phase != Phase::Closing || self.failure.is_some() {
             return Vec::new();
         }
         self.exit_overdue = true;
-        self.linger_refused = Some(lingering);
+        self.linger_displaced = Some(lingering);
         self.deadline = None;
         vec![Action::Kill]
     }
@@ -790,9 +790,9 @@ mod tests {
     fn rule_19_a_lingering_guest_displaced_is_killed_before_its_grace_ends() {
         let (mut s, t0) = open();
         s.worker(vec![close()], false, t0);
-        assert_eq!(s.linger_refused(3), vec![Kill]);
+        assert_eq!(s.linger_displaced(3), vec![Kill]);
         assert_eq!(s.deadline(), None, "no grace left to wait for");
-        assert_eq!(s.linger_refused_at(), Some(3));
+        assert_eq!(s.displaced_at(), Some(3));
         assert!(s.exit_overdue());
         assert!(s.closed());
         assert_eq!(s.failure(), None);
@@ -801,8 +801,8 @@ mod tests {
     #[test]
     fn rule_19_only_a_closing_session_lingers() {
         let (mut s, _) = calling();
-        assert_eq!(s.linger_refused(3), vec![]);
-        assert_eq!(s.linger_refused_at(), None);
+        assert_eq!(s.linger_displaced(3), vec![]);
+        assert_eq!(s.displaced_at(), None);
         assert!(!s.exit_overdue());
     }
 

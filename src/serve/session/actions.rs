@@ -165,11 +165,11 @@ impl Session {
     /// Kills the lingering guest a newer one displaced (checked every turn of the loop).
     pub(super) fn check_displaced(&mut self) {
         if let Some(n) = self.shared.displaced()
-            && self.phases.linger_refused_at().is_none()
+            && self.phases.displaced_at().is_none()
         {
-            let acts = self.phases.linger_refused(n);
+            let acts = self.phases.linger_displaced(n);
             if !acts.is_empty() {
-                self.server.metrics.linger_refused();
+                self.server.metrics.linger_displaced();
             }
             self.act(acts);
         }

@@ -77,8 +77,10 @@ impl Session {
             // A guest that did not exit within its grace after the close was killed: its
             // report says so as a timeout, not as a crash with no words.
             timed_out: self.phases.timed_out() || self.phases.exit_overdue(),
-            timeout_words: self.phases.exit_overdue().then(|| {
-                match self.phases.linger_refused_at() {
+            timeout_words: self
+                .phases
+                .exit_overdue()
+                .then(|| match self.phases.displaced_at() {
                     Some(n) => format!(
                         "the session was closed, but its guest had not exited when a newer \
                          closed guest needed its place ({n} lingered, as many as \
@@ -91,8 +93,7 @@ impl Session {
                          not return): killed",
                         crate::serve::phases::EXIT_GRACE.as_secs()
                     ),
-                }
-            }),
+                }),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,
             notifications_exceeded: self.shared.budget.lock().unwrap().exceeded,
