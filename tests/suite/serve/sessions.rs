@@ -355,34 +355,39 @@ out = {}
 def lingering(n):
     while c.status()["lingering"] != n:
         time.sleep(0.01)
-a = c.session(handler=MOD + ":linger").open()
+a = session("linger").open()
 out["a"] = a.call(b"x").decode()
 closing_a = threading.Thread(target=a.close)
 closing_a.start()
 lingering(1)
 out["status"] = c.status()
-b = c.session(handler=MOD + ":linger").open()
+b = session("linger").open()
 out["b"] = b.call(b"x").decode()
 closing_b = threading.Thread(target=b.close)
 closing_b.start()
 closing_a.join()
 out["a_report"] = [a.report["status"], a.report.get("error")]
 out["b_lingers"] = [b.report, c.status()["lingering"]]
-with c.session(handler=MOD + ":mutate") as s:
+with session("mutate") as s:
     out["c"] = s.call(b"c").decode()
 closing_b.join()
 out["b_report"] = [b.report["status"], b.report.get("error")]
 out["after"] = c.status()
 print(json.dumps(out))
 "#;
-    let (s, module) = fixture("lingerslot", worker, "");
-    let out = serve(
-        &s,
-        &module,
-        true,
-        &["--max-executions", "1", "--zygotes", "1"],
-    );
-    let r = worker_json(&out);
+    for zygote in [true, false] {
+        let (r, _) = in_both_modes_with(
+            "lingerslot",
+            worker,
+            "guest.run(getattr(m, sys.argv[1]))",
+            zygote,
+            &["--max-executions", "1", "--zygotes", "1"],
+        );
+        lingering_checks(&r);
+    }
+}
+
+fn lingering_checks(r: &serde_json::Value) {
     assert_eq!(r["a"], "lingering");
     assert_eq!(
         (&r["status"]["open"], &r["status"]["lingering"]),
@@ -796,6 +801,17 @@ fn in_both_modes(
     guest_line: &str,
     zygote: bool,
 ) -> (serde_json::Value, Outcome) {
+    in_both_modes_with(tag, worker, guest_line, zygote, &[])
+}
+
+/// [`in_both_modes`], with more arguments for `wfjail serve`.
+fn in_both_modes_with(
+    tag: &str,
+    worker: &str,
+    guest_line: &str,
+    zygote: bool,
+    args: &[&str],
+) -> (serde_json::Value, Outcome) {
     // `session(name, **kw)` opens a session of handler `name` in either mode.
     let worker = format!(
         "def session(name, **kw):\n    if os.environ.get(\"EXEC_MODE\"):\n        return Client().session(argv=[\"/usr/bin/python3\", DIR + \"/guest.py\", name], **kw)\n    return Client().session(handler=MOD + \":\" + name, **kw)\n{worker}"
@@ -808,7 +824,7 @@ fn in_both_modes(
             dir = s.0.display().to_string()
         ),
     );
-    let all = serve_args(&s, &module, zygote, &[]);
+    let all = serve_args(&s, &module, zygote, args);
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     let out = wfjail_with(&all, |c| {
         c.current_dir(&s.0);
