@@ -83,7 +83,8 @@ class Client:
                        on_log, on_upcall, max_frame)
 
     def status(self) -> "Dict[str, Any]":
-        """The server's capacity: ``{"capacity", "open", "mode", "policy"}``."""
+        """The server's capacity: ``{"capacity", "open", "lingering", "mode", "policy"}``
+        (``lingering``: closed guests not exited yet, which hold no slot)."""
         s = Session(self.path, "")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(self.path)
@@ -165,6 +166,7 @@ class Session(_Conversing):
         self._conversation = Conversation(open_doc, on_log, on_upcall, max_frame)
         self._sock: "Optional[socket.socket]" = None
         self._received = 0  # bytes read on the current connection
+        self._close_sent = False
 
     @property
     def _max_frame(self) -> int:
@@ -210,12 +212,23 @@ class Session(_Conversing):
         result: bytes = self._answer()
         return result
 
+    def send_close(self) -> None:
+        """Sends CLOSE without waiting for its answer (``close`` reads it): wfjail frees the
+        session's slot once it takes the CLOSE, whether or not the guest exits at once."""
+        if self._sock is None or self._close_sent:
+            return
+        self._close_sent = True
+        try:
+            self._sock.sendall(self._conversation.close())
+        except OSError:
+            pass  # the session ended already: ``close`` reads its report
+
     def close(self) -> "Optional[Dict[str, Any]]":
         """End the session; return its report (a dict, the shape of `wfjail run --report`)."""
         if self._sock is None:
             return self.report
         try:
-            self._sock.sendall(self._conversation.close())
+            self.send_close()
             self._answer()
         except (OSError, ProtocolError):
             self._drop()

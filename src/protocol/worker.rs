@@ -151,6 +151,9 @@ pub struct Capacity {
     pub capacity: usize,
     /// Sessions holding a slot now.
     pub open: usize,
+    /// Closed guests not exited yet: they hold no slot (at most `capacity` of them).
+    #[serde(default)]
+    pub lingering: usize,
     /// `zygote` or `exec`.
     pub mode: String,
     /// The policy's name.

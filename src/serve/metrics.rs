@@ -31,6 +31,8 @@ pub struct Metrics {
     call_buckets: [AtomicU64; BUCKETS.len()],
     violations: Mutex<BTreeMap<String, u64>>,
     zygote_restarts: AtomicU64,
+    /// Lingering guests killed before their grace ended, displaced by newer ones.
+    linger_displaced: AtomicU64,
 }
 
 impl Metrics {
@@ -46,6 +48,11 @@ impl Metrics {
 
     pub fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A lingering guest was killed before its grace ended: a newer one took its place.
+    pub fn linger_displaced(&self) {
+        self.linger_displaced.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn session_busy(&self) {
@@ -131,6 +138,12 @@ impl Metrics {
             vec![(String::new(), self.zygote_restarts())],
         );
         counter(
+            "wfjail_lingering_displaced_total",
+            "Closed guests killed before their exit grace ended: a newer closed guest took \
+             the place of the one that had lingered longest (at most --max-executions linger).",
+            vec![(String::new(), self.linger_displaced.load(Ordering::Relaxed))],
+        );
+        counter(
             "wfjail_call_errors_total",
             "Calls answered with ERROR.",
             vec![(String::new(), self.call_errors.load(Ordering::Relaxed))],
@@ -149,6 +162,25 @@ impl Metrics {
             "wfjail_call_seconds_bucket{{le=\"+Inf\"}} {calls}\nwfjail_call_seconds_sum {}\nwfjail_call_seconds_count {calls}\n",
             self.call_micros.load(Ordering::Relaxed) as f64 / 1e6
         ));
+        out
+    }
+
+    /// [`Metrics::render`], with the gauges of the slots: sessions `open`, and closed guests
+    /// `lingering` (not exited yet, holding no slot).
+    pub fn render_with_gauges(&self, open: usize, lingering: usize) -> String {
+        let mut out = self.render();
+        for (name, help, v) in [
+            ("wfjail_sessions_open", "Sessions holding a slot now.", open),
+            (
+                "wfjail_guests_lingering",
+                "Closed guests not exited yet (killed at their exit grace); they hold no slot.",
+                lingering,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+            ));
+        }
         out
     }
 
@@ -306,6 +338,19 @@ mod tests {
         );
         m.zygote_restarted();
         assert!(m.render().contains("wfjail_zygote_restarts_total 1\n"));
+    }
+
+    #[test]
+    fn the_slots_gauges_and_displaced_lingering_guests_render() {
+        let m = Metrics::default();
+        m.linger_displaced();
+        let text = m.render_with_gauges(3, 2);
+        assert!(
+            text.contains("wfjail_lingering_displaced_total 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE wfjail_sessions_open gauge\nwfjail_sessions_open 3\n"));
+        assert!(text.contains("# TYPE wfjail_guests_lingering gauge\nwfjail_guests_lingering 2\n"));
     }
 
     #[test]

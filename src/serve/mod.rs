@@ -117,29 +117,48 @@ impl ServeError {
     }
 }
 
-/// The `--max-executions` session slots. A session takes one for its whole life; an OPEN
-/// that finds none is answered BUSY at once (a worker thread must never hang on it).
+/// The `--max-executions` session slots. A session takes one from its OPEN until its CLOSE
+/// is taken (the guest's input ended); an OPEN that finds none is answered BUSY at once (a
+/// worker thread must never hang on it). A closed guest that has not exited yet (it has
+/// `EXIT_GRACE`) is no longer a session: it lingers, holding no slot, among at most as many
+/// lingering guests as there are slots; a guest closed when that many linger takes the place
+/// of the one that has lingered longest, which is killed (honest guests exit within
+/// milliseconds of their close: the oldest is the one that does not).
 pub struct Slots {
-    free: Mutex<usize>,
+    counts: Arc<Mutex<Counts>>,
     capacity: usize,
+}
+
+#[derive(Default)]
+struct Counts {
+    free: usize,
+    /// The lingering guests' sessions, oldest first.
+    lingering: std::collections::VecDeque<Arc<SessionShared>>,
 }
 
 impl Slots {
     fn new(n: usize) -> Self {
         Slots {
-            free: Mutex::new(n.max(1)),
+            counts: Arc::new(Mutex::new(Counts {
+                free: n.max(1),
+                lingering: Default::default(),
+            })),
             capacity: n.max(1),
         }
     }
 
     /// A free slot, released when the guard drops; `None` when every slot is taken.
-    pub fn try_acquire(&self) -> Option<SlotGuard<'_>> {
-        let mut free = self.free.lock().unwrap();
-        if *free == 0 {
+    pub fn try_acquire(&self) -> Option<SlotGuard> {
+        let mut c = self.counts.lock().unwrap();
+        if c.free == 0 {
             return None;
         }
-        *free -= 1;
-        Some(SlotGuard(self))
+        c.free -= 1;
+        Some(SlotGuard {
+            counts: self.counts.clone(),
+            capacity: self.capacity,
+            lingering: None,
+        })
     }
 
     /// `--max-executions`.
@@ -149,15 +168,50 @@ impl Slots {
 
     /// Sessions holding a slot now.
     pub fn open(&self) -> usize {
-        self.capacity - *self.free.lock().unwrap()
+        self.capacity - self.counts.lock().unwrap().free
+    }
+
+    /// Closed guests not exited yet (at most `capacity`).
+    pub fn lingering(&self) -> usize {
+        self.counts.lock().unwrap().lingering.len()
     }
 }
 
-pub struct SlotGuard<'a>(&'a Slots);
+/// A session's slot, then (`linger`) its closed guest's place among the lingering.
+pub struct SlotGuard {
+    counts: Arc<Mutex<Counts>>,
+    capacity: usize,
+    lingering: Option<Arc<SessionShared>>,
+}
 
-impl Drop for SlotGuard<'_> {
+impl SlotGuard {
+    /// The session was closed and its guest has not exited: the slot is freed and the guest
+    /// lingers. With `capacity` guests lingering already, the oldest of them is told to end
+    /// (`SessionShared::displaced`) and loses its place.
+    pub fn linger(&mut self, shared: &Arc<SessionShared>) {
+        if self.lingering.is_some() {
+            return;
+        }
+        let mut c = self.counts.lock().unwrap();
+        if c.lingering.len() >= self.capacity
+            && let Some(oldest) = c.lingering.pop_front()
+        {
+            oldest.displace(self.capacity);
+        }
+        c.lingering.push_back(shared.clone());
+        c.free += 1;
+        self.lingering = Some(shared.clone());
+    }
+}
+
+impl Drop for SlotGuard {
     fn drop(&mut self) {
-        *self.0.free.lock().unwrap() += 1;
+        let mut c = self.counts.lock().unwrap();
+        match &self.lingering {
+            // Gone already if it was displaced.
+            Some(me) => c.lingering.retain(|s| !Arc::ptr_eq(s, me)),
+            None => c.free += 1,
+        }
     }
 }
 
@@ -173,6 +227,8 @@ pub struct SessionShared {
     pub budget: Mutex<crate::notify::Budget>,
     exit: Mutex<Option<ChildExit>>,
     killed: AtomicBool,
+    /// Its lingering guest lost its place to a newer one, when this many lingered (0: not).
+    displaced: AtomicU64,
     /// Written when `exit` is set; the session thread polls the other end.
     wake_w: OwnedFd,
     pub wake_r: OwnedFd,
@@ -230,6 +286,7 @@ impl SessionShared {
             budget: Mutex::new(Default::default()),
             exit: Mutex::new(None),
             killed: AtomicBool::new(false),
+            displaced: AtomicU64::new(0),
             wake_w: w,
             wake_r: r,
         }))
@@ -252,6 +309,21 @@ impl SessionShared {
 
     pub fn killed(&self) -> bool {
         self.killed.load(Ordering::SeqCst)
+    }
+
+    /// Its lingering guest must end: a newer closed guest takes its place among the
+    /// `lingering`. Wakes the session thread.
+    fn displace(&self, lingering: usize) {
+        self.displaced.store(lingering as u64, Ordering::SeqCst);
+        let _ = nix::unistd::write(&self.wake_w, b"d");
+    }
+
+    /// How many guests lingered when this one was displaced, if it was.
+    pub fn displaced(&self) -> Option<usize> {
+        match self.displaced.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some(n as usize),
+        }
     }
 }
 
@@ -294,6 +366,12 @@ pub struct Server {
 impl Server {
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The counters, and the slots' gauges, as Prometheus text.
+    pub fn render_metrics(&self) -> String {
+        self.metrics
+            .render_with_gauges(self.slots.open(), self.slots.lingering())
     }
 }
 
@@ -481,7 +559,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             .name("metrics".into())
             .spawn(move || {
                 loop {
-                    if let Err(e) = file.write(&s.metrics.render()) {
+                    if let Err(e) = file.write(&s.render_metrics()) {
                         eprintln!(
                             "wfjail: --metrics {}: {e}; not written again",
                             path.display()
@@ -654,7 +732,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     };
     shutdown(&server);
     if let Some((_, file)) = &metrics_file {
-        let _ = file.write(&server.metrics.render());
+        let _ = file.write(&server.render_metrics());
     }
     if opts.echo {
         eprintln!("{}", server.metrics.summary());

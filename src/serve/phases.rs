@@ -52,6 +52,10 @@
 //!     asked, or after the call ended) is dropped.
 //! 18. INTERRUPT during a call interrupts the guest (SIGUSR2: the call answers for itself);
 //!     outside a call it is dropped.
+//! 19. Closing frees the session's slot (`Slots`): the guest lingers for its grace, holding
+//!     none. When as many guests linger as the server has slots, the one that has lingered
+//!     longest is killed (`linger_displaced`) to make room, and its report says so as for
+//!     rule 3.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -211,6 +215,8 @@ pub struct Phases {
     timed_out: bool,
     /// Closed, but the guest did not exit within [`EXIT_GRACE`] and was killed (rule 3).
     exit_overdue: bool,
+    /// Displaced among the lingering, when this many lingered (rule 19): killed early.
+    linger_displaced: Option<usize>,
     protocol_error: bool,
     guest_error: Option<GuestError>,
 }
@@ -231,6 +237,7 @@ impl Phases {
             failure: None,
             timed_out: false,
             exit_overdue: false,
+            linger_displaced: None,
             protocol_error: false,
             guest_error: None,
         }
@@ -259,6 +266,24 @@ impl Phases {
     /// of its input ending, and was killed.
     pub fn exit_overdue(&self) -> bool {
         self.exit_overdue
+    }
+
+    /// Rule 19: the lingering guest was killed before its grace ended, displaced by a newer
+    /// one when this many lingered.
+    pub fn displaced_at(&self) -> Option<usize> {
+        self.linger_displaced
+    }
+
+    /// Rule 19: the closed guest lingered longest of `lingering` (as many as the server has
+    /// slots) when a newer one needed a place: the rest of its grace is cut short.
+    pub fn linger_displaced(&mut self, lingering: usize) -> Vec<Action> {
+        if self.phase != Phase::Closing || self.failure.is_some() {
+            return Vec::new();
+        }
+        self.exit_overdue = true;
+        self.linger_displaced = Some(lingering);
+        self.deadline = None;
+        vec![Action::Kill]
     }
 
     /// The guest broke the guest protocol.
@@ -759,6 +784,26 @@ mod tests {
         // Said in its report (a timeout, not a crash), not as a failure of the session.
         assert!(s.exit_overdue());
         assert!(!s.timed_out());
+    }
+
+    #[test]
+    fn rule_19_a_lingering_guest_displaced_is_killed_before_its_grace_ends() {
+        let (mut s, t0) = open();
+        s.worker(vec![close()], false, t0);
+        assert_eq!(s.linger_displaced(3), vec![Kill]);
+        assert_eq!(s.deadline(), None, "no grace left to wait for");
+        assert_eq!(s.displaced_at(), Some(3));
+        assert!(s.exit_overdue());
+        assert!(s.closed());
+        assert_eq!(s.failure(), None);
+    }
+
+    #[test]
+    fn rule_19_only_a_closing_session_lingers() {
+        let (mut s, _) = calling();
+        assert_eq!(s.linger_displaced(3), vec![]);
+        assert_eq!(s.displaced_at(), None);
+        assert!(!s.exit_overdue());
     }
 
     #[test]

@@ -327,8 +327,8 @@ class JailedWorkflowRunner(WorkflowRunner):
     def _open_when_room(self, client: Client, det: WorkflowInstanceDetails,
                         made: dict[str, Any], run_log: LogRelay) -> ClientSession:
         """Opens a run's session; refused BUSY, asks again each time a session of an evicted
-        run still closing (``_CLOSER``: it holds its slot until its child is reaped) ends,
-        for up to CLOSING_WAIT; then BUSY is raised."""
+        run still closing (``_CLOSER``: its slot is free once the server took its CLOSE)
+        ends, for up to CLOSING_WAIT; then BUSY is raised."""
         deadline: float | None = None
         while True:
             # Counted before the open: a close that ends while the server says BUSY is one
@@ -596,6 +596,10 @@ class _DeferredSession:
         if self._session is not None:
             self._session.abort()
 
+    def send_close(self) -> None:
+        if self._session is not None:
+            self._session.send_close()
+
     def close(self) -> object:
         self._ended = True
         return self._session.close() if self._session is not None else None
@@ -638,6 +642,8 @@ class Session(Protocol):
     def interrupt(self) -> None: ...
 
     def abort(self) -> None: ...
+
+    def send_close(self) -> None: ...
 
     def close(self) -> object: ...
 
@@ -830,10 +836,19 @@ class _JailedInstance(WorkflowInstance):
                 close = evicting or self._aborted
             self._idle.set()
             if close:
-                # The child's exit and reap, and its report, come off the activation's path.
+                # CLOSE goes now (a small write): the server frees the run's slot when it
+                # takes it, whether or not the child exits; the child's exit and reap, and its
+                # report, come off the activation's path.
+                self._send_close()
                 _CLOSER.close(self)
             else:
                 self._note_end(closed=False)
+
+    def _send_close(self) -> None:
+        try:
+            self._session.send_close()
+        except Exception:  # noqa: BLE001  (the closer's close says why)
+            pass
 
     def _close(self) -> None:
         """(On the closer's thread.) Ends the session; its end in metrics and log."""
@@ -973,9 +988,11 @@ class _Closer:
     when its session closes (the server kills it after its 2 s grace) holds its own close,
     not the closes queued behind it; and each is bounded: one not answered within CLOSE_WAIT
     (a server that does not answer) is abandoned to the server, its connection shut down.
-    The closes in flight hold their server slots until answered: an open refused BUSY while
-    there are any waits for one of them to end (``wait_for_a_close``) and asks again, so that
-    a closing run never refuses a new one."""
+    CLOSE itself is sent before the close is queued (``_JailedInstance._send_close``): the
+    server frees the slot when it takes it, and a child that does not exit lingers there
+    holding none. An open refused BUSY while closes are in flight (one sent an instant before
+    may not be taken yet) waits for one of them to end (``wait_for_a_close``) and asks again,
+    so that a closing run never refuses a new one."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -1062,7 +1079,8 @@ class _Closer:
                     self._cond.wait(min(pending) - now if pending else None)
                     continue
                 for i in overdue:
-                    self._due[i] = float("inf")  # abandoned once
+                    # Abandoned once, and watched no more (its thread's close ends soon).
+                    del self._due[i]
             for instance in overdue:
                 _log.warning(
                     "the session of workflow %s (run %s) was not closed within %s s: it is "

@@ -61,6 +61,7 @@ impl Session {
                 Action::EndInput => {
                     // End-of-file on its input tells the guest there is no further call.
                     let _ = shutdown(self.guest.as_raw_fd(), Shutdown::Write);
+                    self.linger();
                 }
                 Action::Opened => {
                     // The guest said HELLO: from now on its randomness is the session's
@@ -151,6 +152,27 @@ impl Session {
             }
         }
         true
+    }
+
+    /// The session is closed (its guest's input ended): its slot is freed for the next OPEN
+    /// while the guest has its exit grace, lingering (`Slots`).
+    fn linger(&mut self) {
+        if let Some(slot) = self.slot.as_mut() {
+            slot.linger(&self.shared);
+        }
+    }
+
+    /// Kills the lingering guest a newer one displaced (checked every turn of the loop).
+    pub(super) fn check_displaced(&mut self) {
+        if let Some(n) = self.shared.displaced()
+            && self.phases.displaced_at().is_none()
+        {
+            let acts = self.phases.linger_displaced(n);
+            if !acts.is_empty() {
+                self.server.metrics.linger_displaced();
+            }
+            self.act(acts);
+        }
     }
 
     /// The violations recorded during the current call: the new entries, and those counted

@@ -75,7 +75,8 @@ enum Token {
     Guest,
     /// The guest's stdout and stderr.
     Output,
-    /// Zygote mode: the pipe that wakes the session when the zygote reported the exit.
+    /// The pipe that wakes the session when the zygote reported the exit, or when its
+    /// lingering guest was displaced.
     Wake,
     /// Exec mode: the guest's supervisor's (pidfd, set-up channel, seccomp listener).
     Exec(guest::Token),
@@ -138,6 +139,8 @@ struct Session {
     output_since_sample: bool,
     /// When the call in progress was issued (for the latency counter).
     call_started: Option<Instant>,
+    /// The session's slot, then its closed guest's place among the lingering (`linger`).
+    slot: Option<super::SlotGuard>,
 }
 
 /// Serves one worker connection (its thread's; `client` owes the worker a FAILED should the
@@ -167,8 +170,9 @@ pub fn run(mut client: WorkerConn, server: Arc<Server>) {
             return;
         }
     };
-    // A session holds its slot for its whole life. With none free the worker hears so at
-    // once (BUSY), instead of waiting on a thread that may have a deadline of its own.
+    // A session holds its slot until its CLOSE is taken (then its guest lingers, holding
+    // none). With none free the worker hears so at once (BUSY), instead of waiting on a
+    // thread that may have a deadline of its own.
     let Some(slot) = server.slots.try_acquire() else {
         server.metrics.session_busy();
         let doc = serde_json::to_vec(&capacity(&server)).unwrap_or_default();
@@ -183,16 +187,14 @@ pub fn run(mut client: WorkerConn, server: Arc<Server>) {
             return;
         }
     };
-    let mut session = Session::new(id, server.clone(), client, launched);
+    let mut session = Session::new(id, server.clone(), client, launched, slot);
     // Calls pipelined behind OPEN are queued; a worker that sent OPEN and left at once is not
     // polled again: its end must be seen here.
     let gone = session.client.gone();
     let acts = session.phases.worker(early, gone, Instant::now());
     session.act(acts);
     session.event_loop();
-    // The slot is free before the worker hears the session ended: a worker that opens its
-    // next session as soon as CLOSED arrives must find room.
-    session.finish(move || drop(slot));
+    session.finish();
 }
 
 /// The server's capacity, for STATUS and BUSY.
@@ -200,6 +202,7 @@ fn capacity(server: &Server) -> Capacity {
     Capacity {
         capacity: server.slots.capacity(),
         open: server.slots.open(),
+        lingering: server.slots.lingering(),
         mode: if server.pool.is_some() {
             "zygote"
         } else {
@@ -225,7 +228,13 @@ pub fn refuse(conn: UnixStream, server: &Server, why: String) {
 }
 
 impl Session {
-    fn new(id: u64, server: Arc<Server>, client: WorkerConn, launched: Launched) -> Session {
+    fn new(
+        id: u64,
+        server: Arc<Server>,
+        client: WorkerConn,
+        launched: Launched,
+        slot: super::SlotGuard,
+    ) -> Session {
         let Launched {
             shared,
             child,
@@ -272,6 +281,7 @@ impl Session {
             killed: false,
             samples: SampleClock::default(),
             output_since_sample: false,
+            slot: Some(slot),
         }
     }
 
@@ -357,7 +367,11 @@ impl Session {
             Child::Zygote { .. } => {
                 watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
             }
-            Child::Exec(e) => e.sup.register(&mut fds, &mut tokens),
+            Child::Exec(e) => {
+                // Woken when its lingering guest is displaced (`Slots`).
+                watch(self.shared.wake_r.as_fd(), PollFlags::POLLIN, Token::Wake);
+                e.sup.register(&mut fds, &mut tokens)
+            }
         }
         (fds, tokens)
     }
@@ -396,6 +410,7 @@ impl Session {
                 self.act(acts);
             }
             self.check_call_cpu();
+            self.check_displaced();
             if self.sampling() {
                 self.sample_memory(false);
             }
@@ -439,10 +454,8 @@ impl Session {
         echo_stderr(&self.echo.finish());
     }
 
-    /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up;
-    /// `release` frees the session's slot, once its guest is gone and before the worker is
-    /// told.
-    fn finish(mut self, release: impl FnOnce()) {
+    /// Sends the session's report (CLOSED after CLOSE, FAILED otherwise) and cleans up.
+    fn finish(mut self) {
         let report = self.report();
         self.server.metrics.session_ended(
             report.status.as_str(),
@@ -457,7 +470,9 @@ impl Session {
         } else {
             worker::FAILED
         };
-        release();
+        // Freed (or no longer lingering) before the worker hears the session ended: a worker
+        // that opens its next session as soon as CLOSED arrives must find room.
+        drop(self.slot.take());
         if !self.client.gone() {
             self.client.send_last(kind, report.to_json().as_bytes());
         }

@@ -77,14 +77,23 @@ impl Session {
             // A guest that did not exit within its grace after the close was killed: its
             // report says so as a timeout, not as a crash with no words.
             timed_out: self.phases.timed_out() || self.phases.exit_overdue(),
-            timeout_words: self.phases.exit_overdue().then(|| {
-                format!(
-                    "the session was closed, but its guest did not exit within {} s of its \
-                     input ending (an atexit handler, a thread, a finalizer that does not \
-                     return): killed",
-                    crate::serve::phases::EXIT_GRACE.as_secs()
-                )
-            }),
+            timeout_words: self
+                .phases
+                .exit_overdue()
+                .then(|| match self.phases.displaced_at() {
+                    Some(n) => format!(
+                        "the session was closed, but its guest had not exited when a newer \
+                         closed guest needed its place ({n} lingered, as many as \
+                         --max-executions): killed before its {} s exit grace ended",
+                        crate::serve::phases::EXIT_GRACE.as_secs()
+                    ),
+                    None => format!(
+                        "the session was closed, but its guest did not exit within {} s of \
+                         its input ending (an atexit handler, a thread, a finalizer that does \
+                         not return): killed",
+                        crate::serve::phases::EXIT_GRACE.as_secs()
+                    ),
+                }),
             protocol_error: self.phases.protocol_error(),
             output_exceeded: self.output_exceeded,
             notifications_exceeded: self.shared.budget.lock().unwrap().exceeded,

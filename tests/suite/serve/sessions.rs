@@ -342,6 +342,79 @@ print(json.dumps(out))
 }
 
 #[test]
+fn a_guest_that_outlives_its_close_holds_no_slot_and_lingerers_are_bounded() {
+    // Issue 27: one slot. A's guest never exits after its close; while it has its grace,
+    // B opens (the slot is free: A lingers, counted apart). B's guest does not exit either:
+    // as many guests as slots linger already, so A, the one that lingered longest, is
+    // killed and B takes its place. C opens beside B; C's close (its guest exits at once)
+    // displaces B in turn.
+    let worker = r#"
+import threading
+c = Client()
+out = {}
+def lingering(n):
+    while c.status()["lingering"] != n:
+        time.sleep(0.01)
+a = session("linger").open()
+out["a"] = a.call(b"x").decode()
+closing_a = threading.Thread(target=a.close)
+closing_a.start()
+lingering(1)
+out["status"] = c.status()
+b = session("linger").open()
+out["b"] = b.call(b"x").decode()
+closing_b = threading.Thread(target=b.close)
+closing_b.start()
+closing_a.join()
+out["a_report"] = [a.report["status"], a.report.get("error")]
+out["b_lingers"] = [b.report, c.status()["lingering"]]
+with session("mutate") as s:
+    out["c"] = s.call(b"c").decode()
+closing_b.join()
+out["b_report"] = [b.report["status"], b.report.get("error")]
+out["after"] = c.status()
+print(json.dumps(out))
+"#;
+    for zygote in [true, false] {
+        let (r, _) = in_both_modes_with(
+            "lingerslot",
+            worker,
+            "guest.run(getattr(m, sys.argv[1]))",
+            zygote,
+            &["--max-executions", "1", "--zygotes", "1"],
+        );
+        lingering_checks(&r);
+    }
+}
+
+fn lingering_checks(r: &serde_json::Value) {
+    assert_eq!(r["a"], "lingering");
+    assert_eq!(
+        (&r["status"]["open"], &r["status"]["lingering"]),
+        (&0.into(), &1.into()),
+        "{r}"
+    );
+    assert_eq!(r["b"], "lingering", "an OPEN beside a lingering guest: {r}");
+    assert_eq!(r["a_report"][0], "timeout", "{r}");
+    assert!(
+        r["a_report"][1]
+            .as_str()
+            .unwrap_or_default()
+            .contains("a newer closed guest needed its place (1 lingered"),
+        "{r}"
+    );
+    // A ended (displaced) while B still lingered: B's report had not come yet.
+    assert_eq!(r["b_lingers"], serde_json::json!([null, 1]), "{r}");
+    assert_eq!(r["c"], "1:c", "{r}");
+    assert_eq!(r["b_report"], r["a_report"], "{r}");
+    assert_eq!(
+        (&r["after"]["open"], &r["after"]["lingering"]),
+        (&0.into(), &0.into()),
+        "{r}"
+    );
+}
+
+#[test]
 fn a_worker_that_leaves_mid_call_takes_its_guest_along() {
     let worker = r#"
 import socket, time
@@ -728,6 +801,17 @@ fn in_both_modes(
     guest_line: &str,
     zygote: bool,
 ) -> (serde_json::Value, Outcome) {
+    in_both_modes_with(tag, worker, guest_line, zygote, &[])
+}
+
+/// [`in_both_modes`], with more arguments for `wfjail serve`.
+fn in_both_modes_with(
+    tag: &str,
+    worker: &str,
+    guest_line: &str,
+    zygote: bool,
+    args: &[&str],
+) -> (serde_json::Value, Outcome) {
     // `session(name, **kw)` opens a session of handler `name` in either mode.
     let worker = format!(
         "def session(name, **kw):\n    if os.environ.get(\"EXEC_MODE\"):\n        return Client().session(argv=[\"/usr/bin/python3\", DIR + \"/guest.py\", name], **kw)\n    return Client().session(handler=MOD + \":\" + name, **kw)\n{worker}"
@@ -740,7 +824,7 @@ fn in_both_modes(
             dir = s.0.display().to_string()
         ),
     );
-    let all = serve_args(&s, &module, zygote, &[]);
+    let all = serve_args(&s, &module, zygote, args);
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     let out = wfjail_with(&all, |c| {
         c.current_dir(&s.0);
