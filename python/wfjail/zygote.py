@@ -138,9 +138,17 @@ def _reseeding(handler: "Handler") -> "Handler":
         if pending:
             pending.clear()
             _reseed()
+            _forget_collector_history()
         return handler(request)
 
     return reseed_then_handle
+
+
+def _forget_collector_history() -> None:
+    """Collect the garbage the zygote's loop and this child's start left: the collector's
+    counts (``gc.get_count()``) then start from nothing in every session, whatever the
+    zygote did before the fork (the frozen preloaded heap is not walked)."""
+    gc.collect()
 
 
 def _begin_session() -> None:

@@ -161,3 +161,43 @@ fn a_zygote_sessions_pipe_inodes_and_free_space_are_the_same_in_its_replay() {
         &format!("two sessions of the same seed and time, others between, read the same: {r}"),
     );
 }
+
+const GC_WORKER: &str = r#"
+c = Client()
+out = []
+for i in range(3):
+    with c.session(handler=MOD + ":probe", seed=1, time_ns=1_000_000_000_000) as s:
+        out.append(json.loads(s.call(b"a")))
+    # Other sessions between, and the zygote's own work for them.
+    for j in range(i + 1):
+        with c.session(handler=MOD + ":noise", seed=2, time_ns=2_000_000_000_000, init={"k": "v" * 100 * j}) as s:
+            s.call(b"a")
+print(json.dumps(out))
+"#;
+
+// `gc.get_count()` in a zygote session was the zygote's history (how much its loop allocated
+// since the preloaded heap was frozen): the child collects before the session's first call.
+// `sys.getallocatedblocks()` is read here too but stays open (docs/security.md): the blocks
+// the zygote's loop left alive are in every child.
+#[test]
+fn a_zygote_sessions_gc_counts_are_the_same_in_its_replay() {
+    let module_src = "import gc, json, sys\n\
+         def probe(req):\n    return json.dumps([gc.get_count(), sys.getallocatedblocks()]).encode()\n\
+         def noise(init):\n    junk = [[object()] for _ in range(5000)]\n    return lambda req: str(len(junk)).encode()\n";
+    let (s, module) = serve_scratch("det-routes-gc", "gcr", module_src, "", &[], GC_WORKER);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = crate::common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    let out = wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    });
+    out.check(out.code == 0, "wfjail serve exits 0");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    out.check(
+        r[0][0] == r[1][0] && r[1][0] == r[2][0],
+        &format!("gc.get_count(): the same in three sessions of the same seed and time: {r}"),
+    );
+}
