@@ -176,9 +176,9 @@ print(json.dumps(out))
 "#;
 
 // `gc.get_count()` in a zygote session was the zygote's history (how much its loop allocated
-// since the preloaded heap was frozen): the child collects before the session's first call.
-// `sys.getallocatedblocks()` is read here too but stays open (docs/security.md): the blocks
-// the zygote's loop left alive are in every child.
+// since the preloaded heap was frozen): the child freezes its heap, which zeroes them, before
+// the session's first call. `sys.getallocatedblocks()` is read here too but stays open
+// (docs/security.md): the blocks the zygote's loop left alive are in every child.
 #[test]
 fn a_zygote_sessions_gc_counts_are_the_same_in_its_replay() {
     let module_src = "import gc, json, sys\n\
