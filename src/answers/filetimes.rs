@@ -135,52 +135,68 @@ fn set_inode(raw: &mut [u8], statx: bool, inodes: &mut Inodes) {
 }
 
 /// The answer to `statfs` (by path) or `fstatfs` of notification `n`: the supervisor makes
-/// the call on the guest's file (through `/proc/PID/root`, `/proc/PID/cwd` or
-/// `/proc/PID/fd/N`, opened `O_PATH`: the guest's mounts, its own `/proc` included) and
-/// answers with every block and inode free. A failure is the guest's errno; a guest gone
-/// lets the kernel answer.
+/// the call on the guest's file and answers with every block and inode free. A descriptor
+/// is reached through `/proc/PID/fd/N`; a path from the guest's root (`/proc/PID/root`, its
+/// cwd's path joined to a relative one) with `RESOLVE_IN_ROOT`, so that absolute symbolic
+/// links and `/proc` are the guest's, and without magic links. What the supervisor cannot
+/// reach so (a missing file, `/proc/self`, which names no process of the supervisor's, a
+/// magic link, a guest gone) is left to the kernel: its errors are the guest's own, and
+/// the file systems behind those paths (`proc`, `pipefs`) report no free space that moves.
 pub fn statfs_answer(n: &Notif, mem: &dyn GuestMemory, name: &str) -> Answer {
-    let (target, buf) = if name == "fstatfs" {
+    let file = if name == "fstatfs" {
         let fd = n.args[0] as i32;
         if fd < 0 {
-            return Answer::Errno(libc::EBADF);
+            return Answer::Continue; // EBADF: the kernel says so
         }
-        (format!("/proc/{}/fd/{fd}", n.pid), n.args[1])
+        open_path(&format!("/proc/{}/fd/{fd}", n.pid))
     } else {
-        let path = match mem.read_path(n.args[0]) {
-            Ok(p) => p,
-            Err(crate::guest_memory::PathError::TooLong) => {
-                return Answer::Errno(libc::ENAMETOOLONG);
-            }
-            Err(crate::guest_memory::PathError::Unreadable) => return Answer::Errno(libc::EFAULT),
+        let Ok(path) = mem.read_path(n.args[0]) else {
+            return Answer::Continue; // EFAULT, ENAMETOOLONG: the kernel says so
         };
-        if path.is_empty() {
-            return Answer::Errno(libc::ENOENT);
-        }
-        let path = String::from_utf8_lossy(&path).into_owned();
-        match path.strip_prefix('/') {
-            Some(abs) => (format!("/proc/{}/root/{abs}", n.pid), n.args[1]),
-            None => (format!("/proc/{}/cwd/{path}", n.pid), n.args[1]),
-        }
+        in_guest_root(n.pid, &path)
     };
-    let file = match open_path_errno(&target) {
-        Ok(f) => f,
-        // The guest's own descriptor table or cwd is gone: it is exiting.
-        Err(_) if !std::path::Path::new(&format!("/proc/{}", n.pid)).exists() => {
-            return Answer::Continue;
-        }
-        Err(e) if name == "fstatfs" && e == libc::ENOENT => return Answer::Errno(libc::EBADF),
-        Err(e) => return Answer::Errno(e),
+    let Some(file) = file else {
+        return Answer::Continue;
     };
-    let mut st = match crate::sys::fstatfs_raw(file.as_fd()) {
-        Ok(st) => st,
-        Err(e) => return Answer::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+    let Ok(mut st) = crate::sys::fstatfs_raw(file.as_fd()) else {
+        return Answer::Continue;
     };
     set_all_free(&mut st);
     Answer::Value {
         ret: 0,
-        writes: vec![(buf, st.to_vec())],
+        writes: vec![(n.args[1], st.to_vec())],
     }
+}
+
+/// `path` as guest `pid` names it, opened `O_PATH` from its root (`None`: not reachable
+/// that way).
+fn in_guest_root(pid: u32, path: &[u8]) -> Option<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.is_empty() {
+        return None;
+    }
+    let mut full = if path.starts_with(b"/") {
+        Vec::new()
+    } else {
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        let mut c = cwd.as_os_str().as_bytes().to_vec();
+        if !c.starts_with(b"/") {
+            return None; // not reachable from its root
+        }
+        c.push(b'/');
+        c
+    };
+    full.extend_from_slice(path);
+    let full = std::ffi::CString::new(full).ok()?;
+    let root = open_path(&format!("/proc/{pid}/root"))?;
+    crate::sys::openat2(
+        root.as_fd(),
+        &full,
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .ok()
 }
 
 /// Makes a raw `struct statfs` say every block and inode is free.
@@ -220,16 +236,6 @@ fn open_path(path: &str) -> Option<OwnedFd> {
         .open(path)
         .ok()
         .map(OwnedFd::from)
-}
-
-fn open_path_errno(path: &str) -> Result<OwnedFd, i32> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)
-        .map(OwnedFd::from)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOENT))
 }
 
 #[cfg(test)]

@@ -29,8 +29,14 @@ def routes(d):
         missing = 0
     except OSError as e:
         missing = e.errno
+    try:
+        os.statvfs("/proc/self")  # names no process of the supervisor's: the kernel answers
+        proc_self = 0
+    except OSError as e:
+        proc_self = e.errno
     return json.dumps({"ino": ino, "du": list(du), "ffree": [v.f_ffree, v.f_files, v.f_favail],
-                       "pipefs": [fv.f_bfree, fv.f_blocks], "missing": missing})
+                       "pipefs": [fv.f_bfree, fv.f_blocks], "missing": missing,
+                       "proc_self": proc_self})
 "#;
 
 /// What the host does between a run and its replay: pipes made (the inode counter moves)
@@ -70,6 +76,10 @@ fn checks(o: &Outcome, v: &serde_json::Value, what: &str) {
     o.check(
         v["missing"] == libc::ENOENT,
         &format!("{what}: statvfs of a missing path: ENOENT, as the kernel's ({v})"),
+    );
+    o.check(
+        v["proc_self"] == 0,
+        &format!("{what}: statvfs of /proc/self works as in the kernel ({v})"),
     );
 }
 
