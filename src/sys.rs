@@ -1322,6 +1322,21 @@ pub fn statx_raw(fd: BorrowedFd<'_>, sync: u32, mask: u32) -> io::Result<[u8; 25
     }
 }
 
+/// `struct statfs` of `fd` as raw bytes (`fstatfs`): what the kernel copies to a guest's
+/// `statfs`/`fstatfs` buffer.
+pub fn fstatfs_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; 120]> {
+    const _: () = assert!(std::mem::size_of::<libc::statfs>() == 120);
+    let mut buf = [0u8; 120];
+    // SAFETY: the kernel writes one `struct statfs` (120 bytes on x86_64, checked above) into
+    // our buffer of that size.
+    let r = unsafe { libc::syscall(libc::SYS_fstatfs, fd.as_raw_fd(), buf.as_mut_ptr()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(buf)
+    }
+}
+
 /// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
 /// `check`'s probes, and `process`'s of root's user-namespace id maps, both try a step the
 /// way the confined child takes it.

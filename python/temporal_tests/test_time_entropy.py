@@ -8,6 +8,9 @@ test_jailed_runner.py:
 """
 
 import asyncio
+import os
+import socket
+import tempfile
 import unittest
 
 from temporalio.worker import Replayer
@@ -34,6 +37,35 @@ class TimeAndEntropyTests(DevServerTestCase):
         self.assertEqual(seen["time at import"], 946_684_800 * 10**9, seen)
         self.assertEqual(seen["os.getpid()"], seen["posix.getpid()"])
         self.assertEqual(seen["resource.getrusage()"], [0.0, 0.0, 0, 0, 0], seen)
+
+    def test_replays_in_a_used_zygote_read_the_same(self):
+        """Issue 27: a replay in a zygote that served sessions before (its history moved the
+        collector's counts), after the host made pipes and wrote to the disk (the inode
+        counter and the free space moved), reads what the run read."""
+        async def go():
+            seen, history = await self.run_jailed([P.Probes], P.Probes.run, "probes-used")
+            pipes = [socket.socketpair() for _ in range(64)]
+            with tempfile.NamedTemporaryFile(dir=os.getcwd()) as f:
+                f.write(b"\7" * (8 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+
+                async def histories():
+                    for _ in range(3):
+                        yield history
+
+                replay = await Replayer(workflows=[P.Probes],
+                                        workflow_runner=JailedWorkflowRunner()
+                                        ).replay_workflows(histories(),
+                                                           raise_on_replay_failure=False)
+            for a, b in pipes:
+                a.close()
+                b.close()
+            return seen, replay
+
+        seen, replay = asyncio.run(go())
+        self.assertEqual(dict(replay.replay_failures), {},
+                         "a value differed in a replay (first run: %s)" % seen)
 
 
 if __name__ == "__main__":

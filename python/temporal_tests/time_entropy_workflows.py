@@ -4,11 +4,14 @@ compares, so a value that differs between a run and its replay fails the replay 
 SDK's nondeterminism error."""
 
 import ctypes
+import gc
 import hashlib
 import json
 import os
 import posix
 import resource
+import shutil
+import socket
 import time
 from datetime import timedelta
 
@@ -40,6 +43,15 @@ def facts():
         "fstat of its stdout": os.fstat(1).st_mtime_ns,
         "AT_RANDOM": ctypes.string_at(libc.getauxval(25), 16).hex(),
     }
+    # Issue 27: a pipe's and a socket's inode number (a host-wide counter), the free space
+    # others change, the collector's counts (the zygote's history).
+    a, b = socket.socketpair()
+    out["st_ino of a pipe and a socket pair"] = [os.fstat(r).st_ino, os.fstat(a.fileno()).st_ino,
+                                                 os.fstat(b.fileno()).st_ino]
+    out["shutil.disk_usage('/')"] = list(shutil.disk_usage("/"))
+    out["gc.get_count()"] = list(gc.get_count())
+    a.close()
+    b.close()
     os.close(r)
     os.close(w)
     return out

@@ -76,6 +76,9 @@ pub struct State<'v> {
     pub clock: Option<i64>,
     /// The virtual monotonic clock, under `clock = "virtual"` (`monotonic.rs`).
     pub monotonic: &'v mut crate::answers::monotonic::Monotonic,
+    /// The inode numbers its pipes and sockets read, under `clock = "virtual"`
+    /// (`filetimes.rs`).
+    pub inodes: &'v mut crate::answers::filetimes::Inodes,
     /// `wfjail learn`: every violation is also appended here (up to [`MAX_LEARNED`], and
     /// [`MAX_LEARNED_BYTES`] of arguments counted in the second).
     pub learned: Option<(&'v mut Vec<Violation>, &'v mut usize)>,
@@ -173,7 +176,7 @@ pub fn handle(
     state: State<'_>,
     kill: impl FnOnce(),
 ) -> Handled {
-    let clock = state.clock.map(|now| (now, state.monotonic));
+    let clock = state.clock.map(|now| (now, state.monotonic, state.inodes));
     let Some((answer, violation)) = answer_for(listener, n, rules, state.entropy, clock) else {
         return Handled::Quiet; // the call is gone: what was read may not be its own
     };
@@ -209,7 +212,11 @@ fn answer_for(
     n: &Notif,
     rules: Rules<'_>,
     entropy: Option<&mut Entropy>,
-    clock: Option<(i64, &mut crate::answers::monotonic::Monotonic)>,
+    clock: Option<(
+        i64,
+        &mut crate::answers::monotonic::Monotonic,
+        &mut crate::answers::filetimes::Inodes,
+    )>,
 ) -> Option<(Answer, Option<Violation>)> {
     let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
     let decision = rules.decisions.get(n.nr as u32).filter(|_| native);
@@ -226,14 +233,14 @@ fn answer_for(
         return Some((cpu_answer(&n.args, cpus), None));
     }
     // Workflow time: the wall clock reads the execution's time, not a violation.
-    if let (Some(d), Some((now, monotonic))) = (decision, clock)
+    if let (Some(d), Some((now, monotonic, inodes))) = (decision, clock)
         && matches!(d.check, Check::Clock | Check::Usage | Check::Stat)
     {
-        // A descriptor's times (filetimes.rs).
+        // A descriptor's times and inode number, a file system's free space (filetimes.rs).
         if d.check == Check::Stat {
             let mem = ProcessMemory { pid: n.pid };
             return Some((
-                crate::answers::filetimes::answer(n, &mem, d.name, now),
+                crate::answers::filetimes::answer(n, &mem, d.name, now, inodes),
                 None,
             ));
         }

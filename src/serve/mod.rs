@@ -245,6 +245,8 @@ pub struct Determinism {
     pub seed: Option<u64>,
     /// The session's virtual monotonic clock (`clock = "virtual"`).
     pub monotonic: crate::answers::monotonic::Monotonic,
+    /// The inode numbers its pipes and sockets read (`clock = "virtual"`).
+    pub inodes: crate::answers::filetimes::Inodes,
     /// The guest has said HELLO: its `getrandom` draws from `entropy`. Before (a zygote's
     /// child between its fork and its session), fixed bytes: how much it drew then depends
     /// on timing (whether a spare was ready), which must not shift the session's stream.
@@ -268,6 +270,7 @@ impl Determinism {
             entropy: seed.map(crate::answers::entropy::Entropy::new),
             seed,
             monotonic: Default::default(),
+            inodes: Default::default(),
             armed: false,
             begun: false,
         }

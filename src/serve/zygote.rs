@@ -292,6 +292,7 @@ impl Zygote {
     ) {
         // The zygote's own virtual monotonic clock (`clock = "virtual"`).
         let mut own_clock = crate::answers::monotonic::Monotonic::default();
+        let mut own_inodes = crate::answers::filetimes::Inodes::default();
         // Whether the policy pins a session's pid (`getpid` then reaches the router).
         let pid_pinned = syscalls::number("getpid")
             .and_then(|nr| rules.decisions.get(nr))
@@ -387,6 +388,7 @@ impl Zygote {
                         entropy: None,
                         clock: Some(PRELOAD_INSTANT),
                         monotonic: &mut own_clock,
+                        inodes: &mut own_inodes,
                         learned: None,
                     };
                     notify::handle(listener.as_fd(), &n, rules, state, || {});
@@ -465,12 +467,18 @@ impl Zygote {
             let mut unarmed = crate::answers::entropy::Entropy::new(0);
             // Before HELLO a spare's clock reads do not move its session's monotonic clock.
             let mut unarmed_clock = crate::answers::monotonic::Monotonic::default();
-            let (entropy, monotonic) = if det_now.armed {
-                (det_now.entropy.as_mut(), &mut det_now.monotonic)
+            let mut unarmed_inodes = crate::answers::filetimes::Inodes::default();
+            let (entropy, monotonic, inodes) = if det_now.armed {
+                (
+                    det_now.entropy.as_mut(),
+                    &mut det_now.monotonic,
+                    &mut det_now.inodes,
+                )
             } else {
                 (
                     det_now.entropy.as_mut().map(|_| &mut unarmed),
                     &mut unarmed_clock,
+                    &mut unarmed_inodes,
                 )
             };
             let state = notify::State {
@@ -478,6 +486,7 @@ impl Zygote {
                 entropy,
                 clock,
                 monotonic,
+                inodes,
                 learned: None,
             };
             let killed = notify::handle(listener.as_fd(), &n, rules, state, || kill_caller(&n));

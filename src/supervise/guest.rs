@@ -61,6 +61,7 @@ pub struct Answers {
     /// The workflow time (`clock = "virtual"`).
     pub clock: Option<i64>,
     pub monotonic: Monotonic,
+    pub inodes: crate::answers::filetimes::Inodes,
     /// `wfjail learn`: every violation, and the bytes of their arguments.
     pub learned: Option<(Vec<Violation>, usize)>,
 }
@@ -82,6 +83,7 @@ impl Answering for Answers {
             entropy: self.entropy.as_mut(),
             clock: self.clock,
             monotonic: &mut self.monotonic,
+            inodes: &mut self.inodes,
             learned: self.learned.as_mut().map(|(l, b)| (l, b)),
         };
         notify::handle(listener, n, rules, state, kill)
@@ -320,6 +322,7 @@ pub(crate) mod tests {
             entropy: None,
             clock: None,
             monotonic: Monotonic::default(),
+            inodes: Default::default(),
             learned: None,
         }
     }

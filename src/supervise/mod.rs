@@ -256,6 +256,7 @@ pub fn supervise(
         entropy: o.seed.map(entropy::Entropy::new),
         clock: o.clock,
         monotonic: monotonic::Monotonic::default(),
+        inodes: Default::default(),
         learned: learn.then(|| (Vec::new(), 0)),
     };
     let pid = child.pid;

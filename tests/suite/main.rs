@@ -36,6 +36,7 @@ mod cli {
 }
 mod determinism {
     mod environment;
+    mod routes;
     mod seeded;
 }
 mod faults;

@@ -38,7 +38,7 @@ pub fn check(policy: &Policy, shape: Shape, name: &str) -> Option<Check> {
         "clock_gettime" | "gettimeofday" | "time" => Some(Check::Clock),
         "getrusage" | "times" | "sysinfo" => Some(Check::Usage),
         "getpid" | "gettid" if shape.zygote => Some(Check::Pid),
-        "fstat" | "newfstatat" | "statx" => Some(Check::Stat),
+        "fstat" | "newfstatat" | "statx" | "statfs" | "fstatfs" => Some(Check::Stat),
         _ => None,
     }
 }
@@ -90,10 +90,12 @@ pub fn leaves(
                 supervise: None,
             },
         );
-        // The wall clock, resource usage and a descriptor's stat (a pipe's or a /proc
-        // file's times are the clock's: answers/filetimes.rs).
+        // The wall clock, resource usage, a descriptor's stat (a pipe's or a /proc
+        // file's times are the clock's, a pipe's inode number the execution's:
+        // answers/filetimes.rs) and a file system's free space (all free). No import
+        // makes a `statfs`.
         let mut supervised = vec!["gettimeofday", "time", "getrusage", "times", "sysinfo"];
-        supervised.push("fstat");
+        supervised.extend(["fstat", "statfs", "fstatfs"]);
         if shape.zygote {
             // A session's pid and thread id are pinned (its siblings share the zygote's
             // namespace).

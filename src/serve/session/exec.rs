@@ -42,6 +42,7 @@ impl Answering for Arc<SessionShared> {
             entropy: det.entropy.as_mut(),
             clock: det.clock,
             monotonic: &mut det.monotonic,
+            inodes: &mut det.inodes,
             learned: None,
         };
         notify::handle(listener, n, rules, state, kill)
