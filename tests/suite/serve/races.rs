@@ -101,11 +101,15 @@ rounds = []
 for i in range(20):
     a, b = connect(), connect()
     barrier = threading.Barrier(2)
+    answered = threading.Barrier(2)
     got = {}
     def race(name, s):
         barrier.wait()
         s.sendall(frame(OPEN, OPEN_DOC))
         got[name] = one(s)
+        # Both answered before the winner closes: a CLOSE frees its slot at once, and an
+        # OPEN read after it (a loaded machine) is rightly served.
+        answered.wait()
         if got[name][0] == "OPENED":
             s.sendall(frame(CALL, name.encode() + b"%d" % i))
             got[name + "-call"] = one(s)
