@@ -74,7 +74,8 @@ class RecordsTests(DevServerTestCase):
         for w in seen:
             by_class.setdefault(w.category, []).append(w)
         mine = by_class[R.RecordsWarning]
-        self.assertEqual([str(w.message) for w in mine], ["records: a warning of the workflow" + sender])
+        self.assertEqual([str(w.message) for w in mine],
+                         ["records: a warning of the workflow" + sender])
         self.assertEqual(mine[0].filename, R.__file__ + CHILD)
         self.assertEqual(mine[0].lineno, _line_of("WARN_LINE"))
         self.assertEqual([str(w.message) for w in by_class[DeprecationWarning]],
