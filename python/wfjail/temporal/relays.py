@@ -137,7 +137,7 @@ OWNED_EXTRA_KEYS = frozenset({
     "temporal_workflow", "workflow_info", "temporal_activity", "activity_info",
     "trace_id", "span_id", "trace_flags", "run_id", "workflow_id", "workflow_type",
     "namespace", "task_queue", "activity_id", "activity_type", "service", "operation"})
-OWNED_EXTRA_PREFIXES = ("otel", "wfjail", "temporal")
+OWNED_EXTRA_PREFIXES = ("otel", "wfjail", "temporal_")
 GUEST_PREFIX = "wfjail_guest_"
 # The key on every relayed record that names the sending run (the worker's own values).
 RUN_KEY = "wfjail_run"
