@@ -63,16 +63,23 @@ class RecordsTests(DevServerTestCase):
                                     module="records_workflows")
             warnings.simplefilter("always", UserWarning)
             warnings.simplefilter("always", workflow.UnfinishedSignalHandlersWarning)
-            self.assertEqual(self.jailed([R.Warns], R.Warns.run, _hang_then_result), "warned")
+            async def then(client, h):
+                return h.id, h.result_run_id, await _hang_then_result(client, h)
+
+            wid, run_id, result = self.jailed([R.Warns], R.Warns.run, then)
+            self.assertEqual(result, "warned")
+        # Each warning's text is followed by the sending run, set by the worker (issue 27).
+        sender = " [wfjail: warned by workflow Warns, workflow_id %s, run_id %s]" % (wid, run_id)
         by_class = {}
         for w in seen:
             by_class.setdefault(w.category, []).append(w)
         mine = by_class[R.RecordsWarning]
-        self.assertEqual([str(w.message) for w in mine], ["records: a warning of the workflow"])
+        self.assertEqual([str(w.message) for w in mine],
+                         ["records: a warning of the workflow" + sender])
         self.assertEqual(mine[0].filename, R.__file__ + CHILD)
         self.assertEqual(mine[0].lineno, _line_of("WARN_LINE"))
         self.assertEqual([str(w.message) for w in by_class[DeprecationWarning]],
-                         ["records: deprecated"])
+                         ["records: deprecated" + sender])
         unfinished = by_class[workflow.UnfinishedSignalHandlersWarning]
         self.assertEqual(len(unfinished), 1)
         self.assertIn("[TMPRL1102] Workflow finished while signal handlers are still running",
@@ -239,7 +246,9 @@ class RecordsTests(DevServerTestCase):
         self.assertEqual(len(spam), relays.MAX_LOG_RECORDS - 4)
         self.assertEqual(len(kept) + len(other), relays.MAX_LOG_RECORDS)
         record = next(r for r in kept if r.getMessage().startswith("forged"))
-        self.assertEqual(record.getMessage(), "forged" + _escaped(R.FORGED))
+        # The child's text, then the SDK's identity suffix made by the worker (issue 27).
+        self.assertEqual(record.getMessage(), "forged%s (%s)" % (_escaped(R.FORGED),
+                                                                 record.temporal_workflow))
         # The run's identity is the worker's; the child's update id stays, escaped.
         identity = record.temporal_workflow
         self.assertEqual((identity["workflow_id"], identity["namespace"]), (wid, "default"))
@@ -269,7 +278,9 @@ class RecordsTests(DevServerTestCase):
         self.assertIn("Err\\x0a2026", formatted)
         # Not JSON (an unclosed array): the text, escaped, cut.
         self.assertTrue([r for r in kept if r.getMessage().startswith(
-            relays.RECORD_MARK + "[[[") and len(r.getMessage()) < relays.MAX_LOG_TEXT + 100])
+            relays.RECORD_MARK + "[[[") and r.getMessage().endswith(
+                "characters) (%s)" % r.temporal_workflow)
+            and len(r.getMessage()) < relays.MAX_LOG_TEXT + 400])  # (+ the sender's suffix)
         # temporalio names the worker does not have go to CHILD_LOGGER, escaped.
         names = sorted(r.wfjail_logger for r in other)
         self.assertEqual(names, sorted(["temporalio.nonexistent" + _escaped(R.FORGED),

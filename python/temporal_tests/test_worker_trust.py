@@ -367,8 +367,10 @@ class LogTests(unittest.TestCase):
         self.assertTrue(text.startswith(
             "done\\x0a2026-12-01 ERROR temporalio.worker credentials rotated\\x0d\\x1b[2J"
             "\\x1b]0;owned\\x07\\u2028\\x85tab\tkept xxx"), text[:200])
-        self.assertTrue(text.endswith("x... (%d more characters)"
-                                      % (len(said) - relays.MAX_LOG_TEXT)), text[-60:])
+        # Cut, then the sender's identity suffix, the worker's (issue 27).
+        self.assertTrue(text.endswith("x... (%d more characters) (%s)" % (
+            len(said) - relays.MAX_LOG_TEXT, records[0].temporal_workflow)), text[-300:])
+        self.assertEqual(records[0].wfjail_run, records[0].temporal_workflow)
         self.assertNotIn("\n", text)
         self.assertEqual(records[0].temporal_workflow["workflow_id"], "wf-a")
         self.assertEqual(records[1].levelno, logging.CRITICAL)
@@ -605,7 +607,7 @@ class LogFloodTests(unittest.TestCase):
             inst.activate(_activation())
         texts = [r.getMessage() for r in records]
         self.assertEqual(len(texts), relays.MAX_LOG_RECORDS + 1)
-        self.assertEqual(texts[-1], "next activation")
+        self.assertEqual(texts[-1], "next activation (%s)" % records[-1].temporal_workflow)
         self.assertEqual(len(said.records), 1)
         self.assertIn("dropped %d log records" % (5000 - relays.MAX_LOG_RECORDS),
                       said.records[0].getMessage())

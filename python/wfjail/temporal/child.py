@@ -226,6 +226,11 @@ def _relay_records(settings: dict[str, Any] | None) -> None:
     for key, value in settings.get("adapter", {}).items():
         if isinstance(value, bool) and isinstance(getattr(adapter, key, None), bool):
             setattr(adapter, key, value)
+    # The worker adds the run's identity to the text itself (relays.LogRelay), and takes
+    # the update's id and name from temporal_workflow: the child's SDK adds no suffix and
+    # always sends them.
+    adapter.workflow_info_on_message = False
+    adapter.workflow_info_on_extra = True
 
 
 # The warnings sent to the worker in the activation in progress (at most MAX_WARNINGS),

@@ -109,8 +109,14 @@ MAX_RECORD_BYTES = 256 * 1024
 WARNING_MARK = b"wfjail.warning:"
 MAX_WARNINGS = 100
 MAX_WARNING_BYTES = 64 * 1024
-# Where the records of a child's loggers that are not one of the worker's own
-# ``temporalio.*`` loggers go (the child's logger name in the record's ``wfjail_logger``).
+# The loggers a child's record may land on: the ones workflow code and the SDK's workflow
+# machinery (which runs in the child) log on in process. A record naming any other logger
+# (``temporalio.activity``, ``temporalio.worker``, ``temporalio.client``, ``wfjail.*``, a
+# user's own...) goes to CHILD_LOGGER, its name in the record's ``wfjail_logger``: a handler
+# of the worker's activity or worker loggers never sees a child's record.
+WORKFLOW_LOGGERS = frozenset({"temporalio.workflow", "temporalio.worker._workflow_instance",
+                              "temporalio.worker._workflow"})
+WORKFLOW_LOGGER_PREFIXES = ("temporalio.worker.workflow_sandbox.",)
 CHILD_LOGGER = "wfjail.temporal.child"
 # A child's ``extra``: at most this many keys (names as Python identifiers, at most 64
 # characters), values JSON of at most this depth, items and characters of a string.
@@ -119,13 +125,28 @@ MAX_EXTRA_DEPTH = 4
 MAX_EXTRA_ITEMS = 256
 MAX_EXTRA_TEXT = 1024
 # What a child's extra may not set: a LogRecord's own attributes (msg, args, exc_info,
-# levelno...), what formatters add, and what the relay sets itself.
-RESERVED_RECORD_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {
-    "message", "asctime", "wfjail", "wfjail_logger"}
+# levelno...), what formatters add (dropped).
+RESERVED_RECORD_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# Keys the SDK, OpenTelemetry's logging instrumentation and log pipelines correlate on, and
+# the relay's own: a child's value of one is kept as ``GUEST_PREFIX + key`` (never under the
+# key itself); the worker sets the true ones it knows (``temporal_workflow``,
+# ``workflow_info``, ``wfjail_run``; a record factory of the worker's, such as OpenTelemetry's
+# ``otel*``). ``temporal_workflow`` and ``workflow_info`` are the SDK's workflow keys: the
+# worker's values (``LogRelay``).
+OWNED_EXTRA_KEYS = frozenset({
+    "temporal_workflow", "workflow_info", "temporal_activity", "activity_info",
+    "trace_id", "span_id", "trace_flags", "run_id", "workflow_id", "workflow_type",
+    "namespace", "task_queue", "activity_id", "activity_type", "service", "operation"})
+OWNED_EXTRA_PREFIXES = ("otel", "wfjail", "temporal_")
+GUEST_PREFIX = "wfjail_guest_"
+# The key on every relayed record that names the sending run (the worker's own values).
+RUN_KEY = "wfjail_run"
 # The keys of the SDK's ``temporal_workflow`` extra that say which run logged: the worker's
-# own values, whatever the child says (the child may add others: an update's id and name).
+# own values, whatever the child says; the child's update id and name (the SDK's, in an
+# update handler) are kept, escaped.
 IDENTITY_KEYS = ("attempt", "namespace", "run_id", "task_queue", "workflow_id",
                  "workflow_type")
+UPDATE_KEYS = ("update_id", "update_name")
 # The SDK's extra that carries the whole ``workflow.Info``: the worker's own object.
 FULL_INFO_KEY = "workflow_info"
 # At most this many characters of logger names and levels cross to a child at session open
@@ -234,37 +255,72 @@ def _extra_value(value: object, depth: int, budget: _Budget) -> Any:
     return None
 
 
+def workflow_logger(name: object) -> bool:
+    """Whether a child's record may land on the worker's logger of this name
+    (WORKFLOW_LOGGERS)."""
+    if not isinstance(name, str):
+        return False
+    if name in WORKFLOW_LOGGERS:
+        return True
+    # Under the sandbox's prefix, only a logger the worker has (a child makes none).
+    return name.startswith(WORKFLOW_LOGGER_PREFIXES) and _DOTTED.match(name) is not None \
+        and isinstance(logging.Logger.manager.loggerDict.get(name), logging.Logger)
+
+
+def guest_key(key: str) -> str:
+    """The key a child's extra key is kept under: its own, or GUEST_PREFIX and it for a key
+    the SDK, OpenTelemetry or the relay owns (OWNED_EXTRA_KEYS, OWNED_EXTRA_PREFIXES; the
+    prefix itself is owned, so no key of a child's lands on another's renamed name)."""
+    if key in OWNED_EXTRA_KEYS or key.lower().startswith(OWNED_EXTRA_PREFIXES):
+        return GUEST_PREFIX + key
+    return key
+
+
 class LogRelay:
     """The worker side of a run's log records and warnings.
 
     A record (the child's ``_ToWorker``: RECORD_MARK and JSON) is made again on the worker's
-    logger of the same name (one of the worker's own ``temporalio.*`` loggers; anything
-    else on CHILD_LOGGER, the child's name in ``wfjail_logger``), with its level, message,
+    logger of the same name when it is one of the workflow loggers (``workflow_logger``:
+    ``temporalio.workflow`` and the SDK's workflow machinery); any other name (the SDK's
+    activity, worker or client loggers, ``wfjail.*``, the workflow's own loggers) on
+    CHILD_LOGGER, the child's name in ``wfjail_logger``. It keeps its level, message,
     function, line, file (``pathname`` and ``filename`` marked ``[confined child]``: the
     worker never opens it), traceback and stack (parsed: ``stack.stack_text``) and the
-    SDK's ``extra``; the run's identity in ``temporal_workflow`` and the whole
-    ``workflow_info`` are the worker's own, never the child's. A LOG frame of plain text
-    (``wfjail.guest.log``) goes to ``temporalio.workflow`` with the run's identity. Every
-    text is one line of the worker's log, escaped (``escape``: no forged records, no
-    terminal escapes) and bounded; a child's extra never sets a LogRecord attribute
-    (RESERVED_RECORD_KEYS); every record carries ``wfjail = True``. At most MAX_LOG_RECORDS
-    records of an activation (``begin``) are relayed; ``dropped`` counts the rest.
+    child's ``extra``, less what the child may not set. The worker names the sending run on
+    every record: ``wfjail_run`` (the run's namespace, task queue, workflow id, run id,
+    workflow type and attempt), ``temporal_workflow`` as the SDK sets it (when the worker's
+    ``workflow.logger.workflow_info_on_extra``: those values, and the child's update id and
+    name) and ``workflow_info`` (the worker's ``Info``, when the child's SDK or the worker's
+    adapter asks for it); on ``temporalio.workflow``, the SDK's identity suffix after the
+    child's text, made by the worker (when its ``workflow_info_on_message``; the child's SDK
+    adds none), so that the last ``(...)`` of such a line is always the sender's. A key of
+    the child's extra that the SDK, OpenTelemetry or the relay owns is kept as
+    ``wfjail_guest_<key>`` (``guest_key``), and one a record factory of the worker's sets is
+    the factory's. A LOG frame of plain text (``wfjail.guest.log``) goes to
+    ``temporalio.workflow`` the same way. Every text is one line of the worker's log,
+    escaped (``escape``: no forged records, no terminal escapes) and bounded; every record
+    carries ``wfjail = True``. At most MAX_LOG_RECORDS records of an activation (``begin``)
+    are relayed; ``dropped`` counts the rest.
 
     A warning (``warning``, an upcall) goes through the worker's ``warnings`` machinery
     while the child waits, with the worker's Warning class of the name the child gives
-    (``warning_category``; an unknown name is a ``UserWarning`` that says it) and the
-    workflow's file (marked) and line; when a filter makes it an error, the child raises it
-    in workflow code, as in process. At most MAX_WARNINGS of an activation."""
+    (``warning_category``; an unknown name is a ``UserWarning`` that says it), the
+    workflow's file (marked) and line, and its text followed by the sending run
+    (``warning_suffix``); when a filter makes it an error, the child raises it in workflow
+    code, as in process. At most MAX_WARNINGS of an activation."""
 
     def __init__(self, info: temporalio.workflow.Info) -> None:
         self._info = info
         self._logger = logging.getLogger("temporalio.workflow")
+        # As the SDK's Info._logger_details, in its order.
         self._identity = {
-            "namespace": info.namespace, "task_queue": info.task_queue,
-            "workflow_id": info.workflow_id, "run_id": info.run_id,
-            "workflow_type": info.workflow_type, "attempt": info.attempt,
+            "attempt": info.attempt, "namespace": info.namespace, "run_id": info.run_id,
+            "task_queue": info.task_queue, "workflow_id": info.workflow_id,
+            "workflow_type": info.workflow_type,
         }
-        self._extra = {"temporal_workflow": self._identity, "wfjail": True}
+        self._warning_suffix = " [wfjail: warned by workflow %s, workflow_id %s, run_id %s]" % (
+            escape(info.workflow_type, MAX_STACK_NAME), escape(info.workflow_id, MAX_STACK_NAME),
+            escape(info.run_id, MAX_STACK_NAME))
         # The "default"/"module" actions' registry for this run's warnings (bounded).
         self._warning_registry: dict[Any, Any] = {}
         self.relayed = 0
@@ -289,33 +345,57 @@ class LogRelay:
                 return
         level = min(max(int(level), logging.DEBUG), logging.CRITICAL)
         if self._logger.isEnabledFor(level):
-            self._logger.log(level, "%s", escape(text, MAX_LOG_TEXT), extra=self._extra)
+            msg, extra = self._identify(self._logger, escape(text, MAX_LOG_TEXT), {}, None)
+            self._logger.log(level, "%s", msg, extra=extra)
+
+    def _identify(self, logger: logging.Logger, text: str, updates: dict[str, Any],
+                  child_full: object) -> tuple[str, dict[str, Any]]:
+        """The record's text and the extra the worker sets on it: the sending run, as the
+        class says; ``updates`` the child's update id and name (escaped strings)."""
+        adapter = temporalio.workflow.logger
+        extra: dict[str, Any] = {"wfjail": True, RUN_KEY: dict(self._identity)}
+        if getattr(adapter, "workflow_info_on_extra", True):
+            extra["temporal_workflow"] = {**self._identity, **updates}
+        if child_full is not None or getattr(adapter, "full_workflow_info_on_extra", False):
+            extra[FULL_INFO_KEY] = self._info
+        if logger is self._logger and getattr(adapter, "workflow_info_on_message", True):
+            text = "%s (%s)" % (text, {**self._identity, **updates})
+        return text, extra
 
     def _record(self, doc: dict[str, Any]) -> None:
         level = doc.get("level")
         level = min(max(level if isinstance(level, int) else logging.INFO, logging.DEBUG),
                     logging.CRITICAL)
         name = doc.get("name")
-        logger = None
-        if isinstance(name, str) and (name == "temporalio" or name.startswith("temporalio.")) \
-                and _DOTTED.match(name):
-            found = logging.Logger.manager.loggerDict.get(name)
-            logger = found if isinstance(found, logging.Logger) else None
-        extra: dict[str, Any] = {"wfjail": True}
-        if logger is None:
+        marked: dict[str, Any] = {}
+        if workflow_logger(name):
+            logger = logging.getLogger(name)  # (one of a few names: bounded)
+        else:
             logger = logging.getLogger(CHILD_LOGGER)
-            extra["wfjail_logger"] = escape(name, MAX_STACK_NAME)
+            marked["wfjail_logger"] = escape(name, MAX_STACK_NAME)
         if not logger.isEnabledFor(level):
             return
-        extra.update(self._child_extra(doc.get("extra")))
+        given = doc.get("extra")
+        given = given if isinstance(given, dict) else {}
+        child_extra, updates = self._child_extra(given)
+        msg, extra = self._identify(logger, escape(doc.get("msg", ""), MAX_LOG_TEXT), updates,
+                                    given.get(FULL_INFO_KEY))
         path = _text(doc.get("path"), MAX_STACK_NAME * 4)
         stack = doc.get("stack")
+        # No extra to makeRecord: what the worker's record factory sets stays its own
+        # (makeRecord would raise on a child's key that overwrites it).
         record = logger.makeRecord(
             logger.name, level, (path or "(unknown file)") + CHILD_FILE_SUFFIX,
-            _line(doc.get("line")), escape(doc.get("msg", ""), MAX_LOG_TEXT), (), None,
-            _text(doc.get("func"), MAX_STACK_NAME), extra,
+            _line(doc.get("line")), msg, (), None,
+            _text(doc.get("func"), MAX_STACK_NAME), None,
             "Stack (most recent call last) [confined child]:\n" + stack_text(stack).rstrip("\n")
             if isinstance(stack, str) else None)
+        for key, value in child_extra.items():
+            if key in record.__dict__:
+                key = GUEST_PREFIX + key
+            record.__dict__.setdefault(key, value)
+        record.__dict__.update(extra)
+        record.__dict__.update(marked)
         exc = doc.get("exc")
         if isinstance(exc, dict):
             # The child's exception as a formatter shows it (exc_text), its frames parsed;
@@ -327,24 +407,23 @@ class LogRelay:
                                                                MAX_CHILD_MESSAGE))
         logger.handle(record)
 
-    def _child_extra(self, given: object) -> dict[str, Any]:
-        """The child's extra as the record gets it (see the class)."""
-        if not isinstance(given, dict):
-            return {}
+    def _child_extra(self, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The child's extra as the record gets it (see the class), and the update id and
+        name of its ``temporal_workflow``."""
         out: dict[str, Any] = {}
+        updates: dict[str, Any] = {}
         budget = _Budget()
         for key, value in list(given.items())[:MAX_EXTRA_KEYS]:
             if not isinstance(key, str) or not _EXTRA_KEY.match(key) \
-                    or key in RESERVED_RECORD_KEYS:
+                    or key in RESERVED_RECORD_KEYS or key == FULL_INFO_KEY:
                 continue
-            if key == "temporal_workflow":
-                kept = _extra_value(value, 0, budget)
-                out[key] = {**(kept if isinstance(kept, dict) else {}), **self._identity}
-            elif key == FULL_INFO_KEY:
-                out[key] = self._info
-            else:
-                out[key] = _extra_value(value, 0, budget)
-        return out
+            if key == "temporal_workflow" and isinstance(value, dict):
+                for k in UPDATE_KEYS:
+                    if isinstance(value.get(k), str):
+                        updates[k] = escape(value[k], MAX_EXTRA_TEXT)
+                continue
+            out[guest_key(key)] = _extra_value(value, 0, budget)
+        return out, updates
 
     def warning(self, payload: bytes) -> bytes:
         """A warning of the child's (WARNING_MARK and JSON: ``category``, ``message``,
@@ -360,7 +439,10 @@ class LogRelay:
             return b'"dropped"'
         if not isinstance(doc, dict):
             return b'"dropped"'
-        text = escape(doc.get("message", ""), MAX_LOG_TEXT)
+        # The sending run after the child's text: a filter's message pattern (matched at
+        # the start) still matches; the child cannot remove what follows its text.
+        given = escape(doc.get("message", ""), MAX_LOG_TEXT)
+        text = given + self._warning_suffix
         category = warning_category(doc.get("category"))
         message: Warning | None = None
         if category is not None:
@@ -371,8 +453,9 @@ class LogRelay:
         if message is None:
             category = UserWarning
             message = UserWarning("%s (warning category %s of the confined child, not one "
-                                  "the worker has)" % (
-                                      text, escape(doc.get("category"), MAX_STACK_NAME)))
+                                  "the worker has)%s" % (
+                                      given, escape(doc.get("category"), MAX_STACK_NAME),
+                                      self._warning_suffix))
         if len(self._warning_registry) > 1000:
             self._warning_registry.clear()
         try:
