@@ -206,6 +206,28 @@ pub fn zygote_args(module: &str, zygotes: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// `wfjail serve` with one zygote that preloads `source` (as module `name`), under the
+/// scratch's policy (`policy_extra` added) and with `worker` as the worker, run in the
+/// scratch: the zygote-session determinism tests share it.
+pub fn serve_one_zygote(
+    tag: &str,
+    name: &str,
+    source: &str,
+    policy_extra: &str,
+    worker: &str,
+) -> Outcome {
+    let (s, module) = serve_scratch(tag, name, source, policy_extra, &[], worker);
+    let policy = s.path("policy.toml").display().to_string();
+    let worker = s.path("worker.py").display().to_string();
+    let zygote_args = crate::common::zygote_args(&module, "1");
+    let mut args = vec!["serve", "-p", &policy];
+    args.extend(zygote_args.iter().map(String::as_str));
+    args.extend(["--", PY, &worker]);
+    wfjail_with(&args, |c| {
+        c.current_dir(&s.0);
+    })
+}
+
 /// Runs `wfjail serve` on a scratch dir's policy and module with `worker.py`, `--metrics`
 /// at `metrics`; returns its exit code, stdout and stderr.
 pub fn serve_with_metrics(

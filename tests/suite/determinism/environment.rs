@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::common::{Outcome, PY, REPO, Scratch, serve_scratch, wfjail, wfjail_with};
+use crate::common::{
+    Outcome, PY, REPO, Scratch, serve_one_zygote, serve_scratch, wfjail, wfjail_with,
+};
 
 const VIRTUAL: &str = "extends = \"strict\"\n[time]\nclock = \"virtual\"\n[random]\ngetrandom = \"seeded\"\n\
                        [process]\naddress_randomization = \"deny\"\ncpu_count = 1\n";
@@ -1097,26 +1099,4 @@ fn a_sessions_child_reads_the_sessions_time_and_seed() {
         r[3] == lines[1][3],
         &format!("its randomness is the session's seed's ({r} {})", lines[1]),
     );
-}
-
-/// `wfjail serve` with one zygote that preloads `source` (as module `name`), under the
-/// scratch's policy (`policy_extra` added) and with `worker` as the worker, run in the
-/// scratch: the zygote-session tests of issue 16's red team share it.
-fn serve_one_zygote(
-    tag: &str,
-    name: &str,
-    source: &str,
-    policy_extra: &str,
-    worker: &str,
-) -> Outcome {
-    let (s, module) = serve_scratch(tag, name, source, policy_extra, &[], worker);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = crate::common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    })
 }

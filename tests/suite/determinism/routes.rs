@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-use crate::common::{Outcome, PY, Scratch, serve_scratch, wfjail, wfjail_with};
+use crate::common::{Outcome, PY, Scratch, serve_one_zygote, wfjail};
 
 const CLOCK: &str = "2026-12-01T09:30:00Z";
 
@@ -153,16 +153,7 @@ fn a_zygote_sessions_pipe_inodes_and_free_space_are_the_same_in_its_replay() {
          def probe(req):\n    return routes(DIR).encode()\n\
          def noise(req):\n    return str([os.pipe() for _ in range(50)]).encode()\n"
     );
-    let (s, module) = serve_scratch("det-routes-z", "routes", &module_src, "", &[], WORKER);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = crate::common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-routes-z", "routes", &module_src, "", WORKER);
     out.check(out.code == 0, "wfjail serve exits 0");
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     checks(&out, &r[0], "first session");
@@ -194,16 +185,7 @@ fn a_zygote_sessions_gc_counts_are_the_same_in_its_replay() {
     let module_src = "import gc, json, sys\n\
          def probe(req):\n    return json.dumps([gc.get_count(), sys.getallocatedblocks()]).encode()\n\
          def noise(init):\n    junk = [[object()] for _ in range(5000)]\n    return lambda req: str(len(junk)).encode()\n";
-    let (s, module) = serve_scratch("det-routes-gc", "gcr", module_src, "", &[], GC_WORKER);
-    let policy = s.path("policy.toml").display().to_string();
-    let worker = s.path("worker.py").display().to_string();
-    let zygote_args = crate::common::zygote_args(&module, "1");
-    let mut args = vec!["serve", "-p", &policy];
-    args.extend(zygote_args.iter().map(String::as_str));
-    args.extend(["--", PY, &worker]);
-    let out = wfjail_with(&args, |c| {
-        c.current_dir(&s.0);
-    });
+    let out = serve_one_zygote("det-routes-gc", "gcr", module_src, "", GC_WORKER);
     out.check(out.code == 0, "wfjail serve exits 0");
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     out.check(
