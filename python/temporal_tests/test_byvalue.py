@@ -20,7 +20,7 @@ from temporalio.converter import DataConverter  # noqa: E402
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker  # noqa: E402
 
 import byvalue_workflows as B  # noqa: E402
-from test_jailed_runner import DevServerTestCase  # noqa: E402
+from test_jailed_runner import DevServerTestCase, in_memory_tracing  # noqa: E402
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 from wfjail.temporal.recipe import by_value  # noqa: E402
 
@@ -188,25 +188,9 @@ class PluginTests(DevServerTestCase):
                                                  task_queue=queue)
 
     def test_the_opentelemetry_plugin_exports_the_workflows_spans(self):
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-            InMemorySpanExporter,
-        )
-        from temporalio.contrib.opentelemetry import (
-            OpenTelemetryPlugin,
-            ReplaySafeTracerProvider,
-            create_tracer_provider,
-        )
+        from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
 
-        # The plugin wants the global provider to be one of create_tracer_provider's (it
-        # can be set once per process).
-        if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
-            trace.set_tracer_provider(create_tracer_provider())
-        provider = trace.get_tracer_provider()
-        exporter = InMemorySpanExporter()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = trace.get_tracer(__name__)
+        _, tracer, exporter = in_memory_tracing(__name__)
 
         def spans(runner):
             exporter.clear()

@@ -40,6 +40,23 @@ CLEAN = [W.Greeting, W.Counter, W.Lucky, W.Leaky, W.Parent, W.Again, W.Measured]
 BAD = [W.Network, W.Thread, W.Subprocess, W.ReadFile, W.Sqlite]
 
 
+
+def in_memory_tracing(name: str):
+    """The process's tracer provider, made one of the OpenTelemetry plugin's if it is not (the
+    plugin wants that, and it can be set once per process), with an in-memory exporter added:
+    (provider, tracer, exporter)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider, create_tracer_provider
+
+    if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
+        trace.set_tracer_provider(create_tracer_provider())
+    provider = trace.get_tracer_provider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, trace.get_tracer(name), exporter
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,29 +23,15 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
 import red_team_workflows as R  # noqa: E402
-from test_jailed_runner import DevServerTestCase  # noqa: E402
+from test_jailed_runner import DevServerTestCase, in_memory_tracing  # noqa: E402
 from wfjail.temporal import JailedWorkflowRunner  # noqa: E402
 
 
 class SpanClaimTests(DevServerTestCase):
     def test_a_span_claiming_another_runs_trace_lands_only_in_its_own(self):
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-            InMemorySpanExporter,
-        )
-        from temporalio.contrib.opentelemetry import (
-            OpenTelemetryPlugin,
-            ReplaySafeTracerProvider,
-            create_tracer_provider,
-        )
+        from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
 
-        if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
-            trace.set_tracer_provider(create_tracer_provider())
-        provider = trace.get_tracer_provider()
-        exporter = InMemorySpanExporter()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = trace.get_tracer(__name__)
+        provider, tracer, exporter = in_memory_tracing(__name__)
 
         async def go():
             await self.server.client()  # the server is up
