@@ -73,12 +73,18 @@ class Endpoint:
 
 
 def _zygotes(server_pid):
-    """The zygotes of a `wfjail serve --zygote` (its children)."""
-    kids = set()
-    for task in os.listdir("/proc/%d/task" % server_pid):
-        with open("/proc/%d/task/%s/children" % (server_pid, task)) as f:
-            kids |= {int(p) for p in f.read().split()}
-    return sorted(kids)
+    """The zygotes of a `wfjail serve --zygote` (its children). A child belongs to the thread
+    that started it; a server thread that ends between the listing and the read (a session's,
+    as sessions close) hands its children to another thread: the scan starts again."""
+    while True:
+        kids = set()
+        try:
+            for task in os.listdir("/proc/%d/task" % server_pid):
+                with open("/proc/%d/task/%s/children" % (server_pid, task)) as f:
+                    kids |= {int(p) for p in f.read().split()}
+        except FileNotFoundError:
+            continue
+        return sorted(kids)
 
 
 class MetricsTests(DevServerTestCase):
