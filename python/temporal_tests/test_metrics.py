@@ -79,10 +79,12 @@ def _zygotes(server_pid):
     while True:
         kids = set()
         try:
-            for task in os.listdir("/proc/%d/task" % server_pid):
+            for task in os.listdir("/proc/%d/task" % server_pid):  # the server gone: raises
                 with open("/proc/%d/task/%s/children" % (server_pid, task)) as f:
                     kids |= {int(p) for p in f.read().split()}
         except FileNotFoundError:
+            if not os.path.exists("/proc/%d/task" % server_pid):
+                raise
             continue
         return sorted(kids)
 
