@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod phases;
 pub mod route;
 pub mod session;
+pub mod waits;
 pub mod worker_conn;
 pub mod zygote;
 

@@ -26,7 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -108,11 +108,10 @@ pub struct Zygote {
     pending: Mutex<HashMap<u64, PendingFork>>,
     by_ns_pid: Mutex<HashMap<i32, Arc<SessionShared>>>,
     by_pid: Mutex<HashMap<u32, Arc<SessionShared>>>,
-    /// Counts what changes the outcome of [`Zygote::await_session`] (a child registered by
-    /// its FORKED, a FORK no longer in flight, the zygote's death); `registered` wakes the
-    /// router waiting on it.
-    registrations: Mutex<u64>,
-    registered: Condvar,
+    /// Written (one byte) when what decides a held call changes (a child registered by its
+    /// FORKED, a FORK no longer in flight, the zygote's death): the router, polling its read
+    /// end beside the listener, looks again at the calls it holds ([`Held`]).
+    registered: (OwnedFd, OwnedFd),
     alive: AtomicBool,
     /// The server is stopping it: its death is expected, not restarted.
     stopping: AtomicBool,
@@ -211,41 +210,17 @@ impl Zygote {
             .find(|&p| crate::procfs::ns_pid(p as u32) == Some(ns_pid))
     }
 
-    /// A child that started its session before the zygote's FORKED reached us: wait for it
-    /// (briefly: the zygote sends FORKED right after the hand-over), holding its call. Woken
-    /// by the registration itself ([`Zygote::registration_changed`]), not by polling: a new
-    /// session's first clock read or `getpid` comes this way, on its open's path.
-    fn await_session(&self, pid: u32) -> Option<Arc<SessionShared>> {
-        let deadline = Instant::now() + AWAIT_SESSION;
-        loop {
-            // Read before looking: a registration after the look changes it, so the wait
-            // below does not miss it.
-            let seen = *self.registrations.lock().unwrap();
-            // No FORK in flight: the caller is no session's child (a spare, not handed a
-            // session yet), and waiting would not make it one.
-            let in_flight = !self.pending.lock().unwrap().is_empty();
-            if let Some(s) = self.session_for(pid) {
-                return Some(s);
-            }
-            let now = Instant::now();
-            if !in_flight || !self.alive() || now >= deadline {
-                return None;
-            }
-            let count = self.registrations.lock().unwrap();
-            // Bounded slices: a FORK that ends without a FORKED (its session gone) wakes no
-            // one; the next look sees it no longer in flight.
-            let slice = (deadline - now).min(AWAIT_SLICE);
-            let _ = self
-                .registered
-                .wait_timeout_while(count, slice, |c| *c == seen)
-                .unwrap();
-        }
+    /// Whether a FORK is in flight: a caller that is no session's child yet may become one
+    /// when its FORKED arrives (a spare handed a session makes its first calls before the
+    /// zygote's FORKED reaches us). With none in flight it is a spare, and holding its call
+    /// would not make it a session's.
+    fn fork_in_flight(&self) -> bool {
+        !self.pending.lock().unwrap().is_empty()
     }
 
-    /// Something [`Zygote::await_session`] waits on changed: wake the waiter.
+    /// Something a held call waits on changed: wake the router.
     fn registration_changed(&self) {
-        *self.registrations.lock().unwrap() += 1;
-        self.registered.notify_all();
+        let _ = nix::unistd::write(&self.registered.1, &[1]);
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
@@ -290,29 +265,95 @@ impl Zygote {
         rules: notify::Rules<'_>,
         own_grants: &Grants,
     ) {
-        // The zygote's own virtual monotonic clock (`clock = "virtual"`).
-        let mut own_clock = crate::answers::monotonic::Monotonic::default();
-        let mut own_inodes = crate::answers::filetimes::Inodes::default();
         // Whether the policy pins a session's pid (`getpid` then reaches the router).
         let pid_pinned = syscalls::number("getpid")
             .and_then(|nr| rules.decisions.get(nr))
             .is_some_and(|d| d.check == Check::Pid);
         let Ok(mut buf) = NotifBuf::new() else { return };
-        let mut own = Violations::new(Some(format!("wfjail: zygote {}: ", self.index)));
+        let mut own = Own {
+            clock: Default::default(),
+            inodes: Default::default(),
+            violations: Violations::new(Some(format!("wfjail: zygote {}: ", self.index))),
+            pid_pinned,
+        };
+        // Calls of children not known yet, held (unanswered: the caller waits) until their
+        // FORKED registers them, no FORK is in flight any more, or their deadline passes.
+        let mut held: Vec<Held> = Vec::new();
         loop {
-            let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::NONE) {
+            let wait = held
+                .iter()
+                .map(|h| h.until)
+                .min()
+                .map_or(PollTimeout::NONE, |t| {
+                    crate::supervise::poll_timeout(t.saturating_duration_since(Instant::now()))
+                });
+            let mut fds = [
+                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.registered.0.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, wait) {
                 Ok(_) => {}
                 Err(Errno::EINTR) => continue,
                 Err(_) => return,
             }
             let rev = fds[0].revents().unwrap_or(PollFlags::empty());
-            if !rev.contains(PollFlags::POLLIN) {
+            let changed = fds[1]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLIN));
+            if changed {
+                let mut sink = [0u8; 64];
+                while matches!(nix::unistd::read(&self.registered.0, &mut sink), Ok(n) if n > 0) {}
+            }
+            // Held calls first (they are older): each is answered once its caller is known,
+            // or no FORK in flight can make it known, or (a backstop, counted) at its deadline.
+            if !held.is_empty() {
+                let now = Instant::now();
+                for h in std::mem::take(&mut held) {
+                    let timed_out = now >= h.until;
+                    if !self.route_one(
+                        listener.as_fd(),
+                        &h.n,
+                        rules,
+                        own_grants,
+                        &mut own,
+                        !timed_out,
+                    ) {
+                        held.push(h);
+                    } else if timed_out {
+                        super::waits::timed_out(super::waits::Wait::ForkedBeforeCall);
+                    }
+                }
+            }
+            if rev.contains(PollFlags::POLLIN) {
+                if let Some(n) = notify::receive(listener.as_fd(), &mut buf)
+                    && !self.route_one(listener.as_fd(), &n, rules, own_grants, &mut own, true)
+                {
+                    held.push(Held {
+                        n,
+                        until: Instant::now() + AWAIT_SESSION,
+                    });
+                }
+            } else if !rev.is_empty() {
                 return; // every task under the filter is gone
             }
-            let Some(n) = notify::receive(listener.as_fd(), &mut buf) else {
-                continue;
-            };
+        }
+    }
+
+    /// Routes and answers notification `n`; false when it is held instead (`may_hold`, and
+    /// its caller is no known session's child while a FORK is in flight: its FORKED may be
+    /// on its way).
+    fn route_one(
+        &self,
+        listener: BorrowedFd<'_>,
+        n: &sys::Notif,
+        rules: notify::Rules<'_>,
+        own_grants: &Grants,
+        own: &mut Own,
+        may_hold: bool,
+    ) -> bool {
+        let pid_pinned = own.pid_pinned;
+        let mut hold = false;
+        {
             let name = syscalls::name(n.nr as u32).unwrap_or("");
             let native = n.arch == crate::policy::bpf::AUDIT_ARCH_X86_64;
             let signal = matches!(name, "kill" | "tkill" | "tgkill");
@@ -347,29 +388,34 @@ impl Zygote {
                 if known.is_none() && self.is_zygote_thread(n.pid) {
                     return route::Asker::ZygoteThread;
                 }
-                found = known
-                    .or_else(|| self.session_for(n.pid))
-                    .or_else(|| self.await_session(n.pid));
+                found = known.or_else(|| self.session_for(n.pid));
+                if found.is_none() && may_hold && self.alive() && self.fork_in_flight() {
+                    hold = true;
+                }
                 match found {
                     Some(_) => route::Asker::Session,
                     None => route::Asker::Unknown,
                 }
             };
-            let session = match route::route(call, asker) {
+            let routed = route::route(call, asker);
+            if hold {
+                return false;
+            }
+            let session = match routed {
                 route::Routed::Continue => {
-                    notify::allow(listener.as_fd(), &n);
-                    continue;
+                    notify::allow(listener, n);
+                    return true;
                 }
                 route::Routed::SignalItself => {
                     // A session's signal to itself costs the router like any answer: a loop
                     // of them is a flood its budget stops (the zygote and spares have none).
                     if self
                         .session_for(n.pid)
-                        .is_none_or(|session| charge(&session, listener.as_fd(), &n))
+                        .is_none_or(|session| charge(&session, listener, n))
                     {
-                        notify::allow(listener.as_fd(), &n);
+                        notify::allow(listener, n);
                     }
-                    continue;
+                    return true;
                 }
                 route::Routed::ZygoteHandles => {
                     // Never kill the zygote for its own violation: deny it and say so. Under
@@ -384,43 +430,43 @@ impl Zygote {
                         ..rules
                     };
                     let state = notify::State {
-                        violations: &mut own,
+                        violations: &mut own.violations,
                         entropy: None,
                         clock: Some(PRELOAD_INSTANT),
-                        monotonic: &mut own_clock,
-                        inodes: &mut own_inodes,
+                        monotonic: &mut own.clock,
+                        inodes: &mut own.inodes,
                         learned: None,
                     };
-                    notify::handle(listener.as_fd(), &n, rules, state, || {});
-                    continue;
+                    notify::handle(listener, n, rules, state, || {});
+                    return true;
                 }
                 route::Routed::SpareSeeded => {
                     // A spare before its session gets fixed bytes (its session reseeds from its
                     // own seed, `_child` in zygote.py).
-                    answer_fixed_bytes(listener.as_fd(), &n);
-                    continue;
+                    answer_fixed_bytes(listener, n);
+                    return true;
                 }
                 route::Routed::SpareCpuCount(cpus) => {
-                    notify::respond(listener.as_fd(), &n, notify::cpu_answer(&n.args, cpus));
-                    continue;
+                    notify::respond(listener, n, notify::cpu_answer(&n.args, cpus));
+                    return true;
                 }
                 route::Routed::RefuseUnknown => {
                     eprintln!(
                         "wfjail: zygote {}: call from unknown pid {} refused",
                         self.index, n.pid
                     );
-                    notify::refuse(listener.as_fd(), &n, libc::EPERM);
-                    continue;
+                    notify::refuse(listener, n, libc::EPERM);
+                    return true;
                 }
                 route::Routed::Session => match found.take() {
                     Some(session) => session,
-                    None => continue,
+                    None => return true,
                 },
             };
             // The router's work for a session is bounded (notify::Budget): a flooding session
             // is killed before it starves its siblings.
-            if !charge(&session, listener.as_fd(), &n) {
-                continue;
+            if !charge(&session, listener, n) {
+                return true;
             }
             let mut v = session.violations.lock().unwrap();
             let mut det = session.determinism.lock().unwrap();
@@ -430,8 +476,8 @@ impl Zygote {
                         det.begun = true;
                     }
                     drop((v, det));
-                    answer_fixed_bytes(listener.as_fd(), &n);
-                    continue;
+                    answer_fixed_bytes(listener, n);
+                    return true;
                 }
                 route::SessionRouted::Pid => {
                     drop((v, det));
@@ -439,8 +485,8 @@ impl Zygote {
                         ret: SESSION_PID as i64,
                         writes: vec![],
                     };
-                    notify::respond(listener.as_fd(), &n, answer);
-                    continue;
+                    notify::respond(listener, n, answer);
+                    return true;
                 }
                 route::SessionRouted::SignalForIt => {
                     drop((v, det));
@@ -457,8 +503,8 @@ impl Zygote {
                         },
                         Err(e) => notify::Answer::Errno(e.raw_os_error().unwrap_or(libc::EINVAL)),
                     };
-                    notify::respond(listener.as_fd(), &n, answer);
-                    continue;
+                    notify::respond(listener, n, answer);
+                    return true;
                 }
                 route::SessionRouted::Handle => {}
             }
@@ -489,13 +535,29 @@ impl Zygote {
                 inodes,
                 learned: None,
             };
-            let killed = notify::handle(listener.as_fd(), &n, rules, state, || kill_caller(&n));
+            let killed = notify::handle(listener, n, rules, state, || kill_caller(n));
             drop((v, det));
             if killed == notify::Handled::Killed {
                 session.mark_killed();
             }
         }
+        true
     }
+}
+
+/// The router's own state: the zygote's answers (its virtual clock, file times, violations).
+struct Own {
+    clock: crate::answers::monotonic::Monotonic,
+    inodes: crate::answers::filetimes::Inodes,
+    violations: Violations,
+    /// Whether the policy pins a session's pid (`getpid` then reaches the router).
+    pid_pinned: bool,
+}
+
+/// A call held until its caller is known (see [`AWAIT_SESSION`]).
+struct Held {
+    n: sys::Notif,
+    until: Instant,
 }
 
 /// Answers a `getrandom` of a zygote's child made before its session (a spare's, or the
@@ -536,10 +598,10 @@ pub const PRELOAD_INSTANT: i64 = 946_684_800_000_000_000;
 /// namespace.
 pub const SESSION_PID: i32 = 4_194_303;
 
-/// How long the router holds a call of a child not known yet, waiting for its FORKED.
+/// How long the router holds a call of a child not known yet, waiting for its FORKED: a
+/// backstop (the FORKED, or the FORK's end, wakes it); the router answers every other call
+/// meanwhile, the zygote's own among them.
 const AWAIT_SESSION: Duration = Duration::from_millis(500);
-/// The longest single wait of [`Zygote::await_session`] before it looks again.
-const AWAIT_SLICE: Duration = Duration::from_millis(5);
 
 /// How many parents up from a caller a session's process is looked for (a session's
 /// processes are bounded by `limits.processes`; a deeper chain is no session's).

@@ -108,8 +108,10 @@ impl Zygote {
             pending: Mutex::new(HashMap::new()),
             by_ns_pid: Mutex::new(HashMap::new()),
             by_pid: Mutex::new(HashMap::new()),
-            registrations: Mutex::new(0),
-            registered: std::sync::Condvar::new(),
+            registered: nix::unistd::pipe2(
+                nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
+            )
+            .map_err(|e| ZygoteError::Thread(e.into()))?,
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
