@@ -162,6 +162,11 @@ pub struct Capacity {
     /// its metrics: only the server sees a zygote die).
     #[serde(default)]
     pub zygote_restarts: u64,
+    /// The waits on a session's path that ended on their timeout (a backstop) instead of
+    /// their event, since the server started, by wait (each wait listed, zeros too): 0 in a
+    /// server that works; a count is a stall some session saw.
+    #[serde(default)]
+    pub waits_timed_out: std::collections::BTreeMap<String, u64>,
 }
 
 /// The server's answer to OPEN.

@@ -144,6 +144,15 @@ impl Metrics {
             vec![(String::new(), self.linger_displaced.load(Ordering::Relaxed))],
         );
         counter(
+            "wfjail_waits_timed_out_total",
+            "Waits on a session's path that ended on their timeout (a backstop) instead of \
+             their event, by wait: 0 unless some session stalled.",
+            super::waits::counts()
+                .into_iter()
+                .map(|(w, n)| (format!("{{wait=\"{w}\"}}"), n))
+                .collect(),
+        );
+        counter(
             "wfjail_call_errors_total",
             "Calls answered with ERROR.",
             vec![(String::new(), self.call_errors.load(Ordering::Relaxed))],

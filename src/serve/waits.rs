@@ -15,16 +15,9 @@ pub enum Wait {
     Forked,
     /// A session waited for its guest to stop after SIGSTOP.
     GuestStop,
-    /// A session waited for its guest's exit after its end.
-    GuestExit,
 }
 
-const ALL: [Wait; 4] = [
-    Wait::ForkedBeforeCall,
-    Wait::Forked,
-    Wait::GuestStop,
-    Wait::GuestExit,
-];
+const ALL: [Wait; 3] = [Wait::ForkedBeforeCall, Wait::Forked, Wait::GuestStop];
 
 static COUNTS: [AtomicU64; ALL.len()] = [const { AtomicU64::new(0) }; ALL.len()];
 
@@ -35,7 +28,6 @@ impl Wait {
             Wait::ForkedBeforeCall => "forked_before_call",
             Wait::Forked => "forked",
             Wait::GuestStop => "guest_stop",
-            Wait::GuestExit => "guest_exit",
         }
     }
 }

@@ -186,8 +186,10 @@ impl Zygote {
             self.registration_changed();
             return Err(ForkError::Send(e));
         }
-        rx.recv_timeout(FORK_WAIT)
-            .unwrap_or(Err(ForkError::NoAnswer))
+        rx.recv_timeout(FORK_WAIT).unwrap_or_else(|_| {
+            super::waits::timed_out(super::waits::Wait::Forked);
+            Err(ForkError::NoAnswer)
+        })
     }
 
     /// Forgets a finished session.

@@ -65,6 +65,7 @@ mod run {
 mod serve {
     mod hostile;
     mod hugepages;
+    mod lanes;
     mod limits;
     mod metrics;
     mod preload;

@@ -211,6 +211,7 @@ fn capacity(server: &Server) -> Capacity {
         .into(),
         policy: server.policy.name.clone(),
         zygote_restarts: server.metrics.zygote_restarts(),
+        waits_timed_out: super::waits::counts(),
     }
 }
 

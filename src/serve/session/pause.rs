@@ -48,6 +48,7 @@ impl Session {
             }
             Some(_) if sent.elapsed() >= STOP_WAIT => {
                 self.stop_unconfirmed = None;
+                crate::serve::waits::timed_out(crate::serve::waits::Wait::GuestStop);
                 Err(Failure::NoStop(STOP_WAIT))
             }
             Some(_) => Ok(()),
