@@ -362,7 +362,8 @@ class JailedWorkflowRunner(WorkflowRunner):
             session = self._session_of(client, det, made, run_log)
             opening.attach(session)
             try:
-                return session.open()
+                with _lanes(client.path):
+                    return session.open()
             except Busy:
                 opening.waiting_for("room")
                 if _CLOSER.wait_for_a_close(closed, ROOM_BACKSTOP, opening.abandoned):
@@ -794,6 +795,26 @@ class _Openers:
 
 
 _OPENERS = _Openers()
+
+# Opens in flight at once on one server (its socket path): the others wait for a lane (an
+# open's end frees it), on their opener threads. Only the server's answer holds a lane; a
+# wait for room does not. One, as when opens ran on the event loop: with two or more at
+# once, `wfjail serve` answered some opens only after 0.5 or 1 s (waits of its own that end
+# on a timeout, issue 28's first item; test_cache_churn: open max 26-77 ms at one lane,
+# 0.5-1.0 s in 5 of 6 runs at 2 and 64). Raise it once serve's waits end on their events.
+OPEN_LANES = 1
+_lanes_of: dict[str, threading.BoundedSemaphore] = {}
+_lanes_lock = threading.Lock()
+
+
+def _lanes(path: str) -> threading.BoundedSemaphore:
+    with _lanes_lock:
+        lanes = _lanes_of.get(path)
+        if lanes is None:
+            if len(_lanes_of) >= 256:  # servers long stopped
+                _lanes_of.clear()
+            lanes = _lanes_of[path] = threading.BoundedSemaphore(OPEN_LANES)
+        return lanes
 
 # The waits on a session's path in the worker that ended on their backstop, not on the
 # event they wait for: "room" (an open refused BUSY heard no close end within
