@@ -414,5 +414,35 @@ class RoomTests(unittest.TestCase):
         self.assertEqual(self.server.busy, 1)
 
 
+class LaneTests(unittest.TestCase):
+    """One open at a time waits for a server's answer (``OPEN_LANES``): the next takes the
+    lane when the first frees it; one whose run left stops waiting, and hands on a lane it
+    was woken for."""
+
+    def test_an_open_waiting_for_the_lane_stops_when_its_run_leaves(self):
+        lane = jailed_worker._Lane(1)
+        left = threading.Event()
+        got = {}
+
+        def wait(name, stop):
+            try:
+                with lane.held(stop):
+                    got[name] = "held"
+            except jailed_worker._Abandoned:
+                got[name] = "left"
+
+        with lane.held(lambda: False):  # an open waiting for its answer
+            leaving = threading.Thread(target=wait, args=("leaving", left.is_set))
+            staying = threading.Thread(target=wait, args=("staying", lambda: False))
+            leaving.start()
+            staying.start()
+            left.set()
+            lane.wake()
+            leaving.join(30.0)
+            self.assertEqual(got, {"leaving": "left"})
+        staying.join(30.0)
+        self.assertEqual(got, {"leaving": "left", "staying": "held"})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import collections
 import concurrent.futures
+import contextlib
 import datetime
 import errno
 import importlib.util
@@ -19,7 +20,8 @@ import threading
 import time
 import weakref
 from contextlib import AbstractAsyncContextManager
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import (Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping,
+                    Protocol, Sequence)
 
 import temporalio.converter
 import temporalio.worker
@@ -362,7 +364,7 @@ class JailedWorkflowRunner(WorkflowRunner):
             session = self._session_of(client, det, made, run_log)
             opening.attach(session)
             try:
-                with _lanes(client.path):
+                with _lane(client.path).held(opening.abandoned):
                     return session.open()
             except Busy:
                 opening.waiting_for("room")
@@ -730,6 +732,7 @@ class _OpeningSession:
             opening = self._opening if not self._done else None
             self._cond.notify_all()
         _CLOSER.wake()  # an open waiting for room stops
+        _wake_lanes()  # and one waiting for a lane
         return opening
 
     def abort(self) -> None:
@@ -803,18 +806,58 @@ _OPENERS = _Openers()
 # on a timeout, issue 28's first item; test_cache_churn: open max 26-77 ms at one lane,
 # 0.5-1.0 s in 5 of 6 runs at 2 and 64). Raise it once serve's waits end on their events.
 OPEN_LANES = 1
-_lanes_of: dict[str, threading.BoundedSemaphore] = {}
+
+
+class _Lane:
+    """The OPEN_LANES of one server: an open takes one for the server's answer. A wait for
+    one ends when an open frees it, or when the waiting run left (``wake``)."""
+
+    def __init__(self, lanes: int) -> None:
+        self._cond = threading.Condition()
+        self._free = lanes
+
+    @contextlib.contextmanager
+    def held(self, left: Callable[[], bool]) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._free > 0 or left())
+            if left():
+                if self._free > 0:
+                    self._cond.notify()  # the lane it was woken for goes to the next
+                raise _Abandoned()
+            self._free -= 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._free += 1
+                self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+_lanes: dict[str, _Lane] = {}
 _lanes_lock = threading.Lock()
 
 
-def _lanes(path: str) -> threading.BoundedSemaphore:
+def _lane(path: str) -> _Lane:
+    """The lanes of the server at ``path``."""
     with _lanes_lock:
-        lanes = _lanes_of.get(path)
-        if lanes is None:
-            if len(_lanes_of) >= 256:  # servers long stopped
-                _lanes_of.clear()
-            lanes = _lanes_of[path] = threading.BoundedSemaphore(OPEN_LANES)
-        return lanes
+        lane = _lanes.get(path)
+        if lane is None:
+            if len(_lanes) >= 256:  # servers long stopped
+                _lanes.clear()
+            lane = _lanes[path] = _Lane(OPEN_LANES)
+        return lane
+
+
+def _wake_lanes() -> None:
+    """Wakes the opens waiting for a lane (one of their runs left)."""
+    with _lanes_lock:
+        lanes = list(_lanes.values())
+    for lane in lanes:
+        lane.wake()
 
 # The waits on a session's path in the worker that ended on their backstop, not on the
 # event they wait for: "room" (an open refused BUSY heard no close end within
