@@ -22,7 +22,7 @@ from temporalio.worker import Worker
 
 from test_closer_hostage import _read_frame
 from test_jailed_runner import DevServerTestCase, _Capture  # (puts the examples on the path)
-from test_worker_trust import _det
+from test_worker_trust import FakeSession, _activation, _det, _start_job
 
 import churn_workflows as CW  # noqa: E402
 from wfjail.client import Client, Session
@@ -412,6 +412,88 @@ class RoomTests(unittest.TestCase):
         self.assertFalse(thread.is_alive())
         self.assertIsInstance(got.get("error"), jailed_worker._Abandoned)
         self.assertEqual(self.server.busy, 1)
+
+
+class FirstCallTests(unittest.TestCase):
+    """A run's first activation waits for its open on the event the open sets; past
+    OPEN_WAIT (its backstop) the task fails saying what the open waited for, counted; the
+    run's eviction then does not wait for the open, and a session that opens after all is
+    closed."""
+
+    def test_a_first_call_gives_up_on_a_late_open_and_the_eviction_closes_it(self):
+        wait = jailed_worker.OPEN_WAIT
+        jailed_worker.OPEN_WAIT = 0.05  # the backstop, shortened: the open here never ends
+        self.addCleanup(setattr, jailed_worker, "OPEN_WAIT", wait)
+        before = jailed_worker.wait_timeouts().get("open", 0)
+        opening = jailed_worker._OpeningSession("temporal-python")
+        opening.waiting_for("lane")
+        inst = jailed_worker._JailedInstance(opening, _det())
+        failed = inst.activate(_activation(_start_job()))
+        message = failed.failed.failure.message
+        self.assertIn("did not open within 0.05 s", message)
+        self.assertIn("OPEN_LANES", message)
+        self.assertEqual(jailed_worker.wait_timeouts().get("open", 0), before + 1)
+        from temporalio.bridge.proto.workflow_activation import WorkflowActivationJob
+
+        evict = WorkflowActivationJob()
+        evict.remove_from_cache.message = "task failed"
+        self.assertTrue(inst.activate(_activation(evict)).HasField("successful"))
+        self.assertTrue(opening.abandoned())
+        late = FakeSession()
+        opening.run(lambda: late)  # the open ends after all
+        jailed_worker._CLOSER.wait_for_closes(30.0)  # (False when it ended already)
+        self.assertTrue(late.closed)
+        self.assertTrue(inst._session_over)
+
+    def test_a_first_call_waits_for_the_open_on_its_event(self):
+        wait = jailed_worker.OPEN_WAIT
+        jailed_worker.OPEN_WAIT = 60.0  # only the open's end may wake the call here
+        self.addCleanup(setattr, jailed_worker, "OPEN_WAIT", wait)
+        opening = jailed_worker._OpeningSession("temporal-python")
+        inst = jailed_worker._JailedInstance(opening, _det())
+        out = {}
+        call = threading.Thread(target=lambda: out.update(c=inst.activate(_activation())))
+        call.start()
+        session = FakeSession(lambda s: (_ for _ in ()).throw(OSError("the child is gone")))
+        opening.run(lambda: session)
+        call.join(30.0)
+        self.assertFalse(call.is_alive())
+        # The call reached the session opened (whose child is gone here).
+        self.assertIn("the child is gone", out["c"].failed.failure.message)
+
+
+class _StatusClient:
+    """A client whose server's STATUS says ``status``."""
+
+    path = "/nonexistent/status.sock"
+
+    def __init__(self, status):
+        self._status = status
+
+    def status(self):
+        return self._status
+
+
+class WaitMetricsTests(unittest.TestCase):
+    """The worker's meter carries serve's lingering guests (STATUS's ``lingering``) and the
+    worker's waits that ended on their backstop."""
+
+    def test_lingering_guests_and_backstop_waits_reach_the_meter(self):
+        from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
+
+        buffer = MetricBuffer(1000)
+        meter = Runtime(telemetry=TelemetryConfig(metrics=buffer)).metric_meter
+        relay = metrics.ServerRestarts(_StatusClient({"lingering": 3, "zygote_restarts": 0}),
+                                       "temporal-python")
+        relay.poll(meter, force=True)
+        metrics.RunMetrics(meter, _det().info).wait_timeout("room")
+        updates = buffer.retrieve_updates()
+        lingering = [(u.value, dict(u.attributes).get("policy")) for u in updates
+                     if u.metric.name == metrics.GUESTS_LINGERING]
+        self.assertEqual(lingering, [(3, "temporal-python")])
+        waits = [(u.value, dict(u.attributes)["wait"]) for u in updates
+                 if u.metric.name == metrics.WAIT_TIMEOUTS]
+        self.assertEqual(waits, [(1, "room")])
 
 
 class LaneTests(unittest.TestCase):

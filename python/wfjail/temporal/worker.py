@@ -364,7 +364,9 @@ class JailedWorkflowRunner(WorkflowRunner):
             session = self._session_of(client, det, made, run_log)
             opening.attach(session)
             try:
+                opening.waiting_for("lane")
                 with _lane(client.path).held(opening.abandoned):
+                    opening.waiting_for("answer")
                     return session.open()
             except Busy:
                 opening.waiting_for("room")
@@ -705,6 +707,9 @@ class _OpeningSession:
             why = ("no room yet for its confined process: every session of the server for "
                    "policy %r is open and the closes of evicted runs in flight freed none"
                    % self._policy)
+        elif phase == "lane":
+            why = ("the opens before it on the server for policy %r (one at a time: "
+                   "OPEN_LANES) did not end in time" % self._policy)
         else:
             why = "the server for policy %r did not answer its open" % self._policy
         raise OpenFailed("wfjail: this run's session did not open within %s s: %s; this "
@@ -803,7 +808,7 @@ _OPENERS = _Openers()
 # open's end frees it), on their opener threads. Only the server's answer holds a lane; a
 # wait for room does not. One, as when opens ran on the event loop: with two or more at
 # once, `wfjail serve` answered some opens only after 0.5 or 1 s (waits of its own that end
-# on a timeout, issue 28's first item; test_cache_churn: open max 26-77 ms at one lane,
+# on a timeout, issue 28's first item; test_cache_churn: open max 26-267 ms at one lane,
 # 0.5-1.0 s in 5 of 6 runs at 2 and 64). Raise it once serve's waits end on their events.
 OPEN_LANES = 1
 
