@@ -5,8 +5,10 @@ metrics, with the same ``namespace``, ``task_queue`` and ``workflow_type`` label
 
 Counted in the worker from what it already receives (each session's open, each call, the
 report a session ends with), so each worker counts its own runs exactly; a zygote restart
-only the server sees: it is in the answer to STATUS (``zygote_restarts``), which the worker
-asks at most every STATUS_EVERY seconds, when it opens a session. Every value taken from a
+only the server sees, and so its closed guests that linger (not exited yet, holding no
+slot): they are in the answer to STATUS (``zygote_restarts``, ``lingering``), which the
+worker asks at most every STATUS_EVERY seconds, when it opens a session (on an opener
+thread). Every value taken from a
 report is checked (a type, a range, a name of the few characters a status or category has):
 the report is the server's, but what it says of a run comes from the run's child."""
 
@@ -34,6 +36,8 @@ ACTIVATION_LATENCY = "wfjail_activation_latency"
 WORKFLOW_CPU_TIME = "wfjail_workflow_cpu_time"
 WORKFLOW_PEAK_MEMORY = "wfjail_workflow_peak_memory"
 ZYGOTE_RESTARTS = "wfjail_zygote_restarts"
+GUESTS_LINGERING = "wfjail_guests_lingering"
+WAIT_TIMEOUTS = "wfjail_wait_timeouts"
 
 # A report's status and a violation's category as labels: wfjail's own words (``ok``,
 # ``violation``, ``network``...); anything else is ``other``. At most this many violation
@@ -71,6 +75,12 @@ class _Instruments:
             "one per workflow run's stay in the cache.", "MiB")
         self.restarts = meter.create_counter(
             ZYGOTE_RESTARTS, "Zygotes of the runner's servers that died and were replaced.")
+        self.lingering = meter.create_gauge(
+            GUESTS_LINGERING, "Guests of a runner's server closed but not exited yet (they "
+            "hold no slot), as its last STATUS said.")
+        self.wait_timeouts = meter.create_counter(
+            WAIT_TIMEOUTS, "Waits on a session's path in the worker that ended on their "
+            "backstop, not on the event they wait for, by wait (room, open).")
 
 
 _instruments: dict[int, _Instruments] = {}
@@ -124,6 +134,11 @@ class RunMetrics:
         if self._metrics is not None:
             self._metrics.busy.add(1, self._labels)
 
+    def wait_timeout(self, wait: str) -> None:
+        """A wait of the run's session (``room``, ``open``) ended on its backstop."""
+        if self._metrics is not None:
+            self._metrics.wait_timeouts.add(1, {**self._labels, "wait": wait})
+
     def call(self, seconds: float) -> None:
         if self._metrics is not None:
             self._metrics.latency.record(datetime.timedelta(seconds=seconds), self._labels)
@@ -159,7 +174,8 @@ class RunMetrics:
 
 class ServerRestarts:
     """Relays a server's zygote restarts (its STATUS answer) to the meters of the workers
-    that use it: each meter gets what the server counted since that meter last heard."""
+    that use it: each meter gets what the server counted since that meter last heard; and
+    its lingering guests (a gauge, as STATUS said them last)."""
 
     def __init__(self, client: Client, policy: str) -> None:
         self._client = client
@@ -185,8 +201,11 @@ class ServerRestarts:
             status = self._client.status()
         except Exception:  # noqa: BLE001  (a metric never fails a workflow task)
             return
-        count = _number(status.get("zygote_restarts") if isinstance(status, dict) else None,
-                        2.0**63)
+        doc = status if isinstance(status, dict) else {}
+        lingering = _number(doc.get("lingering"), 2.0**31)
+        if lingering is not None:
+            instruments.lingering.set(int(lingering), {"policy": self._policy})
+        count = _number(doc.get("zygote_restarts"), 2.0**63)
         with self._lock:
             _, heard = self._heard.get(id(meter), (instruments, 0))
             if count is None:

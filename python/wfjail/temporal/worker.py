@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import collections
 import concurrent.futures
+import contextlib
 import datetime
 import errno
 import importlib.util
@@ -19,7 +20,8 @@ import threading
 import time
 import weakref
 from contextlib import AbstractAsyncContextManager
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import (Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping,
+                    Protocol, Sequence)
 
 import temporalio.converter
 import temporalio.worker
@@ -76,9 +78,14 @@ INTERRUPT_WAIT = 1.0
 # thread, off the worker's event loop), so that its stack reaches the deadlock failure before
 # the SDK's 2 s deadlock timeout fires (the SDK's own error then has no frames).
 DEADLOCK_INTERRUPT_AFTER = 1.5
-# How long an open refused BUSY waits for the sessions of evicted runs still closing (each
-# a child's exit and reap, milliseconds) before the run's task fails for want of room.
-CLOSING_WAIT = 0.5
+# An open refused BUSY while closes of evicted runs are in flight (a CLOSE sent an instant
+# before may not be taken by the server yet) asks again when one of those closes ends: its
+# slot is free by then. A close whose guest lingers (the server freed its slot when it took
+# the CLOSE; the guest's exit, and so the close's end, come up to its 2 s grace later) ends
+# too late to be that event: after this long without a close ending, the open asks again
+# anyway (a backstop, counted: ``wait_timeouts``). It gives up only when no close is in
+# flight (the server is full: "no room"), or when its run left.
+ROOM_BACKSTOP = 0.1
 # How long the runner's close (and the worker's exit) waits for those closes before it stops
 # the servers.
 CLOSES_AT_STOP_WAIT = 2.0
@@ -95,11 +102,19 @@ MAX_CLOSERS = 64
 CLOSER_IDLE = 10.0
 # How long after the last ``prepare_workflow`` the runner starts its servers (``_start_soon``).
 EARLY_START_AFTER = 0.05
-# How long the first activation of a Worker's run opened while its server was starting again
-# (it died, or a workflow was prepared after the worker ran) waits for it, on the SDK's
-# workflow-task thread, before its task fails to be retried: below DEADLOCK_INTERRUPT_AFTER,
-# so that it fails as "still starting", not as a deadlock.
-DEFERRED_OPEN_WAIT = 1.0
+# How long a run's first activation waits for its session's open (which runs on an opener
+# thread from the moment the SDK created the run: ``_OpeningSession``), on the SDK's
+# workflow-task thread, before its task fails to be retried. A backstop: an open ends on its
+# server's answer (milliseconds), on a close that frees a slot, or on its server's start
+# (one that died, or a workflow prepared after the worker ran). The open and the first
+# call share the SDK's 2 s deadlock timeout: the wait ends before the watchdog's
+# DEADLOCK_INTERRUPT_AFTER (measured from the same start), so that a task failed for it
+# says what it waited for, not "deadlock", and any open that leaves the call time succeeds.
+OPEN_WAIT = 1.4
+# Sessions opened at once, each on a thread of the openers' (``_Openers``); an idle one ends
+# after this long.
+MAX_OPENERS = 64
+OPENER_IDLE = 10.0
 
 _log = logging.getLogger("wfjail.temporal")
 
@@ -245,9 +260,12 @@ class JailedWorkflowRunner(WorkflowRunner):
                 self._run_modules.append(module)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        """Opens the run's session (on the worker's event-loop thread, not on the timed
-        activation path): the zygote forks a child, which builds the workflow instance. It
-        never waits for a server's start on a Worker's loop (a Replayer's waits)."""
+        """Makes the run's proxy and starts its session's open on an opener thread
+        (``_OPENERS``): the SDK calls this on the worker's event loop, which serves every run
+        of the worker, so nothing here waits for a server (its answer, room, its start).
+        The zygote forks a child, which builds the workflow instance; the run's first
+        activation waits for that open on the event it sets (``_OpeningSession``). Only a
+        Replayer's first run waits here, for its server's start."""
         policy = self._policy_of(det.defn)
         made = recipe(det, self._failure_types, self._patch_callback_in_child)
         made["sandboxed"] = self._sandboxed
@@ -255,67 +273,74 @@ class JailedWorkflowRunner(WorkflowRunner):
         made["logging"] = logging_settings()
         run_log = LogRelay(det.info)
         # The runner's metrics on the worker's runtime meter, labelled with the run's, and
-        # the operator's log of the run's session (known once it opens: here, or at the
-        # first call of a deferred session).
+        # the operator's log of the run's session (known once it opens).
         meter = metrics.run_meter(det)
         run_metrics = metrics.RunMetrics(meter, det.info)
-        session_log: oplog.SessionLog | None = None
-        instance: _JailedInstance | None = None
-
-        def open_on(client: Client) -> Session:
-            nonlocal session_log
-            session = self._open_session(client, det, made, run_log, run_metrics)
-            metrics.server_restarts(client, policy).poll(meter)
-            log = oplog.REGISTRY.opened(client.path, session.id, session.pid, det.info)
-            if instance is not None:  # a deferred session, opened by the run's first call
-                instance._session_log = log
-            else:
-                session_log = log
-            return session
 
         client = self._ready_client(policy)
-        session: Session
-        if client is not None:
-            session = open_on(client)
-        elif sdk.caller_self(1) not in self._polls_when_ready:
-            # A Replayer (it polls nothing; the SDK gives no hook before its replays): its
-            # first run waits here for the start.
-            session = open_on(self._ensure_server(policy))
-        else:
-            # A Worker's server that is not running any more (it died, or a workflow was
-            # prepared since): the event loop does not wait for its start; the run's first
-            # activation does, on the SDK's workflow-task thread. A start that failed is
-            # raised here, with its reason.
-            start = self._start(policy)
-            if start.done():
-                session = open_on(start.result())
+        start: concurrent.futures.Future[Client] | None = None
+        if client is None:
+            if sdk.caller_self(1) not in self._polls_when_ready:
+                # A Replayer (it polls nothing; the SDK gives no hook before its replays):
+                # its first run waits here for the start (its first activation could not:
+                # the SDK's deadlock timeout).
+                client = self._ensure_server(policy)
             else:
-                session = _DeferredSession(start, open_on, policy)
-        instance = _JailedInstance(session, det, self._reserved_metrics,
-                                   self._max_reply_bytes, run_log, policy, run_metrics,
-                                   session_log)
+                # A Worker's server that is not running any more (it died, or a workflow was
+                # prepared since): the event loop does not wait for its start; the open
+                # does, on its thread. A start that failed is raised here, with its reason.
+                start = self._start(policy)
+                if start.done():
+                    client = start.result()
+                    start = None
+        opening = _OpeningSession(policy, run_metrics)
+        instance = _JailedInstance(opening, det, self._reserved_metrics,
+                                   self._max_reply_bytes, run_log, policy, run_metrics)
         # The OpenTelemetry plugin's provider: the child's spans are exported through it.
         instance._span_provider = spans.worker_provider() if made["otel_spans"] else None
+
+        opened_on: list[Client] = []
+
+        def open_session() -> Session:
+            on = client if start is None else opening.until_started(start)
+            assert on is not None
+            session = self._open_session(on, det, made, run_log, run_metrics, opening)
+            opened_on.append(on)
+            # Before the open is done: the run's calls and close come after it.
+            instance._session_log = oplog.REGISTRY.opened(on.path, session.id, session.pid,
+                                                          det.info)
+            return session
+
+        def open_then_ask_status() -> None:
+            """(On an opener thread.) The open, then (after the run's first call has it)
+            the server's STATUS for the metrics (at most every STATUS_EVERY)."""
+            opening.run(open_session)
+            for on in opened_on:
+                metrics.server_restarts(on, policy).poll(meter)
+
+        _OPENERS.submit(open_then_ask_status)
         return instance
 
     def _open_session(self, client: Client, det: WorkflowInstanceDetails,
                       made: dict[str, Any], run_log: LogRelay,
-                      run_metrics: metrics.RunMetrics) -> ClientSession:
-        """Opens a run's session on ``client``'s server: the zygote forks its child."""
+                      run_metrics: metrics.RunMetrics,
+                      opening: "_OpeningSession") -> ClientSession:
+        """(On an opener thread.) Opens a run's session on ``client``'s server: the zygote
+        forks its child."""
         try:
             # Under the policy's seeded randomness and virtual clock, the child's os.urandom,
             # random and uuid4 draw from the run's randomness seed, and its wall clock reads
             # each activation's time (set per call below): the same on replay.
-            session = self._open_when_room(client, det, made, run_log)
+            session = self._open_when_room(client, det, made, run_log, run_metrics, opening)
         except Busy as e:
             run_metrics.busy()
-            raise RuntimeError(
+            raise OpenFailed(
                 "wfjail: no room for another confined workflow run (%s of %s open): raise "
                 "JailedWorkflowRunner(max_sessions=...) above max_cached_workflows" %
                 (e.open, e.capacity)) from None
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):
-                raise RuntimeError(
+                raise OpenFailed(
                     "wfjail: the worker is out of file descriptors (%s): each cached "
                     "workflow run holds one; raise the worker's RLIMIT_NOFILE (ulimit -n, "
                     "the pod's nofile limit) above max_cached_workflows plus the worker's "
@@ -325,22 +350,38 @@ class JailedWorkflowRunner(WorkflowRunner):
         return session
 
     def _open_when_room(self, client: Client, det: WorkflowInstanceDetails,
-                        made: dict[str, Any], run_log: LogRelay) -> ClientSession:
-        """Opens a run's session; refused BUSY, asks again each time a session of an evicted
-        run still closing (``_CLOSER``: its slot is free once the server took its CLOSE)
-        ends, for up to CLOSING_WAIT; then BUSY is raised."""
-        deadline: float | None = None
+                        made: dict[str, Any], run_log: LogRelay,
+                        run_metrics: metrics.RunMetrics,
+                        opening: "_OpeningSession") -> ClientSession:
+        """Opens a run's session. Refused BUSY while sessions of evicted runs are closing
+        (``_CLOSER``), asks again when one of those closes ends (its slot is free by then),
+        or after ROOM_BACKSTOP without one (counted); BUSY is raised when no close is in
+        flight (nothing will free a slot), and ``_Abandoned`` once the run left."""
         while True:
             # Counted before the open: a close that ends while the server says BUSY is one
             # to ask again after, not one to wait for.
             closed = _CLOSER.closes_ended()
+            session = self._session_of(client, det, made, run_log)
+            opening.attach(session)
             try:
-                return self._session_of(client, det, made, run_log).open()
+                opening.waiting_for("lane")
+                with _lane(client.path).held(opening.abandoned):
+                    opening.waiting_for("answer")
+                    return session.open()
             except Busy:
-                if deadline is None:
-                    deadline = time.monotonic() + CLOSING_WAIT
-                if not _CLOSER.wait_for_a_close(closed, deadline - time.monotonic()):
+                opening.waiting_for("room")
+                if _CLOSER.wait_for_a_close(closed, ROOM_BACKSTOP, opening.abandoned):
+                    continue
+                if opening.abandoned():
+                    raise _Abandoned() from None
+                if _CLOSER.closes_ended() != closed:
+                    continue
+                if not _CLOSER.in_flight():
                     raise
+                # Closes are in flight, none ended within the backstop: ask again.
+                _wait_timed_out("room", run_metrics)
+            finally:
+                opening.attach(None)
 
     def _session_of(self, client: Client, det: WorkflowInstanceDetails,
                     made: dict[str, Any], run_log: LogRelay) -> ClientSession:
@@ -553,17 +594,126 @@ def _start_into(ref: "weakref.ref[JailedWorkflowRunner]", policy: str,
         start.set_exception(e)
 
 
-class _DeferredSession:
-    """The session of a run created while its server was starting: opened by its first
-    call (on the SDK's workflow-task thread, never on the event loop), after waiting up to
-    DEFERRED_OPEN_WAIT for the start; a call that finds it still starting, or failed, fails
-    its task with why (Temporal retries it)."""
+class OpenFailed(RuntimeError):
+    """A run's session did not open (no room, the server did not start or answer in time):
+    its first workflow task fails with this message, and Temporal retries it."""
 
-    def __init__(self, start: concurrent.futures.Future[Client],
-                 open_on: Callable[[Client], Session], policy: str) -> None:
-        self._start, self._open_on, self._policy = start, open_on, policy
+
+class _Abandoned(Exception):
+    """(On an opener thread.) The run left (evicted, closed) before its session opened: the
+    open stops."""
+
+
+class _OpeningSession:
+    """A run's session while it opens, then the session itself. The open runs on an opener
+    thread (``_OPENERS``, ``run``), never on the worker's event loop; the run's first call
+    waits for it on the event the open sets when done (OPEN_WAIT is a backstop: the call's
+    task then fails with what the open waited for, and Temporal retries it). A run that
+    leaves first (evicted, closed, aborted) abandons it: an open waiting for room or for its
+    server's start stops, one the server is answering is cut (``abort``), and a session that
+    opens all the same is closed by the run's close (which waits for the open to be done)."""
+
+    def __init__(self, policy: str, run_metrics: metrics.RunMetrics | None = None) -> None:
+        self._policy = policy
+        self._run_metrics = run_metrics
+        self._cond = threading.Condition()
         self._session: Session | None = None
-        self._ended = False
+        self._error: BaseException | None = None
+        self._done = False
+        self._abandoned = False
+        # The run's close gave up waiting for the open: a session that opens after is cut.
+        self._left = False
+        # The client session being opened (its socket: ``abort`` shuts it down).
+        self._opening: ClientSession | None = None
+        # What the open waits for (the message of a first call that gives up on it).
+        self._phase = "answer"
+
+    # -- the opener's side --------------------------------------------------------------------
+
+    def run(self, open_session: Callable[[], Session]) -> None:
+        """(An opener thread.) Opens the session, then sets the event the run waits on."""
+        session: Session | None = None
+        error: BaseException | None = None
+        try:
+            session = open_session()
+        except BaseException as e:  # noqa: BLE001  (the run's first call raises it)
+            error = e
+        with self._cond:
+            self._session, self._error, self._done = session, error, True
+            cut = self._left
+            self._cond.notify_all()
+        if cut and session is not None:
+            session.abort()
+
+    def attach(self, session: ClientSession | None) -> None:
+        """The client session being opened (None between attempts); ``_Abandoned`` when the
+        run left."""
+        with self._cond:
+            if session is not None and self._abandoned:
+                raise _Abandoned()
+            self._opening = session
+
+    def waiting_for(self, phase: str) -> None:
+        with self._cond:
+            self._phase = phase
+
+    def abandoned(self) -> bool:
+        return self._abandoned
+
+    def until_started(self, start: concurrent.futures.Future[Client]) -> Client:
+        """Waits for ``start`` (its server's) to be done, or for the run to leave."""
+        self.waiting_for("start")
+        start.add_done_callback(lambda _: self._wake())
+        with self._cond:
+            self._cond.wait_for(lambda: start.done() or self._abandoned)
+            if not start.done():
+                raise _Abandoned()
+            self._phase = "answer"
+        try:
+            return start.result()
+        except RuntimeError as e:  # the start's reason (the binary, the policy, a zygote)
+            raise OpenFailed(str(e)) from None
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the run's side -----------------------------------------------------------------------
+
+    @property
+    def opened(self) -> bool:
+        """Whether the session is open (or was: its calls and close go to it)."""
+        return self._session is not None
+
+    def _opened(self) -> Session:
+        """The session once open: waits for the open's end, up to OPEN_WAIT."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done or self._abandoned, OPEN_WAIT):
+                phase = self._phase
+            elif self._session is not None:
+                return self._session
+            elif self._abandoned:
+                raise RuntimeError("the session is not open")
+            elif isinstance(self._error, _Abandoned):
+                raise RuntimeError("the session is not open")
+            else:
+                assert self._error is not None
+                raise self._error
+        _wait_timed_out("open", self._run_metrics)
+        if phase == "start":
+            why = ("the server for policy %r is still starting (it was no longer running: it "
+                   "ended, or a workflow was prepared after the worker ran)" % self._policy)
+        elif phase == "room":
+            why = ("no room yet for its confined process: every session of the server for "
+                   "policy %r is open and the closes of evicted runs in flight freed none"
+                   % self._policy)
+        elif phase == "lane":
+            why = ("the opens before it on the server for policy %r (one at a time: "
+                   "OPEN_LANES) did not end in time" % self._policy)
+        else:
+            why = "the server for policy %r did not answer its open" % self._policy
+        raise OpenFailed("wfjail: this run's session did not open within %s s: %s; this "
+                         "workflow task fails and Temporal retries it" % (OPEN_WAIT, why))
 
     @property
     def violations(self) -> list[dict[str, Any]]:
@@ -574,35 +724,167 @@ class _DeferredSession:
         return self._session.report if self._session is not None else None
 
     def call(self, request: bytes, time_ns: int | None = None) -> bytes:
-        if self._session is None:
-            if self._ended:
-                raise RuntimeError("the session is not open")
-            try:
-                client = self._start.result(DEFERRED_OPEN_WAIT)
-            except concurrent.futures.TimeoutError:
-                raise RuntimeError(
-                    "wfjail: the server for policy %r is still starting (it was no longer "
-                    "running: it ended, or a workflow was prepared after the worker ran); "
-                    "this workflow task fails and Temporal retries it" % self._policy) from None
-            self._session = self._open_on(client)
-        return self._session.call(request, time_ns)
+        session = self._session if self._session is not None else self._opened()
+        return session.call(request, time_ns)
 
     def interrupt(self) -> None:
         if self._session is not None:
             self._session.interrupt()
 
+    def _abandon(self) -> ClientSession | None:
+        with self._cond:
+            self._abandoned = True
+            opening = self._opening if not self._done else None
+            self._cond.notify_all()
+        _CLOSER.wake()  # an open waiting for room stops
+        _wake_lanes()  # and one waiting for a lane
+        return opening
+
     def abort(self) -> None:
-        self._ended = True
+        opening = self._abandon()
+        if opening is not None:
+            opening.abort()
         if self._session is not None:
             self._session.abort()
 
     def send_close(self) -> None:
         if self._session is not None:
             self._session.send_close()
+        else:
+            self._abandon()  # an open waiting for room or a start stops; one answering ends
 
     def close(self) -> object:
-        self._ended = True
+        """(The closer's thread.) Waits for the open to be done (bounded by the closer's
+        CLOSE_WAIT, whose ``abort`` cuts it), then closes the session if one opened."""
+        self._abandon()
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, CLOSE_WAIT):
+                self._left = True
+                return None
         return self._session.close() if self._session is not None else None
+
+
+class _Openers:
+    """The threads of the worker that open runs' sessions (``_OpeningSession.run``), off its
+    event loop: each open on a thread of its own (up to MAX_OPENERS at once; more wait in
+    line), so that one waiting for room or for its server does not hold the others. Idle
+    threads are kept for OPENER_IDLE."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._threads = 0
+        self._idle = 0  # threads waiting for an open
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._queue.append(job)
+            if self._idle < len(self._queue) and self._threads < MAX_OPENERS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="wfjail-opener", daemon=True).start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                try:
+                    while not self._queue:
+                        if not self._cond.wait(OPENER_IDLE) and not self._queue:
+                            self._threads -= 1
+                            return
+                finally:
+                    self._idle -= 1
+                job = self._queue.popleft()
+            try:
+                job()
+            except Exception:  # noqa: BLE001  (``run`` keeps the open's error for the run)
+                _log.exception("opening a run's session failed")
+
+
+_OPENERS = _Openers()
+
+# Opens in flight at once on one server (its socket path): the others wait for a lane (an
+# open's end frees it), on their opener threads. Only the server's answer holds a lane; a
+# wait for room does not. One, as when opens ran on the event loop: with two or more at
+# once, `wfjail serve` answered some opens only after 0.5 or 1 s (waits of its own that end
+# on a timeout, issue 28's first item; test_cache_churn: open max 26-267 ms at one lane,
+# 0.5-1.0 s in 5 of 6 runs at 2 and 64). Raise it once serve's waits end on their events.
+OPEN_LANES = 1
+
+
+class _Lane:
+    """The OPEN_LANES of one server: an open takes one for the server's answer. A wait for
+    one ends when an open frees it, or when the waiting run left (``wake``)."""
+
+    def __init__(self, lanes: int) -> None:
+        self._cond = threading.Condition()
+        self._free = lanes
+
+    @contextlib.contextmanager
+    def held(self, left: Callable[[], bool]) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._free > 0 or left())
+            if left():
+                if self._free > 0:
+                    self._cond.notify()  # the lane it was woken for goes to the next
+                raise _Abandoned()
+            self._free -= 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._free += 1
+                self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+_lanes: dict[str, _Lane] = {}
+_lanes_lock = threading.Lock()
+
+
+def _lane(path: str) -> _Lane:
+    """The lanes of the server at ``path``."""
+    with _lanes_lock:
+        lane = _lanes.get(path)
+        if lane is None:
+            if len(_lanes) >= 256:  # servers long stopped
+                _lanes.clear()
+            lane = _lanes[path] = _Lane(OPEN_LANES)
+        return lane
+
+
+def _wake_lanes() -> None:
+    """Wakes the opens waiting for a lane (one of their runs left)."""
+    with _lanes_lock:
+        lanes = list(_lanes.values())
+    for lane in lanes:
+        lane.wake()
+
+# The waits on a session's path in the worker that ended on their backstop, not on the
+# event they wait for: "room" (an open refused BUSY heard no close end within
+# ROOM_BACKSTOP), "open" (a first activation gave up on its open after OPEN_WAIT).
+_wait_timeouts: collections.Counter[str] = collections.Counter()
+_wait_timeouts_lock = threading.Lock()
+
+
+def wait_timeouts() -> dict[str, int]:
+    """How many of the worker's waits on a session's path ended on their backstop, by wait
+    (``room``, ``open``), since the process started."""
+    with _wait_timeouts_lock:
+        return dict(_wait_timeouts)
+
+
+def _wait_timed_out(wait: str, run_metrics: metrics.RunMetrics | None) -> None:
+    with _wait_timeouts_lock:
+        _wait_timeouts[wait] += 1
+    if run_metrics is not None:
+        run_metrics.wait_timeout(wait)
+    _log.info("wfjail: a session's %s wait ended on its backstop (%s so far)", wait,
+              _wait_timeouts[wait])
 
 
 def _release_all_later(held: dict[str, tuple[ServerKey, Server]]) -> None:
@@ -723,6 +1005,12 @@ class _JailedInstance(WorkflowInstance):
                 # comes off the eviction's path and is bounded, as any evicted run's.
                 _CLOSER.close(self)
             return _evicted(act)
+        if evicting and not getattr(self._session, "opened", True):
+            # The run leaves before its session opened (its first task failed waiting for
+            # the open): no child to tell; the open stops, or what it opens is closed.
+            self._send_close()
+            _CLOSER.close(self)
+            return _evicted(act)
         self._calling = True
         self._idle.clear()
         if self._span_provider is not None:
@@ -816,6 +1104,10 @@ class _JailedInstance(WorkflowInstance):
                                escape(e.type, MAX_STACK_NAME),
                                escape(e.message, MAX_CHILD_MESSAGE)),
                            stack_text(e.traceback or ""))
+        except OpenFailed as e:  # the run's session did not open: the message says why
+            if evicting:
+                return _evicted(act)
+            return _failed(act, str(e))
         except (SessionFailed, ProtocolError, OSError, RuntimeError) as e:
             if evicting:
                 return _evicted(act)
@@ -851,9 +1143,14 @@ class _JailedInstance(WorkflowInstance):
             pass
 
     def _close(self) -> None:
-        """(On the closer's thread.) Ends the session; its end in metrics and log."""
+        """(On the closer's thread.) Ends the session; its end in metrics and log (of a
+        session that opened: one that never did was never counted)."""
         self._session.close()
-        self._note_end(closed=True)
+        if getattr(self._session, "opened", True):
+            self._note_end(closed=True)
+        else:
+            with self._state:
+                self._session_over = True
 
     def _note_end(self, closed: bool) -> None:
         """Once the session has ended (its report came, or the worker closed it): its end
@@ -992,7 +1289,8 @@ class _Closer:
     server frees the slot when it takes it, and a child that does not exit lingers there
     holding none. An open refused BUSY while closes are in flight (one sent an instant before
     may not be taken yet) waits for one of them to end (``wait_for_a_close``) and asks again,
-    so that a closing run never refuses a new one."""
+    on its opener thread (``_OpeningSession``), so that a closing run never refuses a new
+    one."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -1027,14 +1325,28 @@ class _Closer:
         with self._cond:
             return self._done
 
-    def wait_for_a_close(self, since: int, timeout: float) -> bool:
+    def in_flight(self) -> int:
+        """How many closes are in flight (queued or in progress)."""
+        with self._cond:
+            return self._in_flight
+
+    def wait_for_a_close(self, since: int, timeout: float,
+                         stop: Callable[[], bool] | None = None) -> bool:
         """Waits up to ``timeout`` for a close to end after the first ``since`` had
-        (``closes_ended()``; its slot is free by then); whether one has (False at once when
-        none has and none is in flight)."""
+        (``closes_ended()``; its slot is free by then), or until ``stop()`` (checked when
+        woken: ``wake``); whether one has (False at once when none has and none is in
+        flight)."""
         with self._cond:
             if self._done == since and not self._in_flight:
                 return False
-            return self._cond.wait_for(lambda: self._done != since, max(timeout, 0.0))
+            self._cond.wait_for(lambda: self._done != since or (stop is not None and stop()),
+                                max(timeout, 0.0))
+            return self._done != since
+
+    def wake(self) -> None:
+        """Wakes the waits of ``wait_for_a_close`` (to check their ``stop``)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
