@@ -497,7 +497,7 @@ class WaitMetricsTests(unittest.TestCase):
 
 
 class LaneTests(unittest.TestCase):
-    """One open at a time waits for a server's answer (``OPEN_LANES``): the next takes the
+    """Opens waiting for a server's answer take lanes (``OPEN_LANES``); with one lane the next takes the
     lane when the first frees it; one whose run left stops waiting, and hands on a lane it
     was woken for."""
 

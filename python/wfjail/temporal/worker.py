@@ -806,11 +806,10 @@ _OPENERS = _Openers()
 
 # Opens in flight at once on one server (its socket path): the others wait for a lane (an
 # open's end frees it), on their opener threads. Only the server's answer holds a lane; a
-# wait for room does not. One, as when opens ran on the event loop: with two or more at
-# once, `wfjail serve` answered some opens only after 0.5 or 1 s (waits of its own that end
-# on a timeout, issue 28's first item; test_cache_churn: open max 26-267 ms at one lane,
-# 0.5-1.0 s in 5 of 6 runs at 2 and 64). Raise it once serve's waits end on their events.
-OPEN_LANES = 1
+# wait for room does not. It was 1 while `wfjail serve` answered some concurrent opens only
+# after 0.5 or 1 s (its router blocked on a FORKED: issue 28); with that fixed,
+# test_cache_churn at 8 lanes: open max 127-163 ms, no backstop fired (1 lane: 24-267 ms).
+OPEN_LANES = 8
 
 
 class _Lane:
