@@ -294,7 +294,7 @@ class Worker:
             avail1 = meminfo("MemAvailable")
             serve1 = rollup(tgt.serve_pid)
             if tgt.zygotes:
-                pids = [c for z in tgt.zygotes for c in children_of(z)]
+                pids = [c for z in tgt.zygotes for c in children_of(z, missing_ok=True)]
             else:
                 name = self.kinds[kind]["open"]["argv"][-1]
                 pids = [p for p in set(descendants(tgt.serve_pid)) - before_pids if name in cmdline(p)]
