@@ -566,7 +566,7 @@ class Report:
                 L.append(
                     f"* **Stalls.** {len(slow)} of {len(cells)} zygote-mode cells have a slowest execution over "
                     f"{LANES_TARGET['max_over_median']:g} × their median: "
-                    + "; ".join(f"`--zygotes {k.split('-')[1]}` {client} {n} lanes: max {c['latency']['max']:.0f} ms "
+                    + "; ".join(f"`--zygotes {k.split('-')[1]}` {client} {n} lane{'s' if n != 1 else ''}: max {c['latency']['max']:.0f} ms "
                                 f"against a median of {c['latency']['median']:.1f} ms, {c['over_500ms']} of "
                                 f"{c['ok']} ≥ 0.5 s" for k, client, n, c in slow) + ".")
         m, bm = self.mem(z0), self.mem("bare-request")
