@@ -281,7 +281,7 @@ def main():
         description="Benchmark of wfjail serve's prefork sessions (temporalio preloaded) against a bare "
         "fork of the same process, with throughput, memory per live session and exec mode.")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run (~40 s): few rounds, 80 sessions per lanes cell, 50 held sessions; prints only "
+                    help="smoke run (~1 min): few rounds, 80 sessions per lanes cell, 50 held sessions; prints only "
                     "unless --output is given")
     ap.add_argument("--rounds", type=int, help="latency rounds at concurrency 1 (default 1000; 60 with --quick)")
     ap.add_argument("--lanes", default="1,2,8,32",
