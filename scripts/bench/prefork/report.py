@@ -160,7 +160,8 @@ class Report:
 
     def text(self):
         L = [f"PROBLEM: {p}" for p in self.problems()]
-        L.append("latency, concurrency 1 (ms): median p10 p90")
+        if self.r.get("latency"):
+            L.append("latency, concurrency 1 (ms): median p10 p90")
         for kind in ["bare-exit", "bare-request", *self.zk, *self.ek]:
             s = self.lat(kind)
             if s:
@@ -173,7 +174,8 @@ class Report:
                 L.append(f"  {label(kind):<46} {client:<5} {n:>3} lane{'s' if n != 1 else ' '} "
                          f"{c['per_s'] or 0:7.0f}/s  {f2(lat.get('median')):>8} {f2(lat.get('p99')):>8} "
                          f"{f2(lat.get('max')):>8}  failed {c['failed']} of {c['sessions']}")
-        L.append("memory per live session (KiB): USS median / mean, PSS median / mean")
+        if self.r.get("memory"):
+            L.append("memory per live session (KiB): USS median / mean, PSS median / mean")
         for kind in [*self.zk, "bare-request", *self.ek]:
             m = self.mem(kind)
             if m and m.get("USS"):
