@@ -80,6 +80,9 @@ class Report:
                 "failed": sum(r["failed"] for r in reps), "per_s": ok / wall if wall else None,
                 "per_s_range": (min(r["per_s"] or 0 for r in reps), max(r["per_s"] or 0 for r in reps)),
                 "repeats": len(reps), "over_500ms": sum(r.get("over_500ms", 0) for r in reps),
+                "over_500ms_by_part": ({p: sum((r.get("over_500ms_by_part") or {}).get(p, 0) for r in reps)
+                                        for p in ("open", "call", "close")}
+                                       if all("over_500ms_by_part" in r for r in reps) else None),
                 "latency": ({"median": pct(lat, 50), "p99": pct(lat, 99), "max": lat[-1]} if lat else None),
                 "slowest_ms": max((r for r in reps if r.get("slowest_ms")),
                                   key=lambda r: sum(r["slowest_ms"]), default={}).get("slowest_ms"),
@@ -362,7 +365,8 @@ class Report:
             return []
         L = ["### Throughput by lanes", "",
              "Executions (open + one call + close) per second of wall time, and the latency of one "
-             "execution (ms) over the cell's executions; *≥ 0.5 s*: how many took that long or longer; "
+             "execution (ms) over the cell's executions; *≥ 0.5 s*: how many took that long or longer (in "
+             "parentheses: of those, how many spent longest in the open / the call / the close); "
              "*slowest*: that execution's open / call / close (ms); *other programs*: the share of all "
              "CPUs busy during the cell beyond the benchmark's own processes (`/proc/stat`), the load "
              "other programs put on the machine meanwhile.", "",
@@ -377,8 +381,11 @@ class Report:
                 rate += f" ({c['per_s_range'][0]:.0f}–{c['per_s_range'][1]:.0f})"
             ratio = lat["max"] / lat["median"] if lat else None
             slow = " / ".join(f"{x:.1f}" for x in c["slowest_ms"]) if c.get("slowest_ms") else "–"
+            parts = c["over_500ms_by_part"]
+            over = (f"{c['over_500ms']} ({parts['open']} / {parts['call']} / {parts['close']})"
+                    if c["over_500ms"] and parts else str(c["over_500ms"]))
             L.append(f"| {label(kind)} | {client} | {n} | {c['sessions']} | {rate} | {f2(lat.get('median'))} | "
-                     f"{f2(lat.get('p99'))} | {f2(lat.get('max'))} | {f2(ratio, 1)} | {c['over_500ms']} | "
+                     f"{f2(lat.get('p99'))} | {f2(lat.get('max'))} | {f2(ratio, 1)} | {over} | "
                      f"{c['failed']} | {slow} | {f2((c.get('cpu') or {}).get('other_pct'), 0)} % |")
         n8 = LANES_TARGET["lanes"] if LANES_TARGET["lanes"] in self.lanes else max(self.lanes)
         L += ["", f"CPU time per execution at {n8} lanes, by process (ms), and how busy the machine was:", "",

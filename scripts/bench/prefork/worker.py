@@ -236,6 +236,9 @@ class Worker:
                 "latency_ms": ({"median": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
                                 "max": lat[-1], "min": lat[0], "n": len(lat)} if lat else None),
                 "over_500ms": sum(1 for x in lat if x >= 500),
+                # where they waited: the executions of ≥ 0.5 s by their longest part
+                "over_500ms_by_part": {part: sum(1 for d in done if d[3] >= 500e6 and max(d[:3]) == d[i])
+                                       for i, part in enumerate(("open", "call", "close"))},
                 "slowest_ms": [x / 1e6 for x in slow[:3]] if slow else None,  # its open, call, close
                 "latencies_ms": [round(x, 3) for x in lat],
                 "cpu": Target.cpu_delta(a, b, len(done))}
