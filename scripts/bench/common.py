@@ -106,6 +106,34 @@ def wfjail_version():
 
 
 # --------------------------------------------------------------------------------------
+# Processes: /proc
+# --------------------------------------------------------------------------------------
+
+
+def children(pid, missing_ok=False):
+    """The children of every thread of pid (/proc/PID/task/*/children), sorted.
+
+    A child belongs to the thread that started it. A thread that ends between the listing of
+    /proc/PID/task and the read of its children (wfjail serve's session threads end as their
+    sessions close) hands its children to another thread, maybe one already read: the scan
+    starts again. The process itself gone: FileNotFoundError, or [] with missing_ok (a
+    descendant that exits during a walk)."""
+    while True:
+        kids = set()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):  # the process gone: raises
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    kids.update(int(p) for p in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            if not os.path.exists(f"/proc/{pid}/task"):
+                if missing_ok:
+                    return []
+                raise
+            continue
+        return sorted(kids)
+
+
+# --------------------------------------------------------------------------------------
 # The machine
 # --------------------------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ from .perf import analyse_profile, analyse_trace
 from .report import Report, write_doc
 from .worker import BARE_KINDS, idle_main, worker_main
 
+PHASES = ("latency", "lanes", "memory", "perf")  # what --only picks from, in the order they run
+
 # --------------------------------------------------------------------------------------
 # The driver: setup
 # --------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def zygote_args(py, preload, n):
     return ["--zygote", "--zygotes", str(n), "--python", py, "--preload", preload]
 
 
-def run_all(ctx, args, clients, zygote_counts):
+def run_all(ctx, args, lanes, zygote_counts):
     """Starts the servers (the first zygote count runs the worker; the others and exec mode are
     side servers it reaches by their sockets), runs the worker, ends every server."""
     q = args.quick
@@ -222,26 +224,28 @@ def run_all(ctx, args, clients, zygote_counts):
             "targets": targets, "kinds": kinds,
             "warmup": {**{k: 10 if q else 50 for k in zk}, **{k: 1 if q else 3 for k in ek},
                        "bare-exit": 5 if q else 20, "bare-request": 5 if q else 20},
-            "phases": ["latency", "throughput", "memory"],
+            "phases": [p for p in PHASES if p in args.only and p != "perf"],
             "latency": [{"kinds": zk + list(BARE_KINDS), "rounds": args.rounds, "warmup": 0,
                          "cpu_block": 50 if q else 300}]
             + ([{"kinds": ek, "rounds": args.exec_rounds, "warmup": 0, "cpu_block": 3 if q else 20}] if ek else []),
-            "throughput": [{"kinds": zk, "clients": clients, "rounds": args.tp_rounds,
-                            "duration": args.duration, "warm": 0.1 if q else 0.25}]
-            # An exec'd temporalio guest takes ~0.15 s: longer windows, one per cell.
-            + ([{"kinds": ek, "clients": clients, "rounds": args.exec_tp_rounds, "duration": args.exec_duration,
-                 "warm": 0.3 if q else 1.0}] if ek else []),
+            "lanes": [{"kinds": zk, "clients": ["sync", "async"], "lanes": lanes, "sessions": args.lane_sessions,
+                       "rounds": args.lane_rounds}]
+            # An exec'd temporalio guest takes ~0.15 s: fewer sessions, up to 8 lanes, the sync client.
+            + ([{"kinds": ek, "clients": ["sync"], "lanes": [n for n in lanes if n <= 8] or [min(lanes)],
+                 "sessions": args.exec_lane_sessions, "rounds": 1}] if ek else []),
             "memory": {**{k: args.sessions for k in zk}, "bare-request": args.sessions,
                        **{k: args.exec_sessions for k in ek}},
         }
         if ctx.perf:
             cfg["phases"].append("perf")
-            cfg["perf"] = {"perf": ctx.perf, "kind": zk[0], "clients": max(clients),
+            cfg["perf"] = {"perf": ctx.perf, "kind": zk[0], "clients": 8 if 8 in lanes else max(lanes),
                            "duration": 1.0 if q else 3.0, "executions": 50 if q else 300}
         cfg_path = WORK / "worker-cfg.json"
         cfg_path.write_text(json.dumps(cfg, indent=1))
-        log(f"running the worker under {main_name}: latency ({args.rounds} rounds), throughput "
-            f"({len(clients)} client counts), {args.sessions} held sessions"
+        log(f"running the worker under {main_name}: " + ", ".join(
+            {"latency": f"latency ({args.rounds} rounds)",
+             "lanes": f"lanes {','.join(map(str, lanes))} ({args.lane_sessions} sessions per cell, sync and async)",
+             "memory": f"{args.sessions} held sessions", "perf": "perf"}[p] for p in cfg["phases"])
             + ("" if args.no_exec else ", exec mode beside"))
         srv = Serve(ctx, main_name, zygote_args(py, ctx.preload, zygote_counts[0]),
                     ["--_worker", str(cfg_path)], subprocess.DEVNULL)
@@ -277,17 +281,24 @@ def main():
         description="Benchmark of wfjail serve's prefork sessions (temporalio preloaded) against a bare "
         "fork of the same process, with throughput, memory per live session and exec mode.")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run (~20 s): few rounds, short windows, 50 held sessions; prints only "
+                    help="smoke run (~1 min): few rounds, 80 sessions per lanes cell, 50 held sessions; prints only "
                     "unless --output is given")
     ap.add_argument("--rounds", type=int, help="latency rounds at concurrency 1 (default 1000; 60 with --quick)")
-    ap.add_argument("--duration", type=float, help="seconds per throughput window (default 1.5; 0.5 with --quick)")
-    ap.add_argument("--tp-rounds", type=int, help="throughput windows per zygote-mode cell (default 5; 1 with --quick)")
-    ap.add_argument("--clients", default="1,2,8", help="concurrent clients for throughput (default 1,2,8)")
+    ap.add_argument("--lanes", default="1,2,8,32",
+                    help="lanes (concurrent sessions, each lane opening the next when its last closed) per "
+                    "throughput cell (default 1,2,8,32)")
+    ap.add_argument("--lane-sessions", type=int,
+                    help="sessions per lanes cell, zygote mode (default 400; 80 with --quick)")
+    ap.add_argument("--lane-rounds", type=int, help="repeats of each zygote-mode lanes cell (default 1)")
+    ap.add_argument("--exec-lane-sessions", type=int,
+                    help="sessions per exec-mode lanes cell (default 40; 8 with --quick)")
     ap.add_argument("--zygotes", default="1,2", help="--zygotes values to compare (default 1,2)")
     ap.add_argument("--sessions", type=int, help="sessions held open for the memory figures (default 200; 50 with --quick)")
     ap.add_argument("--exec-rounds", type=int, help="exec-mode latency rounds (default 30; 4 with --quick)")
     ap.add_argument("--exec-sessions", type=int, help="exec-mode sessions held open (default 20; 4 with --quick)")
     ap.add_argument("--no-exec", action="store_true", help="skip exec mode")
+    ap.add_argument("--only", help="run only these parts, comma-separated, of " + ", ".join(PHASES)
+                    + " (e.g. `--only lanes`); prints only unless --output is given")
     ap.add_argument("--perf", action="store_true",
                     help="profile (perf record -a -g) one more throughput window and trace (syscalls, forks, "
                     "context switches) sequential executions: where the CPU time and the latency go. On by "
@@ -313,25 +324,29 @@ def main():
 
     q = args.quick
     args.rounds = args.rounds or (60 if q else 1000)
-    args.duration = args.duration or (0.5 if q else 1.5)
-    args.exec_duration = max(args.duration, 1.0 if q else 3.0)
-    args.exec_tp_rounds = 1 if q else 2
-    args.tp_rounds = args.tp_rounds or (1 if q else 5)
+    args.lane_sessions = args.lane_sessions or (80 if q else 400)
+    args.lane_rounds = args.lane_rounds or 1
+    args.exec_lane_sessions = args.exec_lane_sessions or (8 if q else 40)
     args.sessions = args.sessions or (50 if q else 200)
     args.exec_rounds = args.exec_rounds or (4 if q else 30)
     args.exec_sessions = args.exec_sessions or (4 if q else 20)
+    only = [p.strip() for p in (args.only or "").split(",") if p.strip()]
+    if any(p not in PHASES for p in only):
+        ap.error("--only takes a comma-separated list of " + ", ".join(PHASES))
+    args.only = only or list(PHASES)
     if args.output is None:
-        args.output = "-" if q else str(REPO / "docs" / "benchmarks.md")
+        args.output = "-" if q or only else str(REPO / "docs" / "benchmarks.md")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     try:
-        clients = [int(x) for x in args.clients.split(",") if x]
+        lanes = list(dict.fromkeys(int(x) for x in args.lanes.split(",") if x))
         zygote_counts = list(dict.fromkeys(int(x) for x in args.zygotes.split(",") if x))
     except ValueError:
-        ap.error("--clients and --zygotes are comma-separated numbers")
-    if not clients or not zygote_counts or min(clients + zygote_counts + [
-            args.rounds, args.sessions, args.tp_rounds, args.exec_rounds, args.exec_sessions]) < 1 or args.duration <= 0:
-        ap.error("counts and durations must be positive")
+        ap.error("--lanes and --zygotes are comma-separated numbers")
+    if not lanes or not zygote_counts or min(lanes + zygote_counts + [
+            args.rounds, args.sessions, args.lane_sessions, args.lane_rounds, args.exec_lane_sessions,
+            args.exec_rounds, args.exec_sessions]) < 1:
+        ap.error("counts must be positive")
 
     started = time.monotonic()
     command = "scripts/bench-prefork" + "".join(" " + shlex.quote(a) for a in sys.argv[1:])
@@ -349,13 +364,13 @@ def main():
         sys.exit(f"bench-prefork: {e}")
     ctx.preload = "temporalio," + MODULE
     ctx.perf = None
-    if args.perf or not (args.quick or args.no_perf):
+    if "perf" in args.only and (args.perf or not (args.quick or args.no_perf)):
         ctx.perf = shutil.which("perf")
         if not ctx.perf:
             if args.perf:
                 sys.exit("bench-prefork: --perf needs perf (Debian: linux-perf)")
             log("perf is not installed: no profile or trace (Debian: linux-perf)")
-    ctx.max_executions = max(256, args.sessions + 16, args.exec_sessions + 16, max(clients) + 16)
+    ctx.max_executions = max(256, args.sessions + 16, args.exec_sessions + 16, max(lanes) + 16)
     # wfjail serve holds about 5 descriptors per live session (zygote mode): with 200 sessions
     # held, a soft limit of 1024 is just enough. Give the servers the hard limit.
     import resource
@@ -370,7 +385,7 @@ def main():
 
     load_start = loadavg()
     busy0, wall0 = cpu_busy_seconds(), time.monotonic()
-    result, run_meta = run_all(ctx, args, clients, zygote_counts)
+    result, run_meta = run_all(ctx, args, lanes, zygote_counts)
     busy1, wall1 = cpu_busy_seconds(), time.monotonic()
     if result and result.get("perf"):
         log("analysing the perf data")
@@ -391,7 +406,7 @@ def main():
         "policy": policy_text(),
         "preload": ctx.preload,
         "zygote_counts": zygote_counts,
-        "clients": clients,
+        "lanes": lanes,
         "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
         **run_meta,
     }

@@ -4,23 +4,13 @@ and percentiles, for the driver and the worker."""
 import os
 import statistics
 
-from common import CLK_TCK
+from common import CLK_TCK, children
 
 
-def children_of(pid):
-    """Direct children of every thread of pid."""
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
+def children_of(pid, missing_ok=False):
+    """Direct children of every thread of pid: common.children (it scans again when a thread
+    ends during the scan; the process gone: FileNotFoundError, or [] with missing_ok)."""
+    return children(pid, missing_ok)
 
 
 def cmdline(pid):
@@ -34,7 +24,7 @@ def cmdline(pid):
 def descendants(pid):
     out, todo = [], [pid]
     while todo:
-        kids = children_of(todo.pop())
+        kids = children_of(todo.pop(), missing_ok=True)  # a descendant may exit meanwhile
         out += kids
         todo += kids
     return out

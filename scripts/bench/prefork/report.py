@@ -6,7 +6,7 @@ import statistics
 import common
 
 from .guests import GUEST_MIN, GUEST_TEMPORAL, MODULE
-from .measure import summary
+from .measure import pct, summary
 from .perf import CATEGORIES
 from .worker import BARE_KINDS
 
@@ -15,7 +15,10 @@ END = "<!-- bench-prefork:end -->"
 # Issue 8's targets: latency against a bare fork that answers one request (the same minimal
 # work as a session), executions per second on 2 cores, private memory per live session.
 TARGETS = {"ratio": 1.2, "throughput": 1000.0, "uss_kib": 2048.0}
-OTHER_MAX_PCT = 10.0  # a throughput window where other programs took more of the CPUs is set aside
+# Issue 28's: at 8 lanes, sessions per second and the slowest session against the median one.
+LANES_TARGET = {"lanes": 8, "per_s": 800.0, "max_over_median": 5.0}
+CLIENTS = ("sync", "async")
+CLIENT_LABELS = {"sync": "sync, a thread per lane", "async": "async, a task per lane"}
 
 
 
@@ -47,7 +50,7 @@ class Report:
         self.args = args
         self.zk = [f"zygote-{n}" for n in meta["zygote_counts"]]
         self.ek = [] if args.no_exec else ["exec-min", "exec-temporalio"]
-        self.clients = meta["clients"]
+        self.lanes = meta["lanes"]
 
     # -- the numbers ------------------------------------------------------------------------
 
@@ -64,19 +67,37 @@ class Report:
     def cpu1(self, kind):
         return ((self.r.get("latency") or {}).get("cpu") or {}).get(kind) or {}
 
-    def tp(self, kind, clients):
-        """The cell's windows, without those where other programs took more than
-        OTHER_MAX_PCT of the CPUs (unless every window was disturbed)."""
-        windows = (self.r.get("throughput") or {}).get(f"{kind}/{clients}") or []
-        if not windows:
+    def cell(self, kind, client, lanes):
+        """A lanes cell: its repeats merged (their sessions and wall times summed, their
+        latencies pooled; per_s_range over the repeats)."""
+        reps = (self.r.get("lanes") or {}).get(f"{kind}/{client}/{lanes}") or []
+        if not reps:
             return None
-        clean = [w for w in windows if (w.get("cpu") or {}).get("other_pct", 0.0) <= OTHER_MAX_PCT]
-        used = clean or windows
-        rates = [w["per_s"] for w in used]
-        mid = sorted(used, key=lambda w: w["per_s"])[len(used) // 2]  # the median window
-        return {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-                "latency": mid["latency_ms"], "cpu": mid["cpu"], "n": len(used), "of": len(windows),
-                "disturbed": not clean}
+        lat = sorted(x for r in reps for x in r.get("latencies_ms") or [])
+        ok, wall = sum(r["ok"] for r in reps), sum(r["wall_s"] for r in reps)
+        mid = sorted(reps, key=lambda r: r.get("per_s") or 0)[len(reps) // 2]
+        return {"sessions": sum(r["sessions"] for r in reps), "ok": ok,
+                "failed": sum(r["failed"] for r in reps), "per_s": ok / wall if wall else None,
+                "per_s_range": (min(r["per_s"] or 0 for r in reps), max(r["per_s"] or 0 for r in reps)),
+                "repeats": len(reps), "over_500ms": sum(r.get("over_500ms", 0) for r in reps),
+                "over_500ms_by_part": ({p: sum((r.get("over_500ms_by_part") or {}).get(p, 0) for r in reps)
+                                        for p in ("open", "call", "close")}
+                                       if all("over_500ms_by_part" in r for r in reps) else None),
+                "latency": ({"median": pct(lat, 50), "p99": pct(lat, 99), "max": lat[-1]} if lat else None),
+                "slowest_ms": max((r for r in reps if r.get("slowest_ms")),
+                                  key=lambda r: sum(r["slowest_ms"]), default={}).get("slowest_ms"),
+                "cpu": mid.get("cpu")}
+
+    def lane_cells(self, kinds=None):
+        """(kind, client, lanes, cell) of every measured cell, in the tables' order."""
+        out = []
+        for kind in kinds if kinds is not None else self.zk + self.ek:
+            for client in CLIENTS:
+                for n in self.lanes:
+                    c = self.cell(kind, client, n)
+                    if c:
+                        out.append((kind, client, n, c))
+        return out
 
     def mem(self, kind):
         return (self.r.get("memory") or {}).get(kind)
@@ -95,17 +116,26 @@ class Report:
             out.append((f"per-execution latency (open + call + close, 1 client) ≤ {TARGETS['ratio']} × bare fork + request",
                         f"{ratio:.2f} × ({z['median']:.2f} ms against {bare['median']:.2f} ms, "
                         f"`--zygotes {self.zk[0].split('-')[1]}`)", ratio <= TARGETS["ratio"]))
-        best = None
-        for k in self.zk:
-            for c in self.clients:
-                t = self.tp(k, c)
-                if t and (best is None or t["median"] > best[0]):
-                    best = (t["median"], k, c)
-        if best:
+        n8 = LANES_TARGET["lanes"]
+        for k, client, n, c in self.lane_cells(self.zk):
+            if n != n8 or not c["latency"]:
+                continue
+            ratio = c["latency"]["max"] / c["latency"]["median"]
+            out.append((f"≥ {LANES_TARGET['per_s']:.0f} sessions/s at {n8} lanes with max ≤ "
+                        f"{LANES_TARGET['max_over_median']:g} × median, none failed (`--zygotes "
+                        f"{k.split('-')[1]}`, {client} client)",
+                        f"{c['per_s']:.0f}/s, max {c['latency']['max']:.1f} ms = {ratio:.1f} × median "
+                        f"{c['latency']['median']:.1f} ms, {c['failed']} failed",
+                        c["per_s"] >= LANES_TARGET["per_s"] and ratio <= LANES_TARGET["max_over_median"]
+                        and not c["failed"]))
+        cells = self.lane_cells(self.zk)
+        if cells:
+            k, client, n, c = max(cells, key=lambda x: x[3]["per_s"] or 0)
             ncpu = self.meta["machine"]["nproc"]
             out.append((f"≥ {TARGETS['throughput']:.0f} executions/s on 2 cores (this machine: {ncpu} CPUs)",
-                        f"{best[0]:.0f}/s (best cell: `--zygotes {best[1].split('-')[1]}`, {best[2]} clients)",
-                        best[0] >= TARGETS["throughput"]))
+                        f"{c['per_s']:.0f}/s (best cell: `--zygotes {k.split('-')[1]}`, {client} client, "
+                        f"{n} lane{'s' if n != 1 else ''})",
+                        c["per_s"] >= TARGETS["throughput"]))
         m = self.mem(self.zk[0])
         if m and m.get("USS"):
             uss = m["USS"]["median"]
@@ -133,16 +163,22 @@ class Report:
 
     def text(self):
         L = [f"PROBLEM: {p}" for p in self.problems()]
-        L.append("latency, concurrency 1 (ms): median p10 p90")
+        if self.r.get("latency"):
+            L.append("latency, concurrency 1 (ms): median p10 p90")
         for kind in ["bare-exit", "bare-request", *self.zk, *self.ek]:
             s = self.lat(kind)
             if s:
                 L.append(f"  {label(kind):<46} {s['median']:7.2f} {s['p10']:7.2f} {s['p90']:7.2f}")
-        L.append("throughput (executions/s, median of windows)")
-        for kind in self.zk + self.ek:
-            L.append(f"  {label(kind):<46} " + "  ".join(
-                f"{c}: {t['median']:.0f}/s" if (t := self.tp(kind, c)) else f"{c}: –" for c in self.clients))
-        L.append("memory per live session (KiB): USS median / mean, PSS median / mean")
+        cells = self.lane_cells()
+        if cells:
+            L.append("lanes: sessions/s (wall), latency per session median / p99 / max (ms), failed")
+            for kind, client, n, c in cells:
+                lat = c["latency"] or {}
+                L.append(f"  {label(kind):<46} {client:<5} {n:>3} lane{'s' if n != 1 else ' '} "
+                         f"{c['per_s'] or 0:7.0f}/s  {f2(lat.get('median')):>8} {f2(lat.get('p99')):>8} "
+                         f"{f2(lat.get('max')):>8}  failed {c['failed']} of {c['sessions']}")
+        if self.r.get("memory"):
+            L.append("memory per live session (KiB): USS median / mean, PSS median / mean")
         for kind in [*self.zk, "bare-request", *self.ek]:
             m = self.mem(kind)
             if m and m.get("USS"):
@@ -185,7 +221,7 @@ class Report:
         L += self.md_method()
         L += self.md_targets()
         L += self.md_latency()
-        L += self.md_throughput()
+        L += self.md_lanes()
         L += self.md_memory()
         L += self.md_where()
         L += self.md_perf()
@@ -236,12 +272,16 @@ class Report:
             f"{a.exec_rounds} rounds. Warm-up executions come first. CPU time per execution comes from a "
             "separate block of sequential executions per configuration (`/proc/PID/stat`: the worker, "
             "`wfjail serve` with all its threads, the zygotes and their reaped children, in 10 ms ticks).",
-            f"* **Throughput**: N client threads in the worker run executions back to back; a window of "
-            f"{a.duration:g} s (after {0.1 if a.quick else 0.25:g} s of warm-up) counts the executions that "
-            f"completed in it. {a.tp_rounds} window{'s' if a.tp_rounds != 1 else ''} per zygote-mode cell "
-            f"and {a.exec_tp_rounds} of {a.exec_duration:g} s (after {0.3 if a.quick else 1.0:g} s) per exec-mode "
-            "cell, all "
-            "in one random order; the tables show the median window.",
+            f"* **Lanes** (throughput): a cell is {a.lane_sessions} executions (exec mode: "
+            f"{a.exec_lane_sessions}) run by N lanes at once, N in {', '.join(map(str, self.lanes))} "
+            "(exec mode: up to 8); a lane starts the next execution when its last one closed, until the "
+            "cell's are all started. Each cell runs once with the sync client (`Client`, one thread per "
+            "lane) and once with the async one (`AsyncClient`, one asyncio task per lane, in one event "
+            "loop; exec mode: the sync client only)"
+            + (f", {a.lane_rounds} times each" if a.lane_rounds > 1 else "")
+            + "; all cells in one random order. *sessions/s* is the executions that succeeded over the "
+            "cell's wall time (first start to last close); the latency of an execution is its open + call "
+            "+ close as its lane saw it.",
             f"* **Memory**: {a.sessions} sessions opened one after the other (one call each) and held open; "
             "then `/proc/PID/smaps_rollup` of every session child (the zygote's children): **USS** = "
             "`Private_Clean + Private_Dirty`, **PSS** = `Pss`; page tables (`VmPTE` of `/proc/PID/status`) "
@@ -319,48 +359,49 @@ class Report:
                   "programs and kernel threads included."]
         return L + [""]
 
-    def md_throughput(self):
-        cl = self.clients
-        L = ["### Throughput", "",
-             "Executions per second (median window; in parentheses the range over the windows) and the "
-             "median latency of one execution in that window. A window in which other programs took more "
-             f"than {OTHER_MAX_PCT:.0f} % of the CPUs (`/proc/stat` busy time beyond the benchmark's own "
-             "processes) is set aside: *[k of n]* counts the windows kept; *[disturbed]* marks a cell all "
-             "of whose windows were, and which shows them all.", "",
-             "| | " + " | ".join(f"{c} client{'s' if c != 1 else ''}" for c in cl) + " |",
-             "|---|" + "---:|" * len(cl)]
-        for kind in self.zk + self.ek:
-            row = []
-            for c in cl:
-                t = self.tp(kind, c)
-                if not t:
-                    row.append("–")
-                    continue
-                rng = f" ({t['min']:.0f}–{t['max']:.0f})" if t["n"] > 1 else ""
-                if t["of"] > t["n"]:
-                    rng += f" [{t['n']} of {t['of']}]"
-                elif t["disturbed"]:
-                    rng += " [disturbed]"
-                lat = f", {t['latency']['median']:.1f} ms" if t.get("latency") else ""
-                row.append(f"**{t['median']:.0f}/s**{rng}{lat}" if kind.startswith("zygote")
-                           else f"{t['median']:.1f}/s{lat}")
-            L.append(f"| {label(kind)} | " + " | ".join(row) + " |")
-        L += ["", "CPU time per execution in the median window, by process (ms), and how busy the machine "
-              "was:", "",
-              "| | clients | worker (client) | wfjail serve | zygotes | session children / exec'd guests | all | machine busy | other programs | ceiling |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    def md_lanes(self):
+        cells = self.lane_cells()
+        if not cells:
+            return []
+        L = ["### Throughput by lanes", "",
+             "Executions (open + one call + close) per second of wall time, and the latency of one "
+             "execution (ms) over the cell's executions; *≥ 0.5 s*: how many took that long or longer (in "
+             "parentheses: of those, how many spent longest in the open / the call / the close); "
+             "*slowest*: that execution's open / call / close (ms); *other programs*: the share of all "
+             "CPUs busy during the cell beyond the benchmark's own processes (`/proc/stat`), the load "
+             "other programs put on the machine meanwhile.", "",
+             "| | client | lanes | sessions | sessions/s | median | p99 | max | max ÷ median | ≥ 0.5 s "
+             "| failed | slowest | other programs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+        for kind, client, n, c in cells:
+            lat = c["latency"] or {}
+            b = "**" if kind.startswith("zygote") else ""
+            rate = f"{b}{c['per_s']:.0f}{b}" if c["per_s"] and c["per_s"] >= 10 else f2(c["per_s"], 1)
+            if c["repeats"] > 1:
+                rate += f" ({c['per_s_range'][0]:.0f}–{c['per_s_range'][1]:.0f})"
+            ratio = lat["max"] / lat["median"] if lat else None
+            slow = " / ".join(f"{x:.1f}" for x in c["slowest_ms"]) if c.get("slowest_ms") else "–"
+            parts = c["over_500ms_by_part"]
+            over = (f"{c['over_500ms']} ({parts['open']} / {parts['call']} / {parts['close']})"
+                    if c["over_500ms"] and parts else str(c["over_500ms"]))
+            L.append(f"| {label(kind)} | {client} | {n} | {c['sessions']} | {rate} | {f2(lat.get('median'))} | "
+                     f"{f2(lat.get('p99'))} | {f2(lat.get('max'))} | {f2(ratio, 1)} | {over} | "
+                     f"{c['failed']} | {slow} | {f2((c.get('cpu') or {}).get('other_pct'), 0)} % |")
+        n8 = LANES_TARGET["lanes"] if LANES_TARGET["lanes"] in self.lanes else max(self.lanes)
+        L += ["", f"CPU time per execution at {n8} lanes, by process (ms), and how busy the machine was:", "",
+              "| | client | worker (client) | wfjail serve | zygotes | session children / exec'd guests | all | machine busy | other programs | ceiling |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         ncpu = self.meta["machine"]["nproc"] or 1
-        for kind in self.zk + self.ek:
-            for c in cl:
-                d = (self.tp(kind, c) or {}).get("cpu")
-                if not d:
-                    continue
-                kids = d.get("children") if "children" in d else d.get("guests")
-                ceiling = 1000 * ncpu / d["total"] if d.get("total") else None
-                L.append(f"| {label(kind)} | {c} | {f2(d.get('worker'))} | {f2(d.get('wfjail'))} | "
-                         f"{f2(d.get('zygote'))} | {f2(kids)} | {f2(d.get('total'))} | "
-                         f"{f2(d.get('busy_pct'), 0)} % | {f2(d.get('other_pct'), 0)} % | {f2(ceiling, 0)}/s |")
-        L += ["", "*machine busy*: the share of all CPUs busy during the window (`/proc/stat`, other programs "
+        for kind, client, n, c in cells:
+            d = c.get("cpu")
+            if n != n8 or not d:
+                continue
+            kids = d.get("children") if "children" in d else d.get("guests")
+            ceiling = 1000 * ncpu / d["total"] if d.get("total") else None
+            L.append(f"| {label(kind)} | {client} | {f2(d.get('worker'))} | {f2(d.get('wfjail'))} | "
+                     f"{f2(d.get('zygote'))} | {f2(kids)} | {f2(d.get('total'))} | "
+                     f"{f2(d.get('busy_pct'), 0)} % | {f2(d.get('other_pct'), 0)} % | {f2(ceiling, 0)}/s |")
+        L += ["", "*machine busy*: the share of all CPUs busy during the cell (`/proc/stat`, other programs "
               "included); *other programs*: the part of it not spent by the benchmark's processes (kernel "
               "threads freeing what the sessions left behind count here too). *ceiling*: the CPUs divided by *all* (the CPU time of the worker, wfjail serve, the "
               "zygotes and the guests per execution), the rate at which this work alone would keep every "
@@ -511,22 +552,32 @@ class Report:
                 + (f" Per execution, wfjail serve spent {cpu['wfjail']:.2f} ms of CPU, the worker's client "
                    f"{cpu['worker']:.2f} ms and the zygote {cpu['zygote']:.2f} ms."
                    if cpu.get("wfjail") is not None and cpu.get("zygote") is not None else ""))
-        cells = [(t, k, c) for k in self.zk for c in self.clients if (t := self.tp(k, c))]
+        cells = self.lane_cells(self.zk)
         if cells:
-            t, k, c = max(cells, key=lambda x: x[0]["median"])
+            k, client, n, t = max(cells, key=lambda x: x[3]["per_s"] or 0)
             d = t.get("cpu") or {}
             if d.get("total") and d.get("busy_pct") is not None:
                 ncpu = self.meta["machine"]["nproc"] or 1
                 L.append(
-                    f"* **Throughput.** In the best cell ({t['median']:.0f}/s, `--zygotes {k.split('-')[1]}`, "
-                    f"{c} clients) the machine was {d['busy_pct']:.0f} % busy and the benchmark's processes "
-                    f"spent {d['total']:.2f} ms of CPU per execution: worker {d['worker']:.2f}, wfjail serve "
-                    f"{d['wfjail']:.2f}, zygotes {d['zygote']:.2f}, session children {d['children']:.2f}. At "
-                    f"that cost {ncpu} CPUs cannot exceed {1000 * ncpu / d['total']:.0f} executions/s; 800/s "
-                    f"on 2 CPUs needs at most 2.50 ms per execution."
+                    f"* **Throughput.** In the best cell ({t['per_s']:.0f}/s, `--zygotes {k.split('-')[1]}`, "
+                    f"{client} client, {n} lane{'s' if n != 1 else ''}) the machine was {d['busy_pct']:.0f} % "
+                    f"busy and the benchmark's processes spent {d['total']:.2f} ms of CPU per execution: worker "
+                    f"{d['worker']:.2f}, wfjail serve {f2(d.get('wfjail'))}, zygotes {f2(d.get('zygote'))}, session "
+                    f"children {f2(d.get('children'))}. At that cost {ncpu} CPUs cannot exceed "
+                    f"{1000 * ncpu / d['total']:.0f} executions/s; 800/s on 2 CPUs needs at most 2.50 ms per "
+                    f"execution."
                     + (f" The bare fork that answers a request costs {bare_cpu:.2f} ms of CPU (parent and "
                        f"child, at concurrency 1), i.e. at most {2000 / bare_cpu:.0f}/s on 2 CPUs."
                        if (bare_cpu := self.bare_cpu()) else ""))
+            slow = [(k, client, n, c) for k, client, n, c in cells
+                    if c["latency"] and c["latency"]["max"] > LANES_TARGET["max_over_median"] * c["latency"]["median"]]
+            if slow:
+                L.append(
+                    f"* **Stalls.** {len(slow)} of {len(cells)} zygote-mode cells have a slowest execution over "
+                    f"{LANES_TARGET['max_over_median']:g} × their median: "
+                    + "; ".join(f"`--zygotes {k.split('-')[1]}` {client} {n} lane{'s' if n != 1 else ''}: max {c['latency']['max']:.0f} ms "
+                                f"against a median of {c['latency']['median']:.1f} ms, {c['over_500ms']} of "
+                                f"{c['ok']} ≥ 0.5 s" for k, client, n, c in slow) + ".")
         m, bm = self.mem(z0), self.mem("bare-request")
         if m and m.get("USS"):
             top = sorted((m.get("median_child_breakdown") or {}).items(), key=lambda kv: -kv[1])[:3]

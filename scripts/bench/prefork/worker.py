@@ -15,17 +15,18 @@ from common import cpu_busy_seconds, last_line
 
 from . import WORK
 from .guests import BARE, EXPECTED, REQUEST
-from .measure import children_of, cmdline, descendants, meminfo, proc_stat, rollup, smaps_breakdown, summary
+from .measure import children_of, cmdline, descendants, meminfo, pct, proc_stat, rollup, smaps_breakdown, summary
 
 
 class Target:
     """One `wfjail serve`: its socket (None: the worker's own), its pid and its zygotes."""
 
     def __init__(self, name, socket_path, serve_pid):
-        from wfjail.client import Client  # the venv's copy, kept equal to ./python
+        from wfjail.client import AsyncClient, Client  # the venv's copy, kept equal to ./python
 
         self.name = name
         self.client = Client(socket_path)
+        self.aclient = AsyncClient(socket_path)
         self.serve_pid = serve_pid
         self.zygotes = [p for p in children_of(serve_pid) if "wfjail.zygote" in cmdline(p)]
 
@@ -71,15 +72,17 @@ class Worker:
         self.kinds = cfg["kinds"]  # name -> {"target", "open", "expected"}
         self.failures = []  # the first few failure messages
         self.failed = 0
+        self.fail_lock = threading.Lock()  # lanes fail from several threads
         self.bare = None
 
     def target(self, kind):
         return self.targets[self.kinds[kind]["target"]]
 
     def fail(self, msg):
-        self.failed += 1
-        if len(self.failures) < 5:
-            self.failures.append(msg)
+        with self.fail_lock:
+            self.failed += 1
+            if len(self.failures) < 5:
+                self.failures.append(msg)
 
     # -- one execution --------------------------------------------------------------------
 
@@ -101,6 +104,36 @@ class Worker:
             return None
         if reply != expected or report is None or report.get("status") != "ok":
             self.fail(f"{kind}: reply {reply!r} (expected {expected!r}), report status "
+                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')}")
+            return None
+        return t1 - t0, t2 - t1, t3 - t2, t3 - t0, report
+
+    async def aexecution(self, kind):
+        """execution() through the async client (wfjail.client.AsyncClient); a session that
+        fails is closed (its slot freed) before the failure is counted."""
+        k = self.kinds[kind]
+        client = self.target(kind).aclient
+        expected = k["expected"].encode()
+        s = client.session(**k["open"])
+        t0 = time.perf_counter_ns()
+        try:
+            await s.open()
+            t1 = time.perf_counter_ns()
+            reply = await s.call(REQUEST)
+            t2 = time.perf_counter_ns()
+            report = await s.close()
+            t3 = time.perf_counter_ns()
+        except BaseException as e:  # noqa: BLE001  (a timeout's CancelledError too)
+            try:
+                await s.close()
+            except BaseException:  # noqa: BLE001
+                pass
+            if not isinstance(e, Exception):
+                raise
+            self.fail(f"{kind} (async): {type(e).__name__}: {e}")
+            return None
+        if reply != expected or report is None or report.get("status") != "ok":
+            self.fail(f"{kind} (async): reply {reply!r} (expected {expected!r}), report status "
                       f"{(report or {}).get('status')}: {(report or {}).get('error', '')}")
             return None
         return t1 - t0, t2 - t1, t3 - t2, t3 - t0, report
@@ -175,17 +208,105 @@ class Worker:
                 out["cpu"][k] = Target.cpu_delta(a, tgt.snapshot(), done)
         return out
 
-    def throughput_phase(self):
+    def lanes_phase(self):
+        """Cells of (kind, client, lanes), each a fixed number of sessions (open + one call +
+        close) run by `lanes` lanes that each take the next session until none is left: the
+        sync client on one thread per lane, or the async client on one asyncio task per lane.
+        Every cell (and its repeats) in one random order, so that they share the machine's
+        moments."""
         cells = []
-        for cfg in self.cfg["throughput"]:
-            cells += [(k, c, cfg) for k in cfg["kinds"] for c in cfg["clients"] for _ in range(cfg["rounds"])]
+        for g in self.cfg["lanes"]:
+            cells += [(k, c, n, g["sessions"]) for k in g["kinds"] for c in g["clients"] for n in g["lanes"]
+                      for _ in range(g["rounds"])]
         rng = random.Random(self.cfg["seed"] + 1)
         results = {}
-        for k, c, cfg in rng.sample(cells, len(cells)):
-            results.setdefault(f"{k}/{c}", []).append(self.window(k, c, cfg["duration"], cfg["warm"]))
+        for k, c, n, sessions in rng.sample(cells, len(cells)):
+            cell = self.lane_cell_async if c == "async" else self.lane_cell_sync
+            results.setdefault(f"{k}/{c}/{n}", []).append(cell(k, n, sessions))
         return results
 
+    @staticmethod
+    def lane_result(a, b, wall_ns, sessions, done, failed):
+        """A cell's figures: done is [(open, call, close, total ns)] of the sessions that
+        succeeded; latencies in ms (open + call + close, as the lane saw it)."""
+        lat = sorted(d[3] / 1e6 for d in done)
+        slow = max(done, key=lambda d: d[3]) if done else None
+        return {"sessions": sessions, "ok": len(done), "failed": failed, "wall_s": wall_ns / 1e9,
+                "per_s": len(done) / (wall_ns / 1e9) if wall_ns else None,
+                "latency_ms": ({"median": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
+                                "max": lat[-1], "min": lat[0], "n": len(lat)} if lat else None),
+                "over_500ms": sum(1 for x in lat if x >= 500),
+                # where they waited: the executions of ≥ 0.5 s by their longest part
+                "over_500ms_by_part": {part: sum(1 for d in done if d[3] >= 500e6 and max(d[:3]) == d[i])
+                                       for i, part in enumerate(("open", "call", "close"))},
+                "slowest_ms": [x / 1e6 for x in slow[:3]] if slow else None,  # its open, call, close
+                "latencies_ms": [round(x, 3) for x in lat],
+                "cpu": Target.cpu_delta(a, b, len(done))}
+
+    def lane_cell_sync(self, kind, lanes, sessions):
+        tgt = self.target(kind)
+        lock = threading.Lock()
+        left = [sessions]
+        done, failed = [], [0]
+        go = threading.Barrier(lanes + 1)
+
+        def lane():
+            go.wait()
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                t = self.execution(kind)
+                with lock:
+                    if t is None:
+                        failed[0] += 1
+                    else:
+                        done.append(t[:4])
+
+        threads = [threading.Thread(target=lane, daemon=True) for _ in range(lanes)]
+        for t in threads:
+            t.start()
+        a = tgt.snapshot()
+        t0 = time.perf_counter_ns()
+        go.wait()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter_ns() - t0
+        return self.lane_result(a, tgt.snapshot(), wall, sessions, done, failed[0])
+
+    def lane_cell_async(self, kind, lanes, sessions):
+        import asyncio
+
+        tgt = self.target(kind)
+
+        async def cell():
+            left = [sessions]
+            done, failed = [], [0]
+
+            async def lane():
+                while left[0] > 0:
+                    left[0] -= 1
+                    try:
+                        t = await asyncio.wait_for(self.aexecution(kind), 120)
+                    except asyncio.TimeoutError:
+                        self.fail(f"{kind} (async): no answer in 120 s")
+                        t = None
+                    if t is None:
+                        failed[0] += 1
+                    else:
+                        done.append(t[:4])
+
+            a = tgt.snapshot()
+            t0 = time.perf_counter_ns()
+            await asyncio.gather(*(lane() for _ in range(lanes)))
+            wall = time.perf_counter_ns() - t0
+            return self.lane_result(a, tgt.snapshot(), wall, sessions, done, failed[0])
+
+        return asyncio.run(cell())
+
     def window(self, kind, clients, duration, warm):
+        """Executions back to back on `clients` threads for a window of time (the profile's)."""
         tgt = self.target(kind)
         t_start = time.perf_counter_ns() + int(0.05e9)
         w0 = t_start + int(warm * 1e9)
@@ -294,7 +415,7 @@ class Worker:
             avail1 = meminfo("MemAvailable")
             serve1 = rollup(tgt.serve_pid)
             if tgt.zygotes:
-                pids = [c for z in tgt.zygotes for c in children_of(z)]
+                pids = [c for z in tgt.zygotes for c in children_of(z, missing_ok=True)]
             else:
                 name = self.kinds[kind]["open"]["argv"][-1]
                 pids = [p for p in set(descendants(tgt.serve_pid)) - before_pids if name in cmdline(p)]
