@@ -337,9 +337,11 @@ impl Zygote {
                     }
                 }
             }
-            if rev.contains(PollFlags::POLLIN)
-                && let Some(n) = notify::receive(listener.as_fd(), &mut buf)
-            {
+            if rev.contains(PollFlags::POLLIN) {
+                // None: the call went away before it was read (its caller was interrupted).
+                let Some(n) = notify::receive(listener.as_fd(), &mut buf) else {
+                    continue;
+                };
                 let mut ids = None;
                 if !self.route_one(
                     listener.as_fd(),
