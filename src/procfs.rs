@@ -13,9 +13,9 @@ pub struct Status(String);
 impl Status {
     /// Reads `/proc/{pid}/status` (`None`: the task is gone, or `/proc` is not readable).
     pub fn of(pid: u32) -> Option<Status> {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .map(Status)
+        // One read into a page-sized buffer: `fs::read_to_string` sizes its buffer from the
+        // file's size, which `/proc` says is 0, and reads in small steps (~9 calls a file).
+        ProcFile::open(pid as libc::pid_t, "status")?.status()
     }
 
     /// Reads this process's own `/proc/self/status`.
@@ -108,7 +108,7 @@ pub struct Stat {
 impl Stat {
     /// Reads `/proc/{pid}/stat` (`None`: the process is gone).
     pub fn of(pid: libc::pid_t) -> Option<Stat> {
-        Stat::parse(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+        ProcFile::open(pid, "stat")?.stat()
     }
 
     /// Parses stat text. The command (field 2) is in parentheses and may hold anything, so
@@ -124,6 +124,53 @@ impl Stat {
             .zip(tick(12))
             .map(|(u, s)| (u + s) * 1000.0 / CLOCK_TICKS);
         Some(Stat { state, cpu_ms })
+    }
+}
+
+/// One process's `/proc/PID/stat` or `/proc/PID/status`, opened once and read again at
+/// offset 0 (the kernel regenerates the text on a read from offset 0): one `pread` a look
+/// instead of open, stat, two reads and close. The open file stays bound to the process it
+/// was opened for, so a later read never sees another process that reused the pid: once that
+/// process is reaped, reads fail (`None`).
+#[derive(Debug)]
+pub struct ProcFile(std::fs::File);
+
+impl ProcFile {
+    /// Opens `/proc/{pid}/{name}` (`stat` or `status`). The caller checks the process did not
+    /// exit before the open returned (its pidfd): until it is reaped its pid is its own.
+    pub fn open(pid: libc::pid_t, name: &str) -> Option<ProcFile> {
+        std::fs::File::open(format!("/proc/{pid}/{name}"))
+            .ok()
+            .map(ProcFile)
+    }
+
+    /// The file's text now (`None`: the process is gone).
+    pub fn read(&self) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; 4096];
+        let mut len = 0;
+        loop {
+            let n = self.0.read_at(&mut buf[len..], len as u64).ok()?;
+            len += n;
+            // The whole text is made at a read from offset 0 and handed out as far as the
+            // buffer takes it: a read that did not fill the buffer had all of it.
+            if len < buf.len() {
+                break;
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        buf.truncate(len);
+        Some(buf)
+    }
+
+    /// The text as [`Stat`] (for a `stat` file).
+    pub fn stat(&self) -> Option<Stat> {
+        Stat::parse(&self.read()?)
+    }
+
+    /// The text as [`Status`] (for a `status` file).
+    pub fn status(&self) -> Option<Status> {
+        String::from_utf8(self.read()?).ok().map(Status)
     }
 }
 
@@ -175,6 +222,38 @@ mod tests {
         assert_eq!(s.number("Tgid"), Some(u64::from(me)));
         assert!(ns_tgid(me).is_some() && ns_pid(me).is_some());
         assert!(vm_peak(me).unwrap() >= vm_size(me).unwrap());
+    }
+
+    #[test]
+    fn a_proc_file_reads_its_process_afresh_and_fails_once_it_is_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        let stat = ProcFile::open(pid, "stat").unwrap();
+        let status = ProcFile::open(pid, "status").unwrap();
+        assert_ne!(stat.stat().unwrap().state, b'T');
+        assert!(status.status().unwrap().bytes("VmPeak").is_some());
+        // Our own child, not reaped yet: its pid is its own.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        let mut state = 0;
+        for _ in 0..1000 {
+            state = stat.stat().unwrap().state;
+            if state == b'T' {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(state, b'T', "the same open file shows the stop");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(stat.stat().is_none(), "a reaped process reads as gone");
+        assert!(status.status().is_none());
     }
 
     #[test]

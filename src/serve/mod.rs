@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod phases;
 pub mod route;
 pub mod session;
+pub mod threads;
 pub mod waits;
 pub mod worker_conn;
 pub mod zygote;
@@ -600,6 +601,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     let mut terminating: Option<std::time::Instant> = None;
     let mut paused: Option<std::time::Instant> = None;
     let mut warned_accept = false;
+    let session_threads = threads::SessionThreads::default();
     // A descriptor held in reserve, released to accept (and refuse) a session when none is left.
     let mut spare_fd = std::fs::File::open("/dev/null").ok();
     let status = loop {
@@ -703,9 +705,8 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
                                 .into(),
                         ));
                         let server = server.clone();
-                        let spawned = std::thread::Builder::new()
-                            .name("session".into())
-                            .spawn(move || session::run(client, server));
+                        let spawned =
+                            session_threads.run(Box::new(move || session::run(client, server)));
                         if let Err(e) = spawned {
                             eprintln!("wfjail: cannot start a session thread: {e}");
                         }

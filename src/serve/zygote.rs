@@ -226,8 +226,24 @@ impl Zygote {
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
+        self.session_of(pid, None)
+    }
+
+    /// [`Zygote::session_for`], given the caller's own namespace process id when it is
+    /// known already (`ns_tgid`, from [`TaskIds`]): a caller that is a session's process is
+    /// then found without reading `/proc`.
+    fn session_of(&self, pid: u32, ns_tgid: Option<i32>) -> Option<Arc<SessionShared>> {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
+        }
+        if let Some(ns) = ns_tgid {
+            if ns == 1 {
+                return None; // the zygote's process
+            }
+            if let Some(s) = self.by_ns_pid.lock().unwrap().get(&ns).cloned() {
+                self.by_pid.lock().unwrap().insert(pid, s.clone());
+                return Some(s);
+            }
         }
         // A session's thread is its process's: the process id (`NStgid`), not the thread's;
         // and a process a session forked (a policy allowing subprocesses) is the session's:
@@ -250,12 +266,6 @@ impl Zygote {
             task = parent;
         }
         None
-    }
-
-    /// Whether global task `tid` is a thread of the zygote's process other than its main one
-    /// (the caller waits on its notification: its id cannot have been reused).
-    fn is_zygote_thread(&self, tid: u32) -> bool {
-        crate::procfs::Status::of(tid).and_then(|s| s.number("Tgid")) == Some(self.pid as u64)
     }
 
     /// Answers every notification of the zygote's filter. `rules` are the sessions'; the
@@ -310,11 +320,12 @@ impl Zygote {
             // or no FORK in flight can make it known, or (a backstop, counted) at its deadline.
             if !held.is_empty() {
                 let now = Instant::now();
-                for h in std::mem::take(&mut held) {
+                for mut h in std::mem::take(&mut held) {
                     let timed_out = now >= h.until;
                     if !self.route_one(
                         listener.as_fd(),
                         &h.n,
+                        &mut h.ids,
                         rules,
                         own_grants,
                         &mut own,
@@ -327,11 +338,23 @@ impl Zygote {
                 }
             }
             if rev.contains(PollFlags::POLLIN) {
-                if let Some(n) = notify::receive(listener.as_fd(), &mut buf)
-                    && !self.route_one(listener.as_fd(), &n, rules, own_grants, &mut own, true)
-                {
+                // None: the call went away before it was read (its caller was interrupted).
+                let Some(n) = notify::receive(listener.as_fd(), &mut buf) else {
+                    continue;
+                };
+                let mut ids = None;
+                if !self.route_one(
+                    listener.as_fd(),
+                    &n,
+                    &mut ids,
+                    rules,
+                    own_grants,
+                    &mut own,
+                    true,
+                ) {
                     held.push(Held {
                         n,
+                        ids,
                         until: Instant::now() + AWAIT_SESSION,
                     });
                 }
@@ -343,11 +366,14 @@ impl Zygote {
 
     /// Routes and answers notification `n`; false when it is held instead (`may_hold`, and
     /// its caller is no known session's child while a FORK is in flight: its FORKED may be
-    /// on its way).
+    /// on its way). `ids`: its caller's ids, read at most once per notification (kept with a
+    /// held one).
+    #[allow(clippy::too_many_arguments)]
     fn route_one(
         &self,
         listener: BorrowedFd<'_>,
         n: &sys::Notif,
+        ids: &mut Option<TaskIds>,
         rules: notify::Rules<'_>,
         own_grants: &Grants,
         own: &mut Own,
@@ -387,10 +413,20 @@ impl Zygote {
                 }
                 // A known session's task first (the common case: no /proc read).
                 let known = self.by_pid.lock().unwrap().get(&n.pid).cloned();
-                if known.is_none() && self.is_zygote_thread(n.pid) {
-                    return route::Asker::ZygoteThread;
-                }
-                found = known.or_else(|| self.session_for(n.pid));
+                found = match known {
+                    Some(s) => Some(s),
+                    None => {
+                        // One read of its status says whether it is a thread of the
+                        // zygote's process and, if not, which process of the namespace.
+                        if ids.is_none() {
+                            *ids = TaskIds::of(n.pid);
+                        }
+                        if ids.is_some_and(|i| i.tgid == self.pid as u64) {
+                            return route::Asker::ZygoteThread;
+                        }
+                        self.session_of(n.pid, ids.map(|i| i.ns_tgid))
+                    }
+                };
                 if found.is_none() && may_hold && self.alive() && self.fork_in_flight() {
                     hold = true;
                 }
@@ -559,6 +595,8 @@ struct Own {
 /// A call held until its caller is known (see [`AWAIT_SESSION`]).
 struct Held {
     n: sys::Notif,
+    /// Its caller's ids, once read.
+    ids: Option<TaskIds>,
     until: Instant,
 }
 
@@ -608,6 +646,26 @@ const AWAIT_SESSION: Duration = Duration::from_millis(500);
 /// How many parents up from a caller a session's process is looked for (a session's
 /// processes are bounded by `limits.processes`; a deeper chain is no session's).
 const MAX_SESSION_DEPTH: usize = 64;
+
+/// What the router needs of a notifying task that is no known session's: its process
+/// (`Tgid`: a thread of the zygote's?) and that process's id in the namespace (`NStgid`: a
+/// session's?). The task waits on its notification, so neither changes while it is held (a
+/// thread whose process execs dies first, and its notification with it).
+#[derive(Debug, Clone, Copy)]
+struct TaskIds {
+    tgid: u64,
+    ns_tgid: i32,
+}
+
+impl TaskIds {
+    fn of(tid: u32) -> Option<TaskIds> {
+        let status = crate::procfs::Status::of(tid)?;
+        Some(TaskIds {
+            tgid: status.number("Tgid")?,
+            ns_tgid: status.innermost("NStgid")? as i32,
+        })
+    }
+}
 
 /// The process id of global task `tid` in its own PID namespace (`NStgid`), and the global
 /// pid of its parent process (`PPid`).

@@ -141,6 +141,10 @@ struct Session {
     call_started: Option<Instant>,
     /// The session's slot, then its closed guest's place among the lingering (`linger`).
     slot: Option<super::SlotGuard>,
+    /// The guest's `/proc/PID/stat` and `/proc/PID/status`, opened at their first look and
+    /// read again from then on (`samples.rs`).
+    proc_stat: std::cell::OnceCell<Option<crate::procfs::ProcFile>>,
+    proc_status: std::cell::OnceCell<Option<crate::procfs::ProcFile>>,
 }
 
 /// Serves one worker connection (its thread's; `client` owes the worker a FAILED should the
@@ -283,6 +287,8 @@ impl Session {
             samples: SampleClock::default(),
             output_since_sample: false,
             slot: Some(slot),
+            proc_stat: std::cell::OnceCell::new(),
+            proc_status: std::cell::OnceCell::new(),
         }
     }
 

@@ -37,11 +37,11 @@ impl Session {
             self.stop_unconfirmed = None;
             return Ok(());
         };
-        let Some((pid, _)) = self.guest_process() else {
+        if self.guest_process().is_none() {
             self.stop_unconfirmed = None;
             return Ok(());
-        };
-        match crate::procfs::Stat::of(pid).map(|s| s.state) {
+        }
+        match self.guest_stat().map(|s| s.state) {
             Some(b'T' | b't' | b'Z' | b'X') | None => {
                 self.stop_unconfirmed = None;
                 Ok(())

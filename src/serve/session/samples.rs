@@ -23,15 +23,16 @@ impl Session {
         {
             return; // not exec'd yet: wfjail's own image
         }
-        let Some((pid, pidfd)) = self.guest_process() else {
+        let Some((_, pidfd)) = self.guest_process() else {
             return;
         };
-        let peak = crate::supervise::memory_evidence::vm_peak(pid);
-        // Read after the guest exited, the pid may be another process's (a zygote reaps its
-        // children): only a read made while the guest still ran counts.
-        let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
-        let exited = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
-        if !exited {
+        let peak = self
+            .guest_proc(&self.proc_status, "status")
+            .and_then(|f| f.status())
+            .and_then(|s| s.bytes("VmPeak"));
+        // Only a read made while the guest still ran counts (after its exit the kernel has
+        // no address space to report).
+        if !exited(pidfd) {
             self.memory_mut().peak(peak);
         }
         self.samples.sampled();
@@ -46,8 +47,33 @@ impl Session {
 
     /// The guest's user + system CPU time in ms (`/proc/PID/stat`), while it runs.
     pub(super) fn guest_cpu_ms(&self) -> Option<f64> {
-        let (pid, _) = self.guest_process()?;
-        crate::procfs::Stat::of(pid)?.cpu_ms
+        self.guest_stat()?.cpu_ms
+    }
+
+    /// What `/proc/PID/stat` says of the guest now (`None`: it is gone, or not known yet).
+    pub(super) fn guest_stat(&self) -> Option<crate::procfs::Stat> {
+        self.guest_proc(&self.proc_stat, "stat")?.stat()
+    }
+
+    /// The guest's `/proc/PID/{name}`, opened at the first look (one `pread` a look from
+    /// then on). Opened by pid, it is the guest's only if the guest had not exited when the
+    /// open returned (until reaped, a pid is its process's): opened later, it is not kept and
+    /// the look sees nothing, as the guest is gone. The open file stays bound to the guest:
+    /// once the guest is reaped it reads as gone, never as a process that reused the pid.
+    fn guest_proc<'a>(
+        &self,
+        cell: &'a std::cell::OnceCell<Option<crate::procfs::ProcFile>>,
+        name: &str,
+    ) -> Option<&'a crate::procfs::ProcFile> {
+        if let Some(f) = cell.get() {
+            return f.as_ref();
+        }
+        let (pid, pidfd) = self.guest_process()?;
+        let file = crate::procfs::ProcFile::open(pid, name)?;
+        if exited(pidfd) {
+            return None;
+        }
+        cell.get_or_init(|| Some(file)).as_ref()
     }
 
     /// A call began (or ended): its CPU budget starts from the guest's CPU time now.
@@ -77,4 +103,10 @@ impl Session {
             self.act(acts);
         }
     }
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd reads ready).
+fn exited(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
 }
