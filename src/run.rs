@@ -116,6 +116,9 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         Err(e) => return fail(e.to_string(), 125),
     };
     let nproc_bound = process::pids_cgroup::apply(policy, &pids_cgroup);
+    // While the child confines itself (on the other CPU): what the report will say of an
+    // outer seccomp filter (a /proc read, once per process), instead of after the guest ended.
+    let _ = crate::sys::refused_by_outer_filter();
     crate::timing::mark("spawn (clone)");
     drop((stdin, out_w, err_w));
     if let Some(feed) = stdin_feed {

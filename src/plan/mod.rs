@@ -439,11 +439,13 @@ fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(
+        // Only when the file cannot be read: the probe asks the kernel about every
+        // capability, a call each.
+        .unwrap_or_else(|| {
             caps::runtime::thread_all_supported()
                 .len()
-                .saturating_sub(1) as u32,
-        )
+                .saturating_sub(1) as u32
+        })
 }
 
 /// The paths one execution may read and write: the policy's grants expanded for its command,

@@ -1033,13 +1033,23 @@ mod tests {
         assert_eq!(run(&notify, "mremap", [0, 4096, 8192, 1, 0, 0]), RET_ALLOW);
         assert_eq!(run(&fallback, "mmap", mmap(big, private | anon)), RET_ALLOW);
         assert_eq!(run(&zygote, "mmap", mmap(big, private | anon)), RET_ALLOW);
-        // The guest's end, where its peak is read: sent only where mappings are.
-        assert_eq!(run(&notify, "exit_group", [0; 6]), RET_USER_NOTIF);
-        assert_eq!(run(&fallback, "exit_group", [0; 6]), RET_ALLOW);
-        assert_eq!(run(&zygote, "exit_group", [0; 6]), RET_ALLOW);
+        // The guest's failing end, where its peak is read: sent only where mappings are.
+        // A status of 0 (the argument's low byte) is a success: no evidence is needed.
+        let exit = |status: u64| [status, 0, 0, 0, 0, 0];
+        assert_eq!(run(&notify, "exit_group", exit(1)), RET_USER_NOTIF);
+        assert_eq!(run(&notify, "exit_group", exit(0x1ff)), RET_USER_NOTIF);
+        assert_eq!(run(&notify, "exit_group", exit(0)), RET_ALLOW);
+        assert_eq!(run(&notify, "exit_group", exit(0x100)), RET_ALLOW);
+        assert_eq!(
+            run(&notify, "exit_group", exit(0xffff_ffff_0000_0000)),
+            RET_ALLOW,
+            "an int: the upper half of the register is not the status"
+        );
+        assert_eq!(run(&fallback, "exit_group", exit(1)), RET_ALLOW);
+        assert_eq!(run(&zygote, "exit_group", exit(1)), RET_ALLOW);
         let mut unlimited = p.clone();
         unlimited.limits.memory = None;
         let plain = compile(&unlimited, Mode::Notify, None, false, false).unwrap();
-        assert_eq!(run(&plain, "exit_group", [0; 6]), RET_ALLOW);
+        assert_eq!(run(&plain, "exit_group", exit(1)), RET_ALLOW);
     }
 }

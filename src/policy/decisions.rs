@@ -8,6 +8,7 @@
 //! (`clone` with or without `CLONE_THREAD`, the `ioctl` request, the `fcntl` command).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::rules::{self, Shape};
 use super::syscall_table::X86_64;
@@ -81,10 +82,17 @@ pub struct Decision {
     pub args: Args,
 }
 
-/// The decisions of one plan, by syscall number.
+/// The decisions of one plan, by syscall number. Compiled at the first look-up, not with
+/// the plan: a guest that makes no call the filter sends (most runs of a small program, whose
+/// only notification is its initial exec, answered by the start-up) never needs them, and a
+/// `wfjail run` makes its plan on its critical path (~0.07 ms for the 370 decisions).
 #[derive(Debug, Clone, Default)]
 pub struct Decisions {
-    by_nr: HashMap<u32, Decision>,
+    by_nr: std::sync::OnceLock<HashMap<u32, Decision>>,
+    /// What they are compiled from (`None`: none, the empty set of tests).
+    source: Option<Arc<(Policy, Shape)>>,
+    /// [`Decisions::refuse_outside_effects`] was asked.
+    refuse_outside: bool,
 }
 
 /// The write-intent file-system calls the filter sends for checking, and where their paths
@@ -136,17 +144,39 @@ const SHARED_MAP_HINT: &str = "shared memory is not allowed in prefork (zygote) 
 impl Decisions {
     /// Compiles the decision for every syscall of the table under `policy`, for a plan of
     /// `shape` (`rules::RuleSet::compile` keeps it beside the filter's leaves).
+    /// (At the first [`Decisions::get`]: what is kept here is the policy and the shape.)
     pub fn compile(policy: &Policy, shape: Shape) -> Self {
-        let by_nr = X86_64
-            .iter()
-            .map(|&(name, nr)| (nr, decision_for(policy, shape, name)))
-            .collect();
-        Decisions { by_nr }
+        Decisions {
+            by_nr: std::sync::OnceLock::new(),
+            source: Some(Arc::new((policy.clone(), shape))),
+            refuse_outside: false,
+        }
     }
 
     /// The decision for syscall `nr` (`None`: a number without a name).
     pub fn get(&self, nr: u32) -> Option<&Decision> {
-        self.by_nr.get(&nr)
+        self.compiled().get(&nr)
+    }
+
+    fn compiled(&self) -> &HashMap<u32, Decision> {
+        self.by_nr.get_or_init(|| {
+            let Some(source) = &self.source else {
+                return HashMap::new();
+            };
+            let (policy, shape) = (&source.0, source.1);
+            let mut by_nr: HashMap<u32, Decision> = X86_64
+                .iter()
+                .map(|&(name, nr)| (nr, decision_for(policy, shape, name)))
+                .collect();
+            if self.refuse_outside {
+                for d in by_nr.values_mut() {
+                    if d.check == Check::Violation && d.category.reaches_outside() {
+                        d.always_deny = true;
+                    }
+                }
+            }
+            by_nr
+        })
     }
 
     /// `wfjail learn`: the calls that would reach outside the guest whatever Landlock says
@@ -154,9 +184,12 @@ impl Decisions {
     /// Landlock does not check) are refused and recorded even under `warn`, like privileged
     /// ones: a learning run observes them without letting them happen.
     pub fn refuse_outside_effects(&mut self) {
-        for d in self.by_nr.values_mut() {
-            if d.check == Check::Violation && d.category.reaches_outside() {
-                d.always_deny = true;
+        self.refuse_outside = true;
+        if let Some(by_nr) = self.by_nr.get_mut() {
+            for d in by_nr.values_mut() {
+                if d.check == Check::Violation && d.category.reaches_outside() {
+                    d.always_deny = true;
+                }
             }
         }
     }
@@ -355,5 +388,23 @@ mod tests {
             "syscalls.deny = [\"uname\"]"
         );
         assert_eq!(d.get(nr("getrandom")).unwrap().check, Check::Seeded);
+    }
+
+    #[test]
+    fn refusing_outside_effects_holds_whether_the_decisions_were_looked_up_before_or_not() {
+        let p = crate::policy::load("default").unwrap();
+        let mut late = Decisions::compile(&p, Shape::default());
+        let mut early = Decisions::compile(&p, Shape::default());
+        assert!(
+            !early.get(nr("connect")).unwrap().always_deny,
+            "compiled now"
+        );
+        late.refuse_outside_effects();
+        early.refuse_outside_effects();
+        for &(_, n) in X86_64 {
+            assert_eq!(late.get(n), early.get(n), "#{n}");
+        }
+        assert!(late.get(nr("connect")).unwrap().always_deny);
+        assert!(late.get(nr("chmod")).unwrap().always_deny);
     }
 }

@@ -40,7 +40,7 @@ use crate::process::channel::Step;
 use crate::report::{GuestError, Violation};
 use crate::sys::{self, Reaped};
 use crate::workflow_time;
-use memory_evidence::MemoryEvidence;
+use memory_evidence::{MemoryEvidence, SampleClock};
 
 use framed::Framed;
 use run_loop::RunLoop;
@@ -286,7 +286,7 @@ pub fn supervise(
         o,
         deadline: cfg.timeout.map(|t| child.started + t),
         exited_at: None,
-        samples: Default::default(),
+        samples: SampleClock::starting_now(),
         woke_by_output: false,
         buf: vec![0u8; READ_CHUNK],
     };

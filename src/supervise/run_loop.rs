@@ -181,7 +181,10 @@ impl RunLoop<'_, '_> {
         }
         revents.sort_by_key(|(s, _)| s.rank());
         for (src, rev) in revents {
-            self.woke_by_output |= matches!(src, Src::Stream(_) | Src::Pipe(Pipe::FromGuest));
+            // Output is data to read: a pipe that only hung up (the guest closed it, or
+            // exited: its memory is gone before its descriptors close) asks for no sample.
+            self.woke_by_output |= rev.contains(PollFlags::POLLIN)
+                && matches!(src, Src::Stream(_) | Src::Pipe(Pipe::FromGuest));
             match src {
                 Src::Guest(token) => self.on_guest(token, rev),
                 Src::Stream(s) => {

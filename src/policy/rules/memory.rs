@@ -64,9 +64,18 @@ pub fn leaves(
         );
     }
     // And the guest's end: its peak address space is read before the kernel frees it,
-    // so that a guest that failed and exited between two samples still shows it.
+    // so that a guest that failed and exited between two samples still shows it. Only a
+    // failing end: the peak is evidence for a guest that failed (`verdict::guest_failed`),
+    // and an `exit_group` whose status is 0 (the low byte of its argument: `exit(256)` is
+    // status 0 too) ends in success, so it stays in the kernel, without a round trip.
     if !policy.syscalls.denies("exit_group") {
-        map.insert(nr("exit_group"), Leaf::Watch);
+        map.insert(
+            nr("exit_group"),
+            Leaf::AllowIfElseWatch(vec![rule(
+                vec![cond(0, Len::Dword, Op::MaskedEq(0xff), 0)],
+                "exit_group",
+            )?]),
+        );
     }
     Ok(())
 }
