@@ -95,6 +95,16 @@ pub struct Decisions {
     refuse_outside: bool,
 }
 
+/// [`Decisions::refuse_outside_effects`] applied to compiled decisions (at the look-up that
+/// compiles them, or at once when they were compiled already).
+fn refuse_outside(by_nr: &mut HashMap<u32, Decision>) {
+    for d in by_nr.values_mut() {
+        if d.check == Check::Violation && d.category.reaches_outside() {
+            d.always_deny = true;
+        }
+    }
+}
+
 /// The write-intent file-system calls the filter sends for checking, and where their paths
 /// are: `(dirfd argument or None for AT_FDCWD, path argument, follows a final symlink)`.
 /// A hard link's source is judged too: Landlock refuses (EXDEV) a link that would give a
@@ -169,11 +179,7 @@ impl Decisions {
                 .map(|&(name, nr)| (nr, decision_for(policy, shape, name)))
                 .collect();
             if self.refuse_outside {
-                for d in by_nr.values_mut() {
-                    if d.check == Check::Violation && d.category.reaches_outside() {
-                        d.always_deny = true;
-                    }
-                }
+                refuse_outside(&mut by_nr);
             }
             by_nr
         })
@@ -186,11 +192,7 @@ impl Decisions {
     pub fn refuse_outside_effects(&mut self) {
         self.refuse_outside = true;
         if let Some(by_nr) = self.by_nr.get_mut() {
-            for d in by_nr.values_mut() {
-                if d.check == Check::Violation && d.category.reaches_outside() {
-                    d.always_deny = true;
-                }
-            }
+            refuse_outside(by_nr);
         }
     }
 }
