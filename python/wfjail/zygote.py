@@ -94,7 +94,11 @@ def _resolve(spec: str) -> "Callable[..., Any]":
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError("handler %r is not 'module:function'" % spec)
-    obj = importlib.import_module(module)
+    # Preloaded: taken from sys.modules as it is (import_module runs importlib's Python code,
+    # which in a session child writes pages it would otherwise share).
+    obj = sys.modules.get(module)
+    if obj is None:
+        obj = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
