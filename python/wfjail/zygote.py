@@ -96,7 +96,7 @@ def _resolve(spec: str) -> "Callable[..., Any]":
         raise ValueError("handler %r is not 'module:function'" % spec)
     # Preloaded: taken from sys.modules as it is (import_module runs importlib's Python code,
     # which in a session child writes pages it would otherwise share).
-    obj = sys.modules.get(module)
+    obj: "Any" = sys.modules.get(module)
     if obj is None:
         obj = importlib.import_module(module)
     for part in name.split("."):
