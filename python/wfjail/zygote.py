@@ -103,7 +103,8 @@ def _resolve(spec: str) -> "Callable[..., Any]":
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError("handler %r is not callable" % spec)
-    return obj
+    found: "Callable[..., Any]" = obj
+    return found
 
 
 def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]":
