@@ -46,6 +46,7 @@ its session: it answers ERROR instead of HELLO.
 Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
+import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
 import gc
 import importlib
 import json
@@ -76,18 +77,34 @@ FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
 # (docs/benchmarks.md, "Prefork latency").
 SPARE_IDLE = 0.001
 
+# What a session child reads of its environment, read once here, in the zygote: wfjail set
+# it when it started the zygote, and a child that looked it up (``os.environ`` is Python
+# code over a dict) wrote pages it would otherwise share (docs/benchmarks.md, "Issue 28: the
+# session child, leaner").
+_CPU_LIMIT = os.environ.get("WFJAIL_CPU_LIMIT")
+_GETRANDOM = os.environ.get("WFJAIL_GETRANDOM")
+# The signals a child gets back, as ``_signal`` (C) takes them: ``signal.signal`` converts
+# them to and from enums in Python code, which touches the enum classes' objects.
+_CHILD_SIGNALS = ((_signal.SIGCHLD, _signal.SIG_DFL), (_signal.SIGINT, _signal.default_int_handler),
+                  (_signal.SIGTERM, _signal.SIG_DFL), (_signal.SIGHUP, _signal.SIG_DFL))
+
 
 def _resolve(spec: str) -> "Callable[..., Any]":
     """``module:function`` -> the function (the module should be preloaded)."""
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError("handler %r is not 'module:function'" % spec)
-    obj = importlib.import_module(module)
+    # Preloaded: taken from sys.modules as it is (import_module runs importlib's Python code,
+    # which in a session child writes pages it would otherwise share).
+    obj: "Any" = sys.modules.get(module)
+    if obj is None:
+        obj = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError("handler %r is not callable" % spec)
-    return obj
+    found: "Callable[..., Any]" = obj
+    return found
 
 
 def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]":
@@ -98,14 +115,13 @@ def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]
     not have. Returns None, or why the child has no domain of its own (then it must not run
     its session)."""
     refused = _enter_session_domain()
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    for fd in (ctl.fileno(), wake[0], wake[1]):
-        os.close(fd)
-    cpu = os.environ.get("WFJAIL_CPU_LIMIT")
+    _signal.set_wakeup_fd(-1)
+    for signum, handler in _CHILD_SIGNALS:
+        _signal.signal(signum, handler)
+    os.close(ctl.fileno())
+    os.close(wake[0])
+    os.close(wake[1])
+    cpu = _CPU_LIMIT
     if cpu:
         import resource
         resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
@@ -118,7 +134,7 @@ def _reseed() -> None:
     Reseed it from the session's own randomness — under ``getrandom = "seeded"`` that is the
     session's seed, so ``random.random()`` repeats on replay. Under ``deny`` there is no
     randomness to reseed from (and asking would be a violation)."""
-    if os.environ.get("WFJAIL_GETRANDOM") not in ("allow", "seeded"):
+    if _GETRANDOM not in ("allow", "seeded"):
         return
     mod = sys.modules.get("random")
     if mod is not None:
