@@ -226,13 +226,21 @@ impl Zygote {
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
-        self.session_of(pid, None)
+        self.session_of(pid, None, None)
     }
 
     /// [`Zygote::session_for`], given the caller's own namespace process id when it is
     /// known already (`ns_tgid`, from [`TaskIds`]): a caller that is a session's process is
-    /// then found without reading `/proc`.
-    fn session_of(&self, pid: u32, ns_tgid: Option<i32>) -> Option<Arc<SessionShared>> {
+    /// then found without reading `/proc`. With `parent` too (its `PPid`, read in the same
+    /// look at its status, never one kept across a hold) the walk up its parents starts
+    /// there: a spare's calls (no session's yet, the zygote's child) cost one read of its
+    /// status, not two.
+    fn session_of(
+        &self,
+        pid: u32,
+        ns_tgid: Option<i32>,
+        parent: Option<u32>,
+    ) -> Option<Arc<SessionShared>> {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
         }
@@ -249,7 +257,16 @@ impl Zygote {
         // and a process a session forked (a policy allowing subprocesses) is the session's:
         // up its parents until a session's process, or the zygote.
         let mut task = pid;
-        for _ in 0..MAX_SESSION_DEPTH {
+        let mut steps = MAX_SESSION_DEPTH;
+        if let (Some(_), Some(parent)) = (ns_tgid, parent) {
+            // The walk's first step, done already: `pid` is no session's process.
+            if parent == self.pid as u32 || parent <= 1 {
+                return None;
+            }
+            task = parent;
+            steps -= 1;
+        }
+        for _ in 0..steps {
             let (ns, parent) = ns_tgid_and_parent(task)?;
             if ns == 1 {
                 // The zygote itself (or a thread of it): no session's, and its parent is
@@ -418,13 +435,17 @@ impl Zygote {
                     None => {
                         // One read of its status says whether it is a thread of the
                         // zygote's process and, if not, which process of the namespace.
-                        if ids.is_none() {
+                        // Read now (not kept from a hold, when the caller may have been
+                        // reparented since): its parent is as fresh as the walk's own read.
+                        let fresh = ids.is_none();
+                        if fresh {
                             *ids = TaskIds::of(n.pid);
                         }
                         if ids.is_some_and(|i| i.tgid == self.pid as u64) {
                             return route::Asker::ZygoteThread;
                         }
-                        self.session_of(n.pid, ids.map(|i| i.ns_tgid))
+                        let parent = ids.filter(|_| fresh).map(|i| i.ppid);
+                        self.session_of(n.pid, ids.map(|i| i.ns_tgid), parent)
                     }
                 };
                 if found.is_none() && may_hold && self.alive() && self.fork_in_flight() {
@@ -655,6 +676,9 @@ const MAX_SESSION_DEPTH: usize = 64;
 struct TaskIds {
     tgid: u64,
     ns_tgid: i32,
+    /// The global pid of its parent process (`PPid`), as read: it can change while the call
+    /// is held (a reparented caller), so only a fresh read is used.
+    ppid: u32,
 }
 
 impl TaskIds {
@@ -663,6 +687,7 @@ impl TaskIds {
         Some(TaskIds {
             tgid: status.number("Tgid")?,
             ns_tgid: status.innermost("NStgid")? as i32,
+            ppid: status.innermost("PPid")? as u32,
         })
     }
 }
