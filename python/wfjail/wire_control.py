@@ -30,17 +30,10 @@ def pack_control(kind: ControlKind, doc: "Any") -> bytes:
     return HEADER.pack(len(payload) + 1, kind) + payload
 
 
-def pack_forked(session: int, pid: int) -> bytes:
-    """``pack_control(FORKED, {"session": session, "pid": pid})``, formatted directly: the
-    zygote answers every FORK with it, and whatever its loop touches after a fork is copied
-    (the json encoder's objects are many pages)."""
-    payload = b'{"session": %d, "pid": %d}' % (session, pid)
-    return HEADER.pack(len(payload) + 1, ControlKind.FORKED) + payload
-
-
 def pack_exited(pid: int, status: int, cpu_ms: float, max_rss_kb: int) -> bytes:
-    """``pack_control(EXITED, {...})`` of a reaped child, formatted directly (see
-    ``pack_forked``); ``cpu_ms`` as ``json.dumps`` writes a float (its ``repr``)."""
+    """``pack_control(EXITED, {...})`` of a reaped child, formatted directly: whatever the
+    zygote's loop touches after a fork is copied (the json encoder's objects are many
+    pages). ``cpu_ms`` as ``json.dumps`` writes a float (its ``repr``)."""
     payload = b'{"pid": %d, "status": %d, "cpu_ms": %a, "max_rss_kb": %d}' % (
         pid, status, float(cpu_ms), max_rss_kb)
     return HEADER.pack(len(payload) + 1, ControlKind.EXITED) + payload

@@ -62,12 +62,12 @@ from .immortal import immortalize
 from .immortal import wanted as wants_immortal
 from . import hugepages
 from .wire import HEADER
-from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exited, pack_forked
+from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exited
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+    from typing import Any, Callable, List, Optional, Tuple, Union
 
     Handler = Callable[[bytes], Any]
     Spare = Tuple[int, _socket.socket]
@@ -263,21 +263,6 @@ def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
         _child(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
     theirs.close()
     return pid, ours
-
-
-def _hand_over(spare: "Spare", fork: "Any", rights: "Any") -> bool:
-    """Give a session to a spare child: ``fork``, the FORK's JSON payload as received (its
-    handler and ``init``), and ``rights``, the FORK's ancillary data as received (its
-    SCM_RIGHTS: the session's socket and output pipe), forwarded without being decoded or
-    re-encoded. False if the spare is gone."""
-    pid, sock = spare
-    try:
-        sock.sendmsg((fork,), rights)
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 # Landlock (include/uapi/linux/landlock.h); x86_64 syscall numbers.
@@ -521,37 +506,33 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     return _serve(ctl, wake, not args.no_spare)
 
 
-def _rights(ancdata: "List[Tuple[int, int, bytes]]") -> "List[int]":
-    """The descriptors of a packet's SCM_RIGHTS (all of them: the caller closes what it does
-    not use)."""
-    fds: "List[int]" = []
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(memoryview(data)[:len(data) // 4 * 4].cast("i").tolist())
-    return fds
-
-
 def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> int:
     """The zygote's loop, until the supervisor is gone: FORK -> a child (the spare, or a fork)
     and FORKED; SIGCHLD -> reap, EXITED; idle for SPARE_IDLE without a spare -> the next one.
 
     Every page the zygote writes after a fork is copied once, since the spare and the
     sessions share it: the loop touches as little as it can. What it uses is made here,
-    together (a receive buffer, one poll object, bound methods in locals), not per FORK; a
-    FORK's JSON and descriptors go to the spare as received; FORKED and EXITED are formatted
-    bytes, not ``json.dumps``. It waits without a timeout while a spare is ready (the
-    wake-up pipe of ``signal.set_wakeup_fd`` says when a child exits; a timed wait reads the
-    clock, a supervised call here): the only timeout is the idle wait before forking a spare."""
+    together (a receive buffer, one poll object, bound methods and plain ints in locals: no
+    module attribute looked up, no ``IntFlag`` operator, no helper function called per FORK);
+    a FORK's JSON and descriptors go to the spare as received (``_hand_over``, inlined);
+    FORKED and EXITED are formatted bytes, not ``json.dumps``. It waits without a timeout
+    while a spare is ready (the wake-up pipe of ``signal.set_wakeup_fd`` says when a child
+    exits; a timed wait reads the clock, a supervised call here): the only timeout is the
+    idle wait before forking a spare."""
     ctl_fd, wake_fd = ctl.fileno(), wake[0]
     poller = select.poll()
     poller.register(ctl_fd, select.POLLIN)
     poller.register(wake_fd, select.POLLIN)
     poll, recv_into, send = poller.poll, ctl.recvmsg_into, ctl.send
-    read, wait4, close, loads = os.read, os.wait4, os.close, json.loads
+    read, wait4, close, loads, fork = os.read, os.wait4, os.close, json.loads, os.fork
+    pack_header, unpack_header, header_size = HEADER.pack, HEADER.unpack_from, HEADER.size
     buf = bytearray(CONTROL_MAX)
     view, bufs = memoryview(buf), [buf]
-    unpack_header, header_size = HEADER.unpack_from, HEADER.size
     room = socket.CMSG_SPACE(3 * 4)  # 2 descriptors, and a third shows that there were more
+    sol_socket, scm_rights, wnohang = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS), os.WNOHANG
+    truncated, ctruncated = int(socket.MSG_TRUNC), int(socket.MSG_CTRUNC)
+    fork_kind, forked_kind = int(FORK), int(FORKED)
+    forked_doc = b'{"session": %d, "pid": %d}'
     idle_ms = max(1, round(SPARE_IDLE * 1000))
     spare = _spare(ctl, wake) if forking_ahead else None
     while True:
@@ -566,47 +547,66 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
                     pass
                 continue
             n, ancdata, flags, _ = recv_into(bufs, room)
-            fds = _rights(ancdata) if ancdata else []
+            fds: "List[int]" = []
+            for level, what, data in ancdata:
+                if level == sol_socket and what == scm_rights:
+                    fds += memoryview(data)[:len(data) // 4 * 4].cast("i").tolist()
             if n == 0 and not fds:
                 return 0  # the supervisor is gone
-            if flags & socket.MSG_TRUNC:
+            if flags & truncated:
                 for f in fds:
                     close(f)
                 raise ValueError("control packet longer than %d bytes" % CONTROL_MAX)
             length, kind = unpack_header(buf)
             if n < header_size or length != n - 4:
                 raise ValueError("control packet length mismatch")
-            if kind != FORK or len(fds) != 2 or flags & socket.MSG_CTRUNC:
+            if kind != fork_kind or len(fds) != 2 or flags & ctruncated:
                 for f in fds:
                     close(f)
                 continue
             doc = loads(buf[header_size:n])
             session = doc.get("session")
-            if spare is not None and _hand_over(spare, view[header_size:n], ancdata):
-                pid = spare[0]
-            else:
+            pid = 0
+            if spare is not None:
+                # _hand_over, inlined: the FORK's JSON (handler, init) and descriptors as
+                # received; a spare that is gone (EPIPE) leaves the fork below to do it.
                 try:
-                    pid = _fork()
-                except OSError as exc:
-                    for f in fds:
-                        close(f)
-                    send(pack_control(FORKED, {"session": session, "error": str(exc)}))
+                    spare[1].sendmsg((view[header_size:n],), ancdata)
+                    pid = spare[0]
+                except OSError:
+                    pass
+                spare[1].close()
+                spare = None
+            if not pid:
+                while True:
+                    try:
+                        pid = fork()
+                        break
+                    except InterruptedError:
+                        continue
+                    except OSError as exc:
+                        pid = -1
+                        for f in fds:
+                            close(f)
+                        send(pack_control(FORKED, {"session": session, "error": str(exc)}))
+                        break
+                if pid < 0:
                     continue
                 if pid == 0:
                     init = (doc["init"],) if "init" in doc else None
                     _child(fds[0], fds[1], str(doc.get("handler", "")),
                            _leave_zygote(ctl, wake), init)
-            spare = None
             for f in fds:
                 close(f)
             if type(session) is int:
-                send(pack_forked(session, pid))
+                answer = forked_doc % (session, pid)
+                send(pack_header(len(answer) + 1, forked_kind) + answer)
             else:
                 send(pack_control(FORKED, {"session": session, "pid": pid}))
         # Reap every child that ended, and tell the supervisor how.
         while reap:
             try:
-                pid, status, usage = wait4(-1, os.WNOHANG)
+                pid, status, usage = wait4(-1, wnohang)
             except ChildProcessError:
                 break
             if pid == 0:
