@@ -36,7 +36,8 @@ class ZygoteLoopTests(unittest.TestCase):
     def setUp(self):
         self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, WFJAIL_ZYGOTE_FD=str(theirs.fileno()),
-                   PYTHONPATH=os.path.dirname(HERE), WFJAIL_HUGEPAGES="0")
+                   PYTHONPATH=os.pathsep.join((os.path.dirname(HERE), HERE)),
+                   WFJAIL_HUGEPAGES="0")
         env.pop("WFJAIL_CPU_LIMIT", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "wfjail.zygote"], env=env,
                                      pass_fds=[theirs.fileno()], stdout=subprocess.DEVNULL)
@@ -133,6 +134,22 @@ class ZygoteLoopTests(unittest.TestCase):
             # methodcaller("upper") is what handles the calls: the factory got the init.
             P.write_frame(sock.fileno(), P.REQUEST, b"hi")
             self.assertEqual(P.read_frame(sock.fileno()), (P.RESULT, b"HI"))
+
+    def test_the_spare_is_handed_its_handler_and_init_not_the_session_number(self):
+        # The first FORK finds the spare the loop forked before its first wait.
+        forked, sock = self.fork({"session": 4242, "handler": "zygote_probe:factory",
+                                  "init": [1, "two"]})
+        frame = self.first_frame(sock)
+        if frame[0] == P.ERROR:  # no Landlock domain of its own here: refused first
+            self.assertIn(b"Landlock", frame[1])
+            return
+        P.write_frame(sock.fileno(), P.REQUEST, b"")
+        kind, seen = P.read_frame(sock.fileno())
+        self.assertEqual(kind, P.RESULT)
+        self.assertIn(b"zygote_probe:factory", seen)
+        self.assertIn(b"two", seen)
+        self.assertNotIn(b"session", seen)
+        self.assertNotIn(b"4242", seen)
 
     def test_packets_it_does_not_take_are_dropped_with_their_descriptors(self):
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

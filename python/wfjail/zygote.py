@@ -242,7 +242,7 @@ def _no_stop_notices() -> None:
 
 def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
     """Fork a child ahead of demand: it waits for its session on a socket pair (one message:
-    the FORK's JSON as the supervisor sent it, with the session's socket and output pipe),
+    the FORK's handler and init as JSON, with the session's socket and output pipe),
     so that opening a session does not wait for a fork. Returns (pid, socket). The pair is
     made with ``_socket`` (C objects: no Python-level ``socket.socket`` to build and later
     destroy in the zygote)."""
@@ -514,7 +514,7 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     sessions share it: the loop touches as little as it can. What it uses is made here,
     together (a receive buffer, one poll object, bound methods and plain ints in locals: no
     module attribute looked up, no ``IntFlag`` operator, no helper function called per FORK);
-    a FORK's JSON and descriptors go to the spare as received (``_hand_over``, inlined);
+    a FORK's descriptors go to the spare as received (``_hand_over``, inlined);
     FORKED and EXITED are formatted bytes, not ``json.dumps``. It waits without a timeout
     while a spare is ready (the wake-up pipe of ``signal.set_wakeup_fd`` says when a child
     exits; a timed wait reads the clock, a supervised call here): the only timeout is the
@@ -524,10 +524,11 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     poller.register(ctl_fd, select.POLLIN)
     poller.register(wake_fd, select.POLLIN)
     poll, recv_into, send = poller.poll, ctl.recvmsg_into, ctl.send
-    read, wait4, close, loads, fork = os.read, os.wait4, os.close, json.loads, os.fork
+    read, wait4, close, fork = os.read, os.wait4, os.close, os.fork
+    loads, dumps = json.loads, json.dumps
     pack_header, unpack_header, header_size = HEADER.pack, HEADER.unpack_from, HEADER.size
     buf = bytearray(CONTROL_MAX)
-    view, bufs = memoryview(buf), [buf]
+    bufs = [buf]
     room = socket.CMSG_SPACE(3 * 4)  # 2 descriptors, and a third shows that there were more
     sol_socket, scm_rights, wnohang = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS), os.WNOHANG
     truncated, ctruncated = int(socket.MSG_TRUNC), int(socket.MSG_CTRUNC)
@@ -568,10 +569,12 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
             session = doc.get("session")
             pid = 0
             if spare is not None:
-                # _hand_over, inlined: the FORK's JSON (handler, init) and descriptors as
-                # received; a spare that is gone (EPIPE) leaves the fork below to do it.
+                # _hand_over, inlined: the FORK's descriptors as received, its handler and
+                # init (not its session number: a session learns nothing of how many came
+                # before it); a spare that is gone (EPIPE) leaves the fork below to do it.
+                doc.pop("session", None)
                 try:
-                    spare[1].sendmsg((view[header_size:n],), ancdata)
+                    spare[1].sendmsg((dumps(doc).encode(),), ancdata)
                     pid = spare[0]
                 except OSError:
                     pass
