@@ -513,8 +513,9 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     Every page the zygote writes after a fork is copied once, since the spare and the
     sessions share it: the loop touches as little as it can. What it uses is made here,
     together (a receive buffer, one poll object, bound methods and plain ints in locals: no
-    module attribute looked up, no ``IntFlag`` operator, no helper function called per FORK);
-    a FORK's descriptors go to the spare as received (``_hand_over``, inlined);
+    module attribute looked up, no ``IntFlag`` operator, no helper of ours called per FORK);
+    a FORK's descriptors go to the spare as received (``_hand_over``, inlined; with its
+    handler and init re-encoded, the only ``json.dumps``, on the spare's path alone);
     FORKED and EXITED are formatted bytes, not ``json.dumps``. It waits without a timeout
     while a spare is ready (the wake-up pipe of ``signal.set_wakeup_fd`` says when a child
     exits; a timed wait reads the clock, a supervised call here): the only timeout is the
