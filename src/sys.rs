@@ -621,6 +621,18 @@ pub fn peer_hung_up(fd: RawFd) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Seccomp user notification (supervisor side)
 
+/// Whether a filter with a user-notification listener is sure to install in a child of this
+/// process: the kernel has listeners (`SECCOMP_GET_NOTIF_SIZES` came with
+/// `SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0) and this thread runs under no seccomp filter
+/// (`PR_GET_SECCOMP` answers 0): only a filter above ours can refuse the install (its own
+/// answer to `seccomp`, or EBUSY when it has a listener itself). When this says yes, the plan
+/// leaves out the fall-back program the child would install instead (`plan::build`).
+pub fn user_notification_certain() -> bool {
+    // SAFETY: PR_GET_SECCOMP takes no pointer and only reads the calling thread's mode.
+    let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    mode == 0 && seccomp_notif_sizes().is_ok()
+}
+
 /// Kernel sizes of the notification structures (`SECCOMP_GET_NOTIF_SIZES`).
 pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     // SAFETY: plain old data; zero is valid.
