@@ -621,6 +621,24 @@ pub fn peer_hung_up(fd: RawFd) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Seccomp user notification (supervisor side)
 
+/// Whether a filter with a user-notification listener is sure to install in a child of this
+/// process: the kernel has listeners (`SECCOMP_GET_NOTIF_SIZES` came with
+/// `SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0) and this thread runs under no seccomp filter
+/// (`PR_GET_SECCOMP` answers 0): only a filter above ours can refuse the install (its own
+/// answer to `seccomp`, or EBUSY when it has a listener itself). When this says yes, the plan
+/// leaves out the fall-back program the child would install instead (`plan::build`).
+pub fn user_notification_certain() -> bool {
+    under_no_seccomp_filter() && seccomp_notif_sizes().is_ok()
+}
+
+/// Whether the kernel says the calling thread runs under no seccomp filter (`PR_GET_SECCOMP`
+/// answers 0; a filter may refuse the call, which reads as "maybe filtered"). One system call
+/// where `procfs::seccomp_mode` opens and reads `/proc/self/status`.
+pub fn under_no_seccomp_filter() -> bool {
+    // SAFETY: PR_GET_SECCOMP takes no pointer and only reads the calling thread's mode.
+    unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) == 0 }
+}
+
 /// Kernel sizes of the notification structures (`SECCOMP_GET_NOTIF_SIZES`).
 pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     // SAFETY: plain old data; zero is valid.
@@ -991,7 +1009,8 @@ pub fn guest_memory_route() -> &'static str {
 pub fn refused_by_outer_filter() -> &'static [&'static str] {
     static REFUSED: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     REFUSED.get_or_init(|| {
-        if crate::procfs::seccomp_mode() != Some(2) {
+        // No filter above wfjail (the common case) needs no /proc read.
+        if under_no_seccomp_filter() || crate::procfs::seccomp_mode() != Some(2) {
             return Vec::new();
         }
         let me = libc::c_long::from(getpid());

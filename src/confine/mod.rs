@@ -72,8 +72,9 @@ pub struct ChildSpec<'a> {
     /// The program with user-notification actions, if the parent wants notification. The
     /// child's own copy (fork semantics): it writes its pid into it, see `self_pid_slots`.
     pub seccomp_notify: Option<&'a mut [libc::sock_filter]>,
-    /// The program with in-filter actions, used when notification is unavailable.
-    pub seccomp_fallback: &'a mut [libc::sock_filter],
+    /// The program with in-filter actions, used when notification is unavailable; `None`
+    /// when the parent knew it would not be (then a refused listener is fatal).
+    pub seccomp_fallback: Option<&'a mut [libc::sock_filter]>,
     /// Instructions of (notify, fallback) that compare with `bpf::SELF_PID`.
     pub self_pid_slots: (&'a [usize], &'a [usize]),
     pub seccomp_required: bool,
@@ -201,9 +202,11 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
             }
         }
     }
-    for &i in spec.self_pid_slots.1 {
-        if let Some(insn) = spec.seccomp_fallback.get_mut(i) {
-            insn.k = me;
+    if let Some(prog) = spec.seccomp_fallback.as_deref_mut() {
+        for &i in spec.self_pid_slots.1 {
+            if let Some(insn) = prog.get_mut(i) {
+                insn.k = me;
+            }
         }
     }
     let mut installed = false;
@@ -228,11 +231,17 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
                 sys::close(listener);
                 installed = true;
             }
+            // No fall-back program: the parent found nothing that could refuse the listener,
+            // so this is unforeseen (ENOMEM): stop rather than run with no filter.
+            Err(e) if spec.seccomp_fallback.is_none() => fatal(chan, Step::SeccompNotify, e),
             Err(e) => degrade(chan, Step::SeccompNotify, e, spec.seccomp_notify_required),
         }
     }
     if !installed {
-        match sys::seccomp_install(&*spec.seccomp_fallback, 0) {
+        let Some(prog) = spec.seccomp_fallback.as_deref() else {
+            fatal(chan, Step::Seccomp, Errno::EINVAL)
+        };
+        match sys::seccomp_install(prog, 0) {
             Ok(_) => installed = true,
             Err(e) => degrade(chan, Step::Seccomp, e, spec.seccomp_required),
         }

@@ -148,7 +148,7 @@ pub fn spawn(
             landlock_fd: plan.landlock.as_ref().map(|(fd, _)| fd.as_raw_fd()),
             landlock_required: p.requires(Layer::Landlock),
             seccomp_notify: Some(&mut notify_prog),
-            seccomp_fallback: &mut fallback_prog,
+            seccomp_fallback: fallback_prog.as_deref_mut(),
             self_pid_slots: (&plan.self_pid_slots.0, &plan.self_pid_slots.1),
             seccomp_required: p.requires(Layer::Seccomp),
             // Under warn (plan.warn_files) Landlock lets every path through: only the supervisor
