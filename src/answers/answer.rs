@@ -40,8 +40,8 @@ pub enum Answer {
 }
 
 /// Sends `answer` for `n`. A value's bytes are written first, and only into a call that is
-/// still pending before the write (so its pid is its task's); a write the guest's memory refuses fails the
-/// call with EFAULT, as the kernel's own copy would.
+/// still pending before the write (so its pid is its task's); a write the guest's memory
+/// refuses fails the call with EFAULT, as the kernel's own copy would.
 pub fn respond(listener: BorrowedFd<'_>, n: &Notif, answer: Answer) {
     let reply = match answer {
         Answer::Fd { fd, cloexec } => {
