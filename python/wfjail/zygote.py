@@ -529,7 +529,8 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     Every page the zygote writes after a fork is copied once, since the spare and the
     sessions share it: the loop touches as little as it can. What it uses is made here,
     together (a receive buffer, one poll object, bound methods and plain ints in locals: no
-    module attribute looked up, no ``IntFlag`` operator, no helper of ours called per FORK);
+    module attribute looked up, no ``IntFlag`` operator; of our helpers only ``_fork``, when no
+    spare is ready);
     a FORK's descriptors go to the spare as received (``_hand_over``, inlined; with its
     handler and init re-encoded, the only ``json.dumps``, on the spare's path alone);
     FORKED and EXITED are formatted bytes, not ``json.dumps``. It waits without a timeout
@@ -541,7 +542,7 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     poller.register(ctl_fd, select.POLLIN)
     poller.register(wake_fd, select.POLLIN)
     poll, recv_into, send = poller.poll, ctl.recvmsg_into, ctl.send
-    read, wait4, close, fork = os.read, os.wait4, os.close, os.fork
+    read, wait4, close, fork = os.read, os.wait4, os.close, _fork
     loads, dumps = json.loads, json.dumps
     pack_header, unpack_header, header_size = HEADER.pack, HEADER.unpack_from, HEADER.size
     buf = bytearray(CONTROL_MAX)
@@ -575,8 +576,10 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
                 for f in fds:
                     close(f)
                 raise ValueError("control packet longer than %d bytes" % CONTROL_MAX)
+            if n < header_size:
+                raise ValueError("control packet length mismatch")
             length, kind = unpack_header(buf)
-            if n < header_size or length != n - 4:
+            if length != n - 4:
                 raise ValueError("control packet length mismatch")
             if kind != fork_kind or len(fds) != 2 or flags & ctruncated:
                 for f in fds:
@@ -598,19 +601,12 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
                 spare[1].close()
                 spare = None
             if not pid:
-                while True:
-                    try:
-                        pid = fork()
-                        break
-                    except InterruptedError:
-                        continue
-                    except OSError as exc:
-                        pid = -1
-                        for f in fds:
-                            close(f)
-                        send(pack_control(FORKED, {"session": session, "error": str(exc)}))
-                        break
-                if pid < 0:
+                try:
+                    pid = fork()
+                except OSError as exc:
+                    for f in fds:
+                        close(f)
+                    send(pack_control(FORKED, {"session": session, "error": str(exc)}))
                     continue
                 if pid == 0:
                     init = (doc["init"],) if "init" in doc else None
