@@ -120,6 +120,8 @@ class SessionLog:
         error = report.get("error")
         if isinstance(error, str) and error:
             words.append(escape(error, MAX_CHILD_MESSAGE))
+        elif not violations:
+            words.append(end_reason(report))
         for v in violations[:MAX_END_VIOLATIONS]:
             if isinstance(v, dict):
                 words.append("%s %s(%s) %s [%s]" % tuple(
@@ -133,6 +135,24 @@ class SessionLog:
                  "" if first else " (as an earlier session of the run)", extra={
                      **self.extra, "wfjail_status": escape(status, 64),
                      "wfjail_violations": min(len(violations), 10**6)})
+
+
+def end_reason(report: dict[str, Any]) -> str:
+    """Why a session ended, for a report that gives no ``error``: its signal, its exit code
+    or its stderr's last line (a guest killed by a signal has no words of its own), and
+    ``no reason given`` rather than nothing."""
+    parts = []
+    signal = report.get("signal")
+    if isinstance(signal, str) and signal:
+        parts.append("killed by %s" % escape(signal, 32))
+    code = report.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and (code != 0 or not parts):
+        parts.append("exit code %d" % code)
+    tail = report.get("stderr_tail")
+    if isinstance(tail, str) and tail.strip():
+        parts.append("its stderr ended: %s" % escape(tail.strip().splitlines()[-1],
+                                                      MAX_CHILD_MESSAGE))
+    return ", ".join(parts) or "no reason given (the report has no error, signal or exit code)"
 
 
 # What sessions ran without (layers the container or kernel refused, e.g. the pinned address

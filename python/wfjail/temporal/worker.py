@@ -1461,7 +1461,8 @@ def _report_text(det: WorkflowInstanceDetails, report: dict[str, Any], exc: Base
         return _violations_text(det, report["violations"])
     return "wfjail: the confined run of workflow %s ended: %s: %s%s" % (
         det.info.workflow_type, escape(report.get("status", type(exc).__name__)),
-        escape(report.get("error") or exc, MAX_CHILD_MESSAGE), _hint(exc))
+        escape(report.get("error") or str(exc) or oplog.end_reason(report), MAX_CHILD_MESSAGE),
+        _hint(exc))
 
 
 def _hint(exc: BaseException) -> str:
