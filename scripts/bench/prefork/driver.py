@@ -110,8 +110,8 @@ def setup_venv(args):
 
 def our_processes():
     """Processes that belong to this checkout's benchmark: working in its scratch directory
-    (the servers, zygotes and sessions run there), naming it, or this checkout's script as a
-    worker. Never by the workflow module's name alone: another checkout's benchmark, or any
+    (the servers, zygotes and sessions run there), naming it (a path in it: not a venv beside
+    it such as target/bench/prefork-venv), or this checkout's script as a worker. Never by the workflow module's name alone: another checkout's benchmark, or any
     program that preloads the same module, is not ours to kill."""
     found = []
     me = os.getpid()
@@ -124,7 +124,8 @@ def our_processes():
             cwd = os.readlink(f"/proc/{e}/cwd")
         except OSError:
             cwd = ""
-        if cwd == work or work in c or (script in c and ("--_worker" in c or "--_idle" in c)):
+        names_work = any(a == work or a.startswith(work + "/") for a in c.split(" "))
+        if cwd == work or names_work or (script in c and ("--_worker" in c or "--_idle" in c)):
             found.append((int(e), c))
     return found
 
