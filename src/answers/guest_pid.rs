@@ -261,11 +261,16 @@ pub fn patch(mem: &std::fs::File, entries: Entries, pinned: i32) -> Result<(), S
 }
 
 /// Whether process `pid`'s memory is run by no other task than its thread `pid`: one thread,
-/// no child (a child made with `CLONE_VM` would share it).
-pub fn alone(pid: libc::pid_t) -> io::Result<bool> {
+/// `parent`'s child (a zygote's: its own memory is another, copied at the fork; a process a
+/// session made with `CLONE_VM` would share its parent's), and no child (which could share
+/// its own).
+pub fn alone(pid: libc::pid_t, parent: libc::pid_t) -> io::Result<bool> {
     let status = crate::procfs::Status::of(pid as u32)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
-    if status.number("Threads") != Some(1) || status.number("Tgid") != Some(pid as u64) {
+    if status.number("Threads") != Some(1)
+        || status.number("Tgid") != Some(pid as u64)
+        || status.number("PPid") != Some(parent as u64)
+    {
         return Ok(false);
     }
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;

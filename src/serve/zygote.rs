@@ -290,8 +290,9 @@ impl Zygote {
 
     /// Has the process that made `n` (an armed session's `getpid` or `gettid`, which the
     /// router answers with [`SESSION_PID`]) answer its later ones itself, in its C library
-    /// (`answers/guest_pid.rs`), when it is its process's only task: it waits on `n`, so no
-    /// code of that process runs while its text is rewritten. Anything else leaves it as it
+    /// (`answers/guest_pid.rs`), when it is its process's only task and the zygote's child
+    /// (the session's own process, not one it made): it waits on `n`, so no code of that
+    /// process runs while its text is rewritten. Anything else leaves it as it
     /// was (the router answers its calls as before), counted.
     fn pid_in_guest(&self, listener: BorrowedFd<'_>, n: &sys::Notif) {
         use crate::answers::guest_pid::{self, Skip};
@@ -302,7 +303,7 @@ impl Zygote {
                 Err(_) => Err(Skip::Write),
                 // Still waiting on `n` after the open: the memory opened and the status read
                 // are the caller's (its pid cannot have been reused while it waits).
-                Ok(mem) => match guest_pid::alone(pid) {
+                Ok(mem) => match guest_pid::alone(pid, self.pid) {
                     Ok(true) if sys::notif_id_valid(listener, n.id) => {
                         guest_pid::patch(&mem, *entries, SESSION_PID)
                     }
