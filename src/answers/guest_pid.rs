@@ -354,6 +354,21 @@ mod tests {
     }
 
     #[test]
+    fn a_process_is_alone_as_its_parents_child_with_one_thread_and_no_child() {
+        let peer = Peer::start();
+        assert!(alone(peer.pid(), sys::getpid()).unwrap());
+        assert!(!alone(peer.pid(), 1).unwrap(), "another parent");
+        // This test process: several threads (the test harness's).
+        let me = sys::getpid();
+        let parent = crate::procfs::Status::of(me as u32)
+            .and_then(|s| s.number("PPid"))
+            .unwrap() as libc::pid_t;
+        if crate::procfs::Status::of(me as u32).and_then(|s| s.number("Threads")) != Some(1) {
+            assert!(!alone(me, parent).unwrap(), "threads");
+        }
+    }
+
+    #[test]
     fn an_absent_symbol_or_an_image_that_is_not_elf_is_none() {
         let peer = Peer::start();
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", peer.pid())).unwrap();
