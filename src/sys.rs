@@ -1126,6 +1126,19 @@ pub fn write_process_memory(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Res
     }
 }
 
+/// `/proc/PID/mem` of process `pid`, to read and write: the memory of the process `pid` is
+/// when it is opened (the descriptor keeps to it), and a write goes through protections (a
+/// text page is copied for that process only, like a debugger's breakpoint). Needs the
+/// access `process_vm_writev` needs (the same uid, ptrace access: an ancestor under Yama's
+/// `ptrace_scope = 1`); a kernel may refuse writes through protections
+/// (`proc_mem.force_override`, Linux 6.12).
+pub fn open_process_memory(pid: libc::pid_t) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The exec stop (parent side): a child traced from its initial exec until its new image is
 // patched (answers/vdso.rs), then let go.

@@ -117,6 +117,9 @@ pub struct Zygote {
     stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
     pub ready: std::sync::OnceLock<Ready>,
+    /// Where its C library's `getpid` and `gettid` start (its sessions' too), found at the
+    /// first session whose pinned pid the router answers; `None`: not found.
+    pid_entries: std::sync::OnceLock<Option<crate::answers::guest_pid::Entries>>,
 }
 
 impl Zygote {
@@ -283,6 +286,36 @@ impl Zygote {
             task = parent;
         }
         None
+    }
+
+    /// Has the process that made `n` (an armed session's `getpid` or `gettid`, which the
+    /// router answers with [`SESSION_PID`]) answer its later ones itself, in its C library
+    /// (`answers/guest_pid.rs`), when it is its process's only task and the zygote's child
+    /// (the session's own process, not one it made): it waits on `n`, so no code of that
+    /// process runs while its text is rewritten. Anything else leaves it as it
+    /// was (the router answers its calls as before), counted.
+    fn pid_in_guest(&self, listener: BorrowedFd<'_>, n: &sys::Notif) {
+        use crate::answers::guest_pid::{self, Skip};
+        let pid = n.pid as libc::pid_t;
+        let outcome = match self.pid_entries.get_or_init(|| guest_pid::locate(self.pid)) {
+            None => Err(Skip::NoLibc),
+            Some(entries) => match sys::open_process_memory(pid) {
+                Err(_) => Err(Skip::Write),
+                // Still waiting on `n` after the open: the memory opened and the status read
+                // are the caller's (its pid cannot have been reused while it waits).
+                Ok(mem) => match guest_pid::alone(pid, self.pid) {
+                    Ok(true) if sys::notif_id_valid(listener, n.id) => {
+                        guest_pid::patch(&mem, *entries, SESSION_PID)
+                    }
+                    Ok(true) => return, // gone: nothing to count
+                    _ => Err(Skip::NotAlone),
+                },
+            },
+        };
+        match outcome {
+            Ok(()) => super::pid_answers::in_guest(),
+            Err(why) => super::pid_answers::skipped(why),
+        }
     }
 
     /// Answers every notification of the zygote's filter. `rules` are the sessions'; the
@@ -539,7 +572,13 @@ impl Zygote {
                     return true;
                 }
                 route::SessionRouted::Pid => {
+                    let first = !det.pid_in_guest_tried;
+                    det.pid_in_guest_tried = true;
                     drop((v, det));
+                    super::pid_answers::notified();
+                    if first {
+                        self.pid_in_guest(listener, n);
+                    }
                     let answer = notify::Answer::Value {
                         ret: SESSION_PID as i64,
                         writes: vec![],

@@ -68,6 +68,7 @@ mod serve {
     mod lanes;
     mod limits;
     mod metrics;
+    mod pid_in_guest;
     mod preload;
     mod races;
     mod sessions;

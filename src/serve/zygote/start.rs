@@ -115,6 +115,7 @@ impl Zygote {
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
+            pid_entries: std::sync::OnceLock::new(),
         });
         {
             let z = zygote.clone();
