@@ -14,7 +14,8 @@ The server itself is not opted in: only the zygote family is.
 ``heap``: ``madvise(MADV_MERGEABLE)`` on the ranges of the zygote's heap (found from its
 objects' addresses, as ``wfjail.hugepages`` finds them), inherited by the children on those
 mappings only; what a child maps later (its own arenas) is not merged. Used where the prctl
-is refused (a kernel before 6.4), and said so.
+is refused (a kernel before 6.4), and said so, or when the policy's ``[env]`` sets
+``WFJAIL_MERGE_PAGES = "heap"``.
 
 Either way the result goes into READY (``"merging"``): the mode that took, or why none did.
 The server checks it in ``/proc/PID/ksm_stat`` and says in its log whether the host merges."""

@@ -48,9 +48,16 @@ impl Zygote {
                 // Each session child's whole life (the zygote takes none: it lives as long as
                 // the server); a call's own budget (limits.cpu) is measured by its session.
                 // Same-page merging for the zygote family (python/wfjail/merging.py), not for
-                // this server: the zygote opts itself in after its preload.
+                // this server: the zygote opts itself in after its preload. The whole process
+                // (`any`), unless the policy's [env] chose its heap alone (`heap`).
                 if cfg.merge {
-                    env.push(("WFJAIL_MERGE_PAGES".into(), "any".into()));
+                    let mode = policy
+                        .env
+                        .set
+                        .get("WFJAIL_MERGE_PAGES")
+                        .filter(|m| *m == "heap")
+                        .map_or("any", |m| m.as_str());
+                    env.push(("WFJAIL_MERGE_PAGES".into(), mode.into()));
                 }
                 if let Some(c) = policy.limits.session_cpu {
                     env.push((
@@ -166,7 +173,7 @@ impl Zygote {
             zygote.kill();
             return Err(e);
         }
-        if cfg.merge {
+        if cfg.merge || zygote.ready.get().is_some_and(|r| r.merging.is_some()) {
             // Always said (not only without -q): an operator who asked for merging learns
             // whether it is on, and why not, at each zygote's start.
             let took = zygote.ready.get().and_then(|r| r.merging.as_deref());
