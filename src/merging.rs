@@ -188,6 +188,15 @@ impl ProcessKsm {
     }
 }
 
+/// The zygote's words (it ran the preload) fit for one line of the log: control characters
+/// blanked, at most 300 characters.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(300)
+        .collect()
+}
+
 /// The operator's line for a zygote started with `--merge-pages`: whether its family is
 /// merged, and if not, why (`took`: what its READY said, `"any"`, `"heap ..."` or
 /// `"off: why"`; `stat`: its `/proc/PID/ksm_stat`). `(on, text)`.
@@ -202,15 +211,18 @@ pub fn notice(took: Option<&str>, stat: Option<&ProcessKsm>, host: &Host) -> (bo
             );
         }
         Some(t) if t.starts_with("off") => {
+            // The zygote's words (it ran the preload): one line, bounded, in the log.
+            let why = one_line(t.trim_start_matches("off").trim_start_matches(':').trim());
+            return (false, format!("off: the zygote could not opt in ({why})"));
+        }
+        // Only the modes the zygote has: anything else is its word, not the kernel's.
+        Some(t) if t != "any" && !t.starts_with("heap") => {
             return (
                 false,
-                format!(
-                    "off: the zygote could not opt in ({})",
-                    t.trim_start_matches("off").trim_start_matches(':').trim()
-                ),
+                "off: the zygote answered an unknown merging mode".into(),
             );
         }
-        Some(t) => t,
+        Some(t) => one_line(t),
     };
     // The zygote's word checked against the kernel's, where the kernel shows it.
     let (field, shown) = if mode == "any" {
@@ -326,5 +338,9 @@ mod tests {
         assert!(!ok && text.contains("ksm_merge_any: no"), "{text}");
         let (ok, text) = notice(None, None, &on);
         assert!(!ok && text.contains("did not say"), "{text}");
+        let (ok, text) = notice(Some("off: a\nwfjail: forged"), None, &on);
+        assert!(!ok && !text.contains('\n'), "{text}");
+        let (ok, text) = notice(Some("all\nof it"), Some(&any), &on);
+        assert!(!ok && text.contains("unknown merging mode"), "{text}");
     }
 }
