@@ -206,6 +206,14 @@ pub struct ServeArgs {
     /// Modules the zygote imports before any fork, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "MODULES")]
     pub preload: Vec<String>,
+    /// Opt the zygote and its session children (not this server) into the kernel's
+    /// same-page merging (KSM), which folds their identical pages into one once the host
+    /// merges (`/sys/kernel/mm/ksm/run` = 1, set by root; `wfjail check` shows it). The log
+    /// says at each zygote's start whether merging is on, and why not. Costs ksmd CPU and
+    /// opens a timing side channel between processes that opted in: docs/temporal.md,
+    /// docs/security.md.
+    #[arg(long, requires = "zygote")]
+    pub merge_pages: bool,
     #[command(flatten)]
     pub grants: GrantArgs,
     /// Wall-clock limit per call (default: the policy's limits.timeout).

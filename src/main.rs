@@ -505,6 +505,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
             python: args.python.clone(),
             preload,
             grants: grants.clone(),
+            merge: args.merge_pages,
         };
         (cfg, args.zygotes.unwrap_or(cpus))
     });

@@ -639,6 +639,15 @@ pub fn under_no_seccomp_filter() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) == 0 }
 }
 
+/// `prctl(PR_GET_MEMORY_MERGE)` (Linux 6.4+, 68): whether this process is opted into
+/// same-page merging as a whole. EINVAL: a kernel without the prctl (before 6.4, or without
+/// KSM); another error: a seccomp profile's refusal. Only reads.
+pub fn memory_merge() -> SysResult<bool> {
+    // SAFETY: PR_GET_MEMORY_MERGE takes no pointer and only reads the calling process's flag.
+    let ret = unsafe { libc::prctl(68, 0, 0, 0, 0) };
+    check_int(ret).map(|r| r != 0)
+}
+
 /// Kernel sizes of the notification structures (`SECCOMP_GET_NOTIF_SIZES`).
 pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     // SAFETY: plain old data; zero is valid.

@@ -24,7 +24,9 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
                                               "session_domain": 7, "control": 2,
-                                              "immortal": 205930 (objects) or why not}
+                                              "immortal": 205930 (objects) or why not,
+                                              "merging": "any" / "heap" / "off: why"
+                                              (only when WFJAIL_MERGE_PAGES asks)}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
@@ -62,6 +64,7 @@ from .immortal import ENV as immortal_env
 from .immortal import immortalize
 from .immortal import wanted as wants_immortal
 from . import hugepages
+from . import merging
 from .wire import HEADER
 from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exited
 
@@ -502,6 +505,13 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     huge: "Union[int, str]" = "off (--no-hugepages or %s=0)" % hugepages.ENV
     if not args.no_hugepages and hugepages.wanted(os.environ):
         huge = hugepages.collapse(id(o) for o in gc.get_objects())
+    # Same-page merging for this zygote and its children, when the server asks
+    # (wfjail.merging): the mode that took, or why none did. The server says whether the host
+    # merges.
+    merge_mode = merging.wanted(os.environ)
+    merged: "Optional[str]" = None
+    if merge_mode:
+        merged = merging.opt_in(merge_mode, (id(o) for o in gc.get_objects()))
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
@@ -511,6 +521,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
              "session_domain": session_domain, "control": CONTROL_VERSION,
              "immortal": immortal, "hugepages": huge}
+    if merged is not None:
+        ready["merging"] = merged
     if error:
         ready["error"] = error
     ctl.sendall(pack_control(READY, ready))

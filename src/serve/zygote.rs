@@ -71,6 +71,8 @@ pub struct ZygoteConfig {
     /// Modules imported before any fork.
     pub preload: Vec<String>,
     pub grants: Vec<ExtraGrant>,
+    /// Opt the zygote and its children into same-page merging (`--merge-pages`).
+    pub merge: bool,
 }
 
 /// Why a FORK gave no child.

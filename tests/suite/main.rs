@@ -67,6 +67,7 @@ mod serve {
     mod hugepages;
     mod lanes;
     mod limits;
+    mod merging;
     mod metrics;
     mod pid_in_guest;
     mod preload;

@@ -51,6 +51,9 @@ MAX_PENDING_SESSIONS = 64
 MAX_END_VIOLATIONS = 8
 
 _SESSION_LINE = re.compile(rb"\[session (\d{1,19})\] ?")
+# The server's word on same-page merging at a zygote's start (``merge_pages=True``): logged,
+# INFO when on, WARNING when off (it says why), never only on stderr.
+_MERGING_LINE = re.compile(rb"wfjail: zygote \d+: same-page merging (on|off): ")
 
 
 class _Run:
@@ -224,6 +227,11 @@ class _Registry:
                 self._cut[server] = cut
         if m is None and cut is not None:  # the rest of a session's long line
             self._session_line(cut, line)
+            return
+        merging = _MERGING_LINE.match(line) if m is None else None
+        if merging is not None:
+            _log.log(logging.INFO if merging.group(1) == b"on" else logging.WARNING, "%s",
+                     escape(line.decode("utf-8", "replace").rstrip("\r\n"), 1000))
             return
         if m is None:
             # The server's own words (`wfjail: zygote 0 restarted`, a zygote's `[zygote i]`

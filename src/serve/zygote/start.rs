@@ -47,6 +47,18 @@ impl Zygote {
                 ];
                 // Each session child's whole life (the zygote takes none: it lives as long as
                 // the server); a call's own budget (limits.cpu) is measured by its session.
+                // Same-page merging for the zygote family (python/wfjail/merging.py), not for
+                // this server: the zygote opts itself in after its preload. The whole process
+                // (`any`), unless the policy's [env] chose its heap alone (`heap`).
+                if cfg.merge {
+                    let mode = policy
+                        .env
+                        .set
+                        .get("WFJAIL_MERGE_PAGES")
+                        .filter(|m| *m == "heap")
+                        .map_or("any", |m| m.as_str());
+                    env.push(("WFJAIL_MERGE_PAGES".into(), mode.into()));
+                }
                 if let Some(c) = policy.limits.session_cpu {
                     env.push((
                         "WFJAIL_CPU_LIMIT".into(),
@@ -161,6 +173,15 @@ impl Zygote {
         if let Err(e) = ready {
             zygote.kill();
             return Err(e);
+        }
+        if cfg.merge || zygote.ready.get().is_some_and(|r| r.merging.is_some()) {
+            // Always said (not only without -q): an operator who asked for merging learns
+            // whether it is on, and why not, at each zygote's start.
+            let took = zygote.ready.get().and_then(|r| r.merging.as_deref());
+            let stat = crate::merging::ProcessKsm::of(zygote.pid);
+            let (_, text) =
+                crate::merging::notice(took, stat.as_ref(), &crate::merging::Host::read());
+            eprintln!("wfjail: zygote {index}: same-page merging {text}");
         }
         Ok(zygote)
     }
