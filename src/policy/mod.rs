@@ -10,6 +10,7 @@ pub mod bpf;
 pub mod decisions;
 mod error;
 mod model;
+mod prebuilt;
 pub mod rules;
 pub mod syscall_table;
 pub mod syscalls;
@@ -429,6 +430,24 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
 
 /// [`load`] with the files read from `sources`.
 pub fn load_from(spec: &str, sources: &dyn Sources) -> Result<Policy, PolicyError> {
+    // A built-in on its own: built from Rust generated from its file (`prebuilt`), the
+    // same policy without parsing it again.
+    if !looks_like_path(spec)
+        && let Some(p) = prebuilt::get(spec)
+    {
+        return Ok(p);
+    }
+    load_parsed_from(spec, sources)
+}
+
+/// A built-in parsed from its TOML (what `prebuilt` is generated from and checked against).
+#[cfg(test)]
+fn load_parsed(name: &str) -> Result<Policy, PolicyError> {
+    load_parsed_from(name, &FileSystem)
+}
+
+/// [`load_from`], always parsing.
+fn load_parsed_from(spec: &str, sources: &dyn Sources) -> Result<Policy, PolicyError> {
     let origin = if looks_like_path(spec) {
         Origin::File(PathBuf::from(spec))
     } else if let Some((name, _)) = builtin(spec) {
