@@ -557,6 +557,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let command = resolve_command(cmd, &path_env)?;
     let canonical_cmd = std::fs::canonicalize(&command).unwrap_or_else(|_| command.clone());
     let interpreter = script_interpreter(&canonical_cmd);
+    crate::timing::mark("plan: command");
 
     let Grants {
         mut read,
@@ -564,6 +565,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         list,
         skipped,
     } = grants_of(policy, req, &command, &canonical_cmd)?;
+    crate::timing::mark("plan: grants");
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
     // say so now, with the fix, instead of after a fork.
     let landlock_abi = crate::sys::landlock_abi();
@@ -606,6 +608,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     };
     let env = guest_env(policy, &req.extra_env);
     let exec = ExecImage::new(&command, &req.argv, &env)?;
+    crate::timing::mark("plan: checks, env, exec image");
 
     // Landlock.
     let deny_tcp =
@@ -635,11 +638,15 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         }
     };
 
+    crate::timing::mark("plan: landlock");
     // Seccomp: both programs, so the child can fall back without calling us.
     let watch_reads = req.learn
         || warn_files
         || (req.zygote && policy.zygote.reads_after_preload == Toggle::Deny);
-    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?;
+    let seccomp_notify = match policy::prebuilt::notify_program(policy, req.zygote, watch_reads) {
+        Some(program) => program,
+        None => bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?,
+    };
     // The fall-back program only where the listener may be refused: compiling it was ~0.05 ms
     // of every run on a host where it is never used.
     let seccomp_fallback = if crate::sys::user_notification_certain() {
@@ -660,6 +667,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             .map_or_else(Vec::new, bpf::self_pid_slots),
     );
 
+    crate::timing::mark("plan: seccomp");
     use nix::sys::resource::Resource;
     let l = &policy.limits;
     let wanted = [
