@@ -119,6 +119,8 @@ pub struct Zygote {
     stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
     pub ready: std::sync::OnceLock<Ready>,
+    /// What the zygote reported when its work after READY was done (SETTLED).
+    pub settled: std::sync::OnceLock<control::Settled>,
     /// Where its C library's `getpid` and `gettid` start (its sessions' too), found at the
     /// first session whose pinned pid the router answers; `None`: not found.
     pid_entries: std::sync::OnceLock<Option<crate::answers::guest_pid::Entries>>,

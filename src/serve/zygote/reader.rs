@@ -1,5 +1,5 @@
 //! The zygote's control reader: READY, FORKED and EXITED from the zygote, each handed to the
-//! session it concerns.
+//! session it concerns; SETTLED kept for STATUS.
 
 use super::*;
 
@@ -44,6 +44,9 @@ impl Zygote {
                     drop(pending);
                     self.registration_changed();
                     let _ = tx.send(reply);
+                }
+                Ok(Control::Settled(settled)) => {
+                    let _ = self.settled.set(settled);
                 }
                 Ok(Control::Exited(exited)) => {
                     let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&exited.pid) else {

@@ -127,6 +127,7 @@ impl Zygote {
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
+            settled: std::sync::OnceLock::new(),
             pid_entries: std::sync::OnceLock::new(),
         });
         {
