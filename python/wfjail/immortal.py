@@ -70,35 +70,67 @@ def immortalize() -> "Union[int, str]":
     """Mark every object the collector tracks, and the untracked objects reachable from them
     through untracked objects, immortal. Returns how many objects were marked, or, unmarked,
     why not. Call it after the last ``gc.collect()`` and before ``gc.freeze()``."""
-    why = unsupported()
-    if why is not None:
-        return why
-    import ctypes
+    marking = Marking.of(gc.get_objects())
+    if isinstance(marking, str):
+        return marking
+    while not marking.step(1 << 62):
+        pass
+    return marking.marked
 
-    value = IMMORTAL_REFCNT[sys.version_info[:2]]
-    code = type(unsupported.__code__)
-    # Memory as words from address 8 (ctypes refuses to index a NULL pointer): an object's
-    # refcount is words[address // 8 - 1]; one pointer, not a ctypes object per object.
-    words = ctypes.cast(ctypes.c_void_p(8), ctypes.POINTER(ctypes.c_ssize_t))
-    todo: "List[object]" = gc.get_objects()
-    seen: "Set[int]" = set()  # made after the list: not in it, so not marked (freed at return)
-    marked = 0
-    while todo:
-        obj = todo.pop()
-        address = id(obj)
-        if address in seen:
-            continue
-        seen.add(address)
-        if words[(address >> 3) - 1] != value:
-            words[(address >> 3) - 1] = value
-            marked += 1
-        refs = gc.get_referents(obj)
-        if type(obj) is code:
-            refs = [getattr(obj, name) for name in CODE_REFERENTS]
-        for ref in refs:
-            if not gc.is_tracked(ref) and id(ref) not in seen:
-                todo.append(ref)
-    return marked
+
+class Marking:
+    """The marking of ``objects`` (``gc.get_objects()``, taken before ``gc.freeze()``: it no
+    longer sees frozen objects) and of the untracked objects they reach, a ``step`` at a
+    time: the zygote marks its heap after READY, between the forks it serves. A child forked
+    before the marking ends has a heap marked in part: what is marked stays so in it (never
+    freed there), the rest is mortal (its pages are copied as it writes them, as with no
+    marking at all). A page the zygote marks after a fork is copied in the zygote; the
+    children keep the page they had."""
+
+    def __init__(self, objects: "List[object]") -> None:
+        import ctypes
+
+        self._value = IMMORTAL_REFCNT[sys.version_info[:2]]
+        self._code = type(unsupported.__code__)
+        # Memory as words from address 8 (ctypes refuses to index a NULL pointer): an
+        # object's refcount is words[address // 8 - 1]; one pointer, not a ctypes object per
+        # object.
+        self._words = ctypes.cast(ctypes.c_void_p(8), ctypes.POINTER(ctypes.c_ssize_t))
+        self._todo = list(objects)
+        # Made after the list: not in it, so not marked (freed at the end).
+        self._seen: "Set[int]" = set()
+        self.marked = 0
+
+    @classmethod
+    def of(cls, objects: "List[object]") -> "Union[Marking, str]":
+        """The marking of ``objects``, or why this interpreter's cannot be marked."""
+        why = unsupported()
+        return why if why is not None else cls(objects)
+
+    def step(self, budget: int) -> bool:
+        """Marks up to ``budget`` objects more; True once every one is."""
+        todo, seen, words, value, code = (self._todo, self._seen, self._words, self._value,
+                                          self._code)
+        while todo and budget > 0:
+            budget -= 1
+            obj = todo.pop()
+            address = id(obj)
+            if address in seen:
+                continue
+            seen.add(address)
+            if words[(address >> 3) - 1] != value:
+                words[(address >> 3) - 1] = value
+                self.marked += 1
+            refs = gc.get_referents(obj)
+            if type(obj) is code:
+                refs = [getattr(obj, name) for name in CODE_REFERENTS]
+            for ref in refs:
+                if not gc.is_tracked(ref) and id(ref) not in seen:
+                    todo.append(ref)
+        if todo:
+            return False
+        self._seen = set()
+        return True
 
 
 def wanted(environ: "Mapping[str, str]") -> bool:
