@@ -5,9 +5,9 @@ reference it takes increments the shared object's ``ob_refcnt``, and the kernel 
 whole 4 KiB page. An immortal object (its refcount's low 32 bits all set, on a 64-bit build)
 is skipped by ``Py_INCREF``/``Py_DECREF``, so its page stays shared. The zygote marks every
 object it holds (``gc.get_objects()`` and, through them, the untracked objects they refer
-to: strings, code, tuples of constants...) once, after preloading and its last
-``gc.collect()``, then freezes the collector: ``gc.get_objects()`` no longer sees frozen
-objects, so the walk comes first. Code objects are not GC types: their constants and names
+to: strings, code, tuples of constants...) once: the objects are listed after preloading and
+its last ``gc.collect()``, before it freezes the collector (``gc.get_objects()`` no longer
+sees frozen objects), and marked after READY, a ``Marking.step`` at a time between forks. Code objects are not GC types: their constants and names
 are reached through their attributes. docs/benchmarks.md, "Issue 20", has what it saves.
 
 What it costs: a marked object is never freed. The zygote keeps what it preloaded for its

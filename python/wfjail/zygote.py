@@ -3,10 +3,14 @@
     python -m wfjail.zygote --preload temporalio,my_workflows
 
 It imports what it is told to (and calls each ``module:function`` it is told to: a
-warm-up), makes the preloaded heap immortal on Python 3.12 and 3.13 (``wfjail.immortal``:
-children that take references to it do not write its pages) and freezes the garbage
-collector (so that children share the preloaded objects copy-on-write instead of touching
-them), says READY, and then serves one child per session on request. It keeps one child
+warm-up), freezes the garbage collector (so that children share the preloaded objects
+copy-on-write instead of touching them), says READY, and then serves one child per session
+on request. After READY, off the first session's path, it makes the preloaded heap immortal
+on Python 3.12 and 3.13 (``wfjail.immortal``: children that take references to it do not
+write its pages) and collapses it into huge pages (``wfjail.hugepages``), a slice at a time
+between the forks it serves, then says SETTLED: the children forked before have a heap
+marked in part (they copy more of its pages as they write them), those after the settled
+one. It keeps one child
 forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
 does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
@@ -24,11 +28,14 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
                                               "session_domain": 7, "control": 2,
-                                              "immortal": 205930 (objects) or why not,
+                                              "immortal": "after READY" or why not,
+                                              "hugepages": "after READY" or why not,
                                               "merging": "any" / "heap" / "off: why"
                                               (only when WFJAIL_MERGE_PAGES asks)}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
+                          SETTLED 0x35  JSON {"immortal": 205930 (objects) or why not,
+                                              "hugepages": KiB collapsed or why not}
 
 Pids are the zygote's own (it is PID 1 of its namespace); the supervisor maps them.
 
@@ -448,7 +455,8 @@ def _settle(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]"
     """The zygote's work after READY, a slice per step (a generator: ``_serve`` steps it
     while no FORK waits), returning SETTLED's document: the heap marked immortal
     (``wfjail.immortal``: objects marked, or why not), then collapsed into huge pages
-    (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do."""
+    (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do (SETTLED
+    then follows READY)."""
     if marking is None and collapsing is None:
         return None
     return _settling(marking, collapsing, immortal, huge)
@@ -578,6 +586,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     ctl.sendall(pack_control(READY, ready))
     if error:
         return 1
+    if settle is None:  # nothing to do after READY: settled already
+        ctl.sendall(pack_control(SETTLED, {"immortal": immortal, "hugepages": huge}))
     sys.stdout.flush()
     sys.stderr.flush()
 
