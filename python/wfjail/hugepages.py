@@ -94,20 +94,23 @@ def collapse(addresses: "Iterable[int]") -> "Union[int, str]":
 
 def collapsing(addresses: "Iterable[int]") -> "Generator[None, None, Union[int, str]]":
     """``collapse``, a range at a time: a generator that yields after each ``madvise`` and
-    returns what ``collapse`` does. Reads the THP setting at once (the zygote makes it
-    before READY, and steps it after: its ranges may be shared with children by then, which
+    returns what ``collapse`` does. Reads the THP setting at once, ``addresses`` at the first
+    step (the zygote makes it before READY, and steps it after: its ranges may be shared with children by then, which
     keep their 4 KiB pages while the zygote's become huge)."""
     try:
         with open(THP_ENABLED) as f:
             never = "[never]" in f.read()
     except OSError:
         never = False  # not readable here: madvise says
-    starts = huge_ranges(addresses)
-    return _collapsing(starts, never)
+    return _collapsing(addresses, never)
 
 
-def _collapsing(starts: "List[int]", never: bool,
+def _collapsing(addresses: "Iterable[int]", never: bool,
                 ) -> "Generator[None, None, Union[int, str]]":
+    # The ranges are found at the first step (after READY): the objects' addresses, a walk
+    # of them all (~20 ms on 3.12).
+    starts = huge_ranges(addresses)
+    yield
     if never:
         return "transparent huge pages are off here (%s: never)" % THP_ENABLED
     try:

@@ -28,7 +28,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Set, Union
+    from typing import List, Mapping, Optional, Set, Union
 
 # The environment variable that turns the marking off ("0"); anything else leaves it on.
 ENV = "WFJAIL_IMMORTAL"
@@ -96,8 +96,10 @@ class Marking:
         # object's refcount is words[address // 8 - 1]; one pointer, not a ctypes object per
         # object.
         self._words = ctypes.cast(ctypes.c_void_p(8), ctypes.POINTER(ctypes.c_ssize_t))
-        self._todo = list(objects)
-        # Made after the list: not in it, so not marked (freed at the end).
+        # Copied at the first step (after READY: a copy of ~130,000 references), the list
+        # being another's too (the zygote's collapse takes the objects' addresses).
+        self._objects: "Optional[List[object]]" = objects
+        self._todo: "List[object]" = []
         self._seen: "Set[int]" = set()
         self.marked = 0
 
@@ -109,6 +111,10 @@ class Marking:
 
     def step(self, budget: int) -> bool:
         """Marks up to ``budget`` objects more; True once every one is."""
+        if self._objects is not None:
+            # The copy is not in itself, so not marked (freed at the end).
+            self._todo, self._objects = list(self._objects), None
+            return False
         todo, seen, words, value, code = (self._todo, self._seen, self._words, self._value,
                                           self._code)
         while todo and budget > 0:
