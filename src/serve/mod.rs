@@ -503,9 +503,10 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             let _ = nix::unistd::write(&*w, &[i as u8]);
         })
     };
-    // Zygote 0 is started here: the server serves once it is ready. The others start after,
-    // on a thread of their own (`start_the_other_zygotes`), so that a server of N zygotes is
-    // ready as soon as one has preloaded, not N preloads later; sessions go to those ready.
+    // Zygote 0 is started here: the server serves once it is ready. The others start once it
+    // has settled, on a thread of their own (`start_the_other_zygotes`), so that a server of
+    // N zygotes is ready as soon as one has preloaded, not N preloads later; sessions go to
+    // those ready.
     let pool = match &opts.zygote {
         Some((cfg, count)) => {
             let z = Zygote::start(0, policy.clone(), cfg, on_death.clone())
@@ -730,6 +731,10 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
     Ok(status)
 }
 
+/// How long the other zygotes' start waits for zygote 0 to settle (one of an older package
+/// never says SETTLED; one with a heap of millions of objects takes seconds).
+const SETTLED_WAIT: Duration = Duration::from_secs(10);
+
 /// Says that zygote `z` is ready (`-v`), and, for the first, what its sessions run without.
 fn announce_zygote(z: &Zygote, echo: bool) {
     if !echo {
@@ -759,9 +764,11 @@ fn announce_zygote(z: &Zygote, echo: bool) {
     }
 }
 
-/// Starts zygotes 1.. of the pool, one after the other, on a thread that then lives as long
-/// as the server (a zygote's parent-death signal is tied to the thread that started it).
-/// One that cannot start is said and its slot left empty: the others serve.
+/// Starts zygotes 1.. of the pool, one after the other, once zygote 0 has settled (its heap
+/// marked and collapsed after its first sessions: SETTLED), so that neither competes with
+/// the first sessions for the CPUs; on a thread that then lives as long as the server (a
+/// zygote's parent-death signal is tied to the thread that started it). One that cannot
+/// start is said and its slot left empty: the others serve.
 fn start_the_other_zygotes(server: &Arc<Server>, on_death: &Arc<dyn Fn(usize) + Send + Sync>) {
     let Some(pool) = &server.pool else { return };
     let count = pool.zygotes.lock().unwrap().len();
@@ -773,6 +780,10 @@ fn start_the_other_zygotes(server: &Arc<Server>, on_death: &Arc<dyn Fn(usize) + 
         .name("wfjail-zygotes".into())
         .spawn(move || {
             let Some(pool) = &server.pool else { return };
+            let first = pool.zygotes.lock().unwrap().first().cloned().flatten();
+            if let Some(z) = first {
+                z.wait_settled(SETTLED_WAIT);
+            }
             for i in 1..count {
                 match Zygote::start(i, server.policy.clone(), &pool.config, on_death.clone()) {
                     Ok(z) => {

@@ -47,6 +47,7 @@ impl Zygote {
                 }
                 Ok(Control::Settled(settled)) => {
                     let _ = self.settled.set(settled);
+                    self.settling_changed();
                 }
                 Ok(Control::Exited(exited)) => {
                     let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&exited.pid) else {
@@ -66,6 +67,7 @@ impl Zygote {
         }
         // The zygote is gone: so are its children.
         self.alive.store(false, Ordering::SeqCst);
+        self.settling_changed();
         let status = sys::wait4(self.pid).map(|r| r.status).ok();
         let expected = self.stopping.load(Ordering::SeqCst) || self.ready.get().is_none();
         if !expected {

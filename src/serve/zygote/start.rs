@@ -128,6 +128,7 @@ impl Zygote {
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
             settled: std::sync::OnceLock::new(),
+            settling: Default::default(),
             pid_entries: std::sync::OnceLock::new(),
         });
         {
