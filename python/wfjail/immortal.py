@@ -28,7 +28,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Set, Union
+    from typing import List, Mapping, Optional, Union
 
 # The environment variable that turns the marking off ("0"); anything else leaves it on.
 ENV = "WFJAIL_IMMORTAL"
@@ -100,7 +100,6 @@ class Marking:
         # being another's too (the zygote's collapse takes the objects' addresses).
         self._objects: "Optional[List[object]]" = objects
         self._todo: "List[object]" = []
-        self._seen: "Set[int]" = set()
         self.marked = 0
 
     @classmethod
@@ -115,28 +114,26 @@ class Marking:
             # The copy is not in itself, so not marked (freed at the end).
             self._todo, self._objects = list(self._objects), None
             return False
-        todo, seen, words, value, code = (self._todo, self._seen, self._words, self._value,
-                                          self._code)
+        todo, words, value, code = self._todo, self._words, self._value, self._code
+        # An object whose refcount is the immortal value is marked (or was immortal already):
+        # it is not walked again. No set of the addresses seen: its ~130,000 integers, made
+        # after READY and freed at the end, left partly used pools in the heap the children
+        # share (they then wrote those pages as they allocated).
         while todo and budget > 0:
             budget -= 1
             obj = todo.pop()
-            address = id(obj)
-            if address in seen:
+            at = (id(obj) >> 3) - 1
+            if words[at] == value:
                 continue
-            seen.add(address)
-            if words[(address >> 3) - 1] != value:
-                words[(address >> 3) - 1] = value
-                self.marked += 1
+            words[at] = value
+            self.marked += 1
             refs = gc.get_referents(obj)
             if type(obj) is code:
                 refs = [getattr(obj, name) for name in CODE_REFERENTS]
             for ref in refs:
-                if not gc.is_tracked(ref) and id(ref) not in seen:
+                if not gc.is_tracked(ref) and words[(id(ref) >> 3) - 1] != value:
                     todo.append(ref)
-        if todo:
-            return False
-        self._seen = set()
-        return True
+        return not todo
 
 
 def wanted(environ: "Mapping[str, str]") -> bool:
