@@ -115,6 +115,21 @@ print(json.dumps({
 
         child.warm_runs(2)  # raises if an activation of the warm-up workflow failed
 
+    def test_the_code_a_run_writes_is_relocated_and_its_originals_kept(self):
+        # The named classes' code and what a run writes are copies made together; the
+        # originals stay alive (freed, their holes were filled by each child's allocations).
+        out = _python("""
+import types, direct_workflows as d
+from wfjail.temporal import child
+orig = d.Direct.run.__code__
+activate = child._build.__code__
+child.warm_up(['direct_workflows:Direct'])
+print(d.Direct.run.__code__ is not orig, d.Direct.run.__code__.co_qualname == orig.co_qualname,
+      any(c is orig for c in child._relocated_originals),
+      child._build.__code__ is not activate)
+""")
+        self.assertEqual(out, "True True True True")
+
     def test_the_warm_up_leaves_no_loop_task_instance_handler_record_or_counter(self):
         for env in ({"WFJAIL_TEMPORAL_WARM": "direct_workflows:Direct"},
                     {"WFJAIL_TEMPORAL_WARM": ""}):

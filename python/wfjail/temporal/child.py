@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import logging
 import os
 import struct
 import sys
+import types
 import warnings
 from typing import Any, Callable
 
@@ -284,9 +286,12 @@ def warm_up(paths: list[str]) -> None:
     wfjail's own workflow (``_WarmUp``, never the user's) through the SDK's common
     activations (``warm_runs``)."""
     info = _warm_info()
+    classes = []
     for path in paths:
         try:
-            made = recipe(_warm_details(load(path), info), [])
+            cls = load(path)
+            classes.append(cls)
+            made = recipe(_warm_details(cls, info), [])
             for _ in range(3):
                 # Closed here: a loop left to the garbage collector would be closed after the
                 # zygote has closed the descriptors it does not keep (its self-pipe among
@@ -296,8 +301,102 @@ def warm_up(paths: list[str]) -> None:
             pass
     try:
         warm_runs(_WARM_RUNS)
+        # What a run still writes of the code it runs (counters of instructions that did not
+        # specialise, and the like), and the workflows' own code (not run here): copies
+        # made one after another, so that a child's writes to them land on fewer pages.
+        written, ran = _written_code(lambda: warm_runs(1))
+        for cls in classes:
+            written.update(id(c) for c in _code_of(vars(cls).values()))
+        _relocate_code(written, ran)
+        del ran  # (the originals it held)
+        warm_runs(_WARM_RUNS)  # the copies quickened and specialised in their turn
     except Exception:  # noqa: BLE001  (as above)
         pass
+
+
+def _code_of(objects: Any) -> list[types.CodeType]:
+    """The code objects of the functions among ``objects`` (also static and class methods
+    and properties' accessors), and those nested in them (in their constants)."""
+    found: dict[int, types.CodeType] = {}
+    stack: list[types.CodeType] = []
+    for obj in objects:
+        for fn in ((obj.fget, obj.fset, obj.fdel) if isinstance(obj, property)
+                   else (getattr(obj, "__func__", obj),)):
+            code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+            if code is not None and id(code) not in found:
+                found[id(code)] = code
+                stack.append(code)
+    while stack:
+        for const in stack.pop().co_consts:
+            if isinstance(const, types.CodeType) and id(const) not in found:
+                found[id(const)] = const
+                stack.append(const)
+    return list(found.values())
+
+
+def _written_code(run: Callable[[], None]) -> tuple[set[int], dict[int, types.CodeType]]:
+    """The ids of the code objects whose bytecode (the specialising interpreter's inline
+    caches and counters, CPython 3.11+) a third ``run`` writes, and the code objects the
+    first one ran (a profile hook sees them)."""
+    ran: dict[int, types.CodeType] = {}
+
+    def seen(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            ran[id(frame.f_code)] = frame.f_code
+
+    adaptive = getattr(types.CodeType, "_co_code_adaptive", None)
+    if adaptive is None:  # (not CPython 3.11+: nothing to find)
+        return set(), ran
+    previous = sys.getprofile()
+    sys.setprofile(seen)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    run()  # (3.12+ takes the profile hook's instrumentation out of the code as it runs it)
+    before = {i: bytes(adaptive.__get__(c)) for i, c in ran.items()}
+    run()
+    return {i for i, c in ran.items() if bytes(adaptive.__get__(c)) != before[i]}, ran
+
+
+def _relocate_code(ids: set[int], ran: dict[int, types.CodeType]) -> int:
+    """Gives every function whose code object is in ``ids`` (or, among the code that ``ran``,
+    holds one in its constants, as a function that defines a closure does) a copy of it,
+    the copies made one after another while the originals are still alive (else each copy
+    took its original's place), so that they lie together. The number of functions
+    changed."""
+    copies: dict[int, types.CodeType] = {}
+    needs: dict[int, bool] = {}
+
+    def needed(code: types.CodeType) -> bool:
+        if id(code) not in needs:
+            needs[id(code)] = False  # (a cycle of constants cannot be, but ends here)
+            needs[id(code)] = id(code) in ids or (id(code) in ran and any(
+                isinstance(k, types.CodeType) and needed(k) for k in code.co_consts))
+        return needs[id(code)]
+
+    def copy(code: types.CodeType) -> types.CodeType:
+        if id(code) not in copies:
+            copies[id(code)] = code.replace(co_consts=tuple(
+                copy(k) if isinstance(k, types.CodeType) and needed(k) else k
+                for k in code.co_consts))
+        return copies[id(code)]
+
+    functions = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)
+                 and (id(f.__code__) in ids or id(f.__code__) in ran) and needed(f.__code__)]
+    originals = [f.__code__ for f in functions]
+    made = [copy(c) for c in originals]
+    for fn, code in zip(functions, made):
+        fn.__code__ = code
+    # The originals kept for the process's life: freed, they left holes in the zygote's pools
+    # and heap pages that each child's own allocations then filled, writing those pages.
+    _relocated_originals.extend(originals)
+    _relocated_originals.extend(c for i, c in ran.items() if i in copies)
+    return len(functions)
+
+
+# The code objects ``_relocate_code`` replaced (see there).
+_relocated_originals: list[types.CodeType] = []
 
 
 # How many times the zygote drives its warm-up workflow through a whole run: CPython 3.11's
