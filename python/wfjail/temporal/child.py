@@ -307,6 +307,7 @@ def warm_up(paths: list[str]) -> None:
         written, ran = _written_code(lambda: warm_runs(1))
         for cls in classes:
             written.update(id(c) for c in _code_of(vars(cls).values()))
+        written.update(id(c) for c in _code_of(_wfjail_functions()))
         _relocate_code(written, ran)
         del ran  # (the originals it held)
         warm_runs(_WARM_RUNS)  # the copies quickened and specialised in their turn
@@ -332,6 +333,28 @@ def _code_of(objects: Any) -> list[types.CodeType]:
                 found[id(const)] = const
                 stack.append(const)
     return list(found.values())
+
+
+def _wfjail_functions() -> list[Any]:
+    """The functions and classes' methods of wfjail's modules (the zygote's own among them,
+    run as ``__main__``): what a session child runs around the workflow's activations."""
+    from .. import guest as _guest, protocol  # noqa: F401  (the children's; loaded here first)
+
+    found: list[Any] = []
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    modules = [m for name, m in list(sys.modules.items())
+               if name == "wfjail" or name.startswith("wfjail.")]
+    if main is not None and getattr(spec, "name", None) == "wfjail.zygote":
+        modules.append(main)
+    for module in modules:
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) != module.__name__:
+                continue
+            found.append(value)
+            if isinstance(value, type):
+                found.extend(vars(value).values())
+    return found
 
 
 def _written_code(run: Callable[[], None]) -> tuple[set[int], dict[int, types.CodeType]]:
