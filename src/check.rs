@@ -484,6 +484,15 @@ fn merging_row(host: &crate::merging::Host) -> Row {
         format!("; {}", host.prctl)
     };
     let (detail, enable) = match (host.present, host.run) {
+        (true, Some(1)) if host.prctl != "yes" => (
+            format!(
+                "the host merges, but {}",
+                host.prctl.trim_start_matches("no: ")
+            ),
+            Some(
+                "Linux 6.4+ (PR_SET_MEMORY_MERGE); docs/temporal.md, \"Same-page merging\"".into(),
+            ),
+        ),
         (true, Some(1)) => (
             format!(
                 "the host merges: {}; {} pages shared by {} mappings now{prctl}",
@@ -515,7 +524,8 @@ fn merging_row(host: &crate::merging::Host) -> Row {
     };
     Row {
         layer: "page-merging",
-        available: host.merges(),
+        // What `--merge-pages` needs: a host that merges, and the prctl that opts a zygote in.
+        available: host.merges() && host.prctl == "yes",
         required: false,
         used: false,
         detail,

@@ -1,10 +1,13 @@
 //! Same-page merging (the kernel's KSM) for the zygote family: what the host does
 //! (`/sys/kernel/mm/ksm`, a host-wide setting only root changes), what a process opted into
 //! (`/proc/PID/ksm_stat`), and the line `wfjail serve --merge-pages` writes in the operator
-//! log for each zygote it starts. The opt-in itself is the zygote's
-//! (`python/wfjail/merging.py`: `prctl(PR_SET_MEMORY_MERGE, 1)` after its preload, inherited
-//! by every child it forks); `wfjail serve` itself is never opted in. docs/temporal.md,
-//! "Same-page merging", is the operator's side.
+//! log for each zygote it starts. The opt-in is the server's, never the guest's: the zygote's
+//! pre-exec child calls `prctl(PR_SET_MEMORY_MERGE, 1)` before its filter is installed
+//! (`confine::apply`), the exec keeps it and every child the zygote forks inherits it; every
+//! policy's filter refuses that call, and `madvise(MADV_MERGEABLE)`, to the guest itself
+//! (`policy::syscalls::ArgRule::PrctlNoMergeOptIn`). The zygote only says what the kernel
+//! tells it (`python/wfjail/merging.py`: `PR_GET_MEMORY_MERGE`); `wfjail serve` itself is
+//! never opted in. docs/temporal.md, "Same-page merging", is the operator's side.
 
 use std::path::Path;
 
@@ -50,8 +53,8 @@ impl Host {
         let prctl = match crate::sys::memory_merge() {
             Ok(_) => "yes".to_string(),
             Err(nix::errno::Errno::EINVAL) => {
-                "no: PR_SET_MEMORY_MERGE is not in this kernel (Linux 6.4+); the zygote falls \
-                 back to madvise(MADV_MERGEABLE) on its heap"
+                "no: PR_SET_MEMORY_MERGE is not in this kernel (Linux 6.4+, with KSM): `serve \
+                 --merge-pages` stays off here"
                     .to_string()
             }
             Err(e) => format!("no: PR_GET_MEMORY_MERGE refused ({e}): a seccomp profile?"),
@@ -197,15 +200,56 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// What the zygote's start knows of its opt-in, for [`notice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptIn {
+    /// `--merge-pages` was not given (the zygote was asked by its policy's `[env]` only).
+    NotAsked,
+    /// The pre-exec child's `prctl(PR_SET_MEMORY_MERGE, 1)` returned 0.
+    Set,
+    /// It failed with this errno (`confine::records::Step::MemoryMerge`).
+    Refused(nix::errno::Errno),
+}
+
 /// The operator's line for a zygote started with `--merge-pages`: whether its family is
-/// merged, and if not, why (`took`: what its READY said, `"any"`, `"heap ..."` or
-/// `"off: why"`; `stat`: its `/proc/PID/ksm_stat`). `(on, text)`.
-pub fn notice(took: Option<&str>, stat: Option<&ProcessKsm>, host: &Host) -> (bool, String) {
-    let mode = match took {
+/// merged, and if not, why (`opt_in`: what its pre-exec child did; `took`: what its READY
+/// said, `"any"` or `"off: why"`; `stat`: its `/proc/PID/ksm_stat`). `(on, text)`.
+pub fn notice(
+    opt_in: OptIn,
+    took: Option<&str>,
+    stat: Option<&ProcessKsm>,
+    host: &Host,
+) -> (bool, String) {
+    match opt_in {
+        OptIn::NotAsked => {
+            return (
+                false,
+                "off: only `wfjail serve --merge-pages` opts a zygote in (WFJAIL_MERGE_PAGES in \
+                 the policy's [env] does not)"
+                    .into(),
+            );
+        }
+        OptIn::Refused(e) => {
+            let why = match e {
+                nix::errno::Errno::EINVAL => {
+                    "a kernel without it: Linux 6.4+ built with CONFIG_KSM".to_string()
+                }
+                e => format!("{e}: a seccomp profile or LSM refusing it?"),
+            };
+            return (
+                false,
+                format!(
+                    "off: prctl(PR_SET_MEMORY_MERGE, 1) before the zygote's exec failed ({why})"
+                ),
+            );
+        }
+        OptIn::Set => {}
+    }
+    match took {
         None => {
             return (
                 false,
-                "off: the zygote did not say whether it opted in (is its `wfjail` Python \
+                "off: the zygote did not say whether it is opted in (is its `wfjail` Python \
                  package older than this wfjail?)"
                     .into(),
             );
@@ -213,37 +257,31 @@ pub fn notice(took: Option<&str>, stat: Option<&ProcessKsm>, host: &Host) -> (bo
         Some(t) if t.starts_with("off") => {
             // The zygote's words (it ran the preload): one line, bounded, in the log.
             let why = one_line(t.trim_start_matches("off").trim_start_matches(':').trim());
-            return (false, format!("off: the zygote could not opt in ({why})"));
+            return (
+                false,
+                format!("off: the zygote is not opted in after its exec ({why})"),
+            );
         }
-        // Only the modes the zygote has: anything else is its word, not the kernel's.
-        Some(t) if t != "any" && !t.starts_with("heap") => {
+        Some("any") => {}
+        // Only what the zygote says: anything else is its word, not the kernel's.
+        Some(_) => {
             return (
                 false,
                 "off: the zygote answered an unknown merging mode".into(),
             );
         }
-        Some(t) => one_line(t),
-    };
+    }
     // The zygote's word checked against the kernel's, where the kernel shows it.
-    let (field, shown) = if mode == "any" {
-        ("ksm_merge_any", stat.and_then(|s| s.merge_any))
-    } else {
-        ("ksm_mergeable", stat.and_then(|s| s.mergeable))
-    };
-    if shown == Some(false) {
+    if stat.and_then(|s| s.merge_any) == Some(false) {
         return (
             false,
-            format!(
-                "off: the zygote said it opted in ({mode}) but its /proc/PID/ksm_stat says \
-                 {field}: no"
-            ),
+            "off: the zygote said it is opted in but its /proc/PID/ksm_stat says \
+             ksm_merge_any: no"
+                .into(),
         );
     }
-    let what = if mode == "any" {
-        "the zygote and its session children opted in (merge-any)".to_string()
-    } else {
-        format!("the zygote's heap opted in, and its children's copies of it ({mode})")
-    };
+    let what = "the zygote and its session children opted in (merge-any, set by wfjail serve \
+                before the zygote's exec)";
     match host.why_not() {
         Some(why) => (
             false,
@@ -321,26 +359,41 @@ mod tests {
             mergeable: Some(true),
             merging_pages: Some(0),
         };
-        let (ok, text) = notice(Some("any"), Some(&any), &on);
+        let set = OptIn::Set;
+        let (ok, text) = notice(set, Some("any"), Some(&any), &on);
         assert!(
             ok && text.starts_with("on: ") && text.contains("5000 pages/s"),
             "{text}"
         );
-        let (ok, text) = notice(Some("any"), Some(&any), &off);
+        let (ok, text) = notice(set, Some("any"), Some(&any), &off);
         assert!(!ok && text.contains("run = 0"), "{text}");
-        let (ok, text) = notice(Some("off: prctl(PR_SET_MEMORY_MERGE): EPERM"), None, &on);
-        assert!(!ok && text.contains("could not opt in (prctl"), "{text}");
+        let einval = OptIn::Refused(nix::errno::Errno::EINVAL);
+        let (ok, text) = notice(einval, Some("any"), Some(&any), &on);
+        assert!(!ok && text.contains("Linux 6.4+"), "{text}");
+        let (ok, text) = notice(OptIn::NotAsked, Some("any"), Some(&any), &on);
+        assert!(
+            !ok && text.contains("only `wfjail serve --merge-pages`"),
+            "{text}"
+        );
+        let said = "off: PR_GET_MEMORY_MERGE answered 0";
+        let (ok, text) = notice(set, Some(said), None, &on);
+        assert!(
+            !ok && text.contains("not opted in after its exec (PR_GET"),
+            "{text}"
+        );
         let not = ProcessKsm {
             merge_any: Some(false),
             ..any.clone()
         };
-        let (ok, text) = notice(Some("any"), Some(&not), &on);
+        let (ok, text) = notice(set, Some("any"), Some(&not), &on);
         assert!(!ok && text.contains("ksm_merge_any: no"), "{text}");
-        let (ok, text) = notice(None, None, &on);
+        let (ok, text) = notice(set, None, None, &on);
         assert!(!ok && text.contains("did not say"), "{text}");
-        let (ok, text) = notice(Some("off: a\nwfjail: forged"), None, &on);
+        let (ok, text) = notice(set, Some("off: a\nwfjail: forged"), None, &on);
         assert!(!ok && !text.contains('\n'), "{text}");
-        let (ok, text) = notice(Some("all\nof it"), Some(&any), &on);
-        assert!(!ok && text.contains("unknown merging mode"), "{text}");
+        for other in ["all\nof it", "heap"] {
+            let (ok, text) = notice(set, Some(other), Some(&any), &on);
+            assert!(!ok && text.contains("unknown merging mode"), "{text}");
+        }
     }
 }

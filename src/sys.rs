@@ -639,6 +639,14 @@ pub fn under_no_seccomp_filter() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) == 0 }
 }
 
+/// Child-safe. `prctl(PR_SET_MEMORY_MERGE, 1)` (Linux 6.4+, 67): opts the calling process
+/// into same-page merging as a whole; a fork inherits it and an exec keeps it (kernels with
+/// "mm/ksm: support fork/exec for prctl"). EINVAL: a kernel without the prctl or without KSM.
+pub fn set_memory_merge() -> SysResult<()> {
+    // SAFETY: PR_SET_MEMORY_MERGE takes no pointer; it marks the calling process's own mappings.
+    check_int(unsafe { libc::prctl(67, 1, 0, 0, 0) }).map(drop)
+}
+
 /// `prctl(PR_GET_MEMORY_MERGE)` (Linux 6.4+, 68): whether this process is opted into
 /// same-page merging as a whole. EINVAL: a kernel without the prctl (before 6.4, or without
 /// KSM); another error: a seccomp profile's refusal. Only reads.

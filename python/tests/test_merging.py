@@ -1,8 +1,10 @@
-"""wfjail.merging: the zygote opting itself (and what it forks) into same-page merging; on
-this kernel, for real, in forked children (the test process stays as it was). A kernel before
-6.4 fails the merge-any case: the zygote then falls back to its heap."""
+"""wfjail.merging: what the zygote says of its opt-in to same-page merging, on this kernel, for
+real, in forked children (the test process stays as it was). The opt-in is the server's
+(``prctl(PR_SET_MEMORY_MERGE, 1)`` before the zygote's exec): here a child makes it the same
+way and the exec keeps it. A kernel before 6.4 fails the cases that opt in."""
 
-import gc
+import ctypes
+import subprocess
 import json
 import os
 import sys
@@ -41,27 +43,44 @@ def _in_child(fn):
     return json.loads(doc)
 
 
+def _opt_in():
+    """What the server does before the zygote's exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(67, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                  ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_MEMORY_MERGE, 1)")
+
+
 class Merging(unittest.TestCase):
-    def test_only_any_and_heap_are_asked_for(self):
+    def test_only_any_is_asked_for(self):
         self.assertEqual(merging.wanted({}), "")
         self.assertEqual(merging.wanted({merging.ENV: "0"}), "")
         self.assertEqual(merging.wanted({merging.ENV: "any"}), "any")
-        self.assertTrue(merging.opt_in("some", []).startswith("off: "))
+        self.assertTrue(merging.status("some").startswith("off: "))
+        self.assertIn("gone", merging.status("heap"))
 
-    def test_any_opts_the_process_and_its_forks_in(self):
-        def run():
-            took = merging.opt_in("any", [])
-            # A fork inherits it.
-            child = _in_child(lambda: _ksm_stat()["ksm_merge_any"])
-            return {"took": took, "self": _ksm_stat()["ksm_merge_any"], "child": child}
-        self.assertEqual(_in_child(run), {"took": "any", "self": "yes", "child": "yes"})
+    def test_a_process_not_opted_in_says_off(self):
+        self.assertEqual(_in_child(lambda: merging.status("any")),
+                         merging.status("any"))
+        self.assertTrue(_in_child(lambda: merging.status("any")).startswith(
+            "off: PR_GET_MEMORY_MERGE answered 0"))
 
-    def test_heap_marks_the_heaps_mappings_only(self):
+    def test_an_opt_in_before_exec_is_kept_by_the_exec_and_inherited_by_forks(self):
         def run():
-            took = merging.opt_in("heap", (id(o) for o in gc.get_objects()))
-            s = _ksm_stat()
-            return {"took": took, "any": s["ksm_merge_any"], "mergeable": s["ksm_mergeable"]}
-        self.assertEqual(_in_child(run), {"took": "heap", "any": "no", "mergeable": "yes"})
+            _opt_in()
+            probe = ("import json, os, sys; sys.path.insert(0, %r); "
+                     "from wfjail import merging; "
+                     "r, w = os.pipe(); pid = os.fork()\n"
+                     "if pid == 0: os.write(w, merging.status('any').encode()); os._exit(0)\n"
+                     "os.close(w); child = os.read(r, 4096).decode(); os.waitpid(pid, 0); "
+                     "stat = dict(l.split(None, 1) for l in open('/proc/self/ksm_stat')); "
+                     "print(json.dumps({'self': merging.status('any'), 'child': child, "
+                     "'ksm': stat['ksm_merge_any:'].strip()}))"
+                     % os.path.dirname(os.path.dirname(os.path.abspath(merging.__file__))))
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                 check=True).stdout
+            return json.loads(out)
+        self.assertEqual(_in_child(run), {"self": "any", "child": "any", "ksm": "yes"})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
                                               "session_domain": 7, "control": 2,
                                               "immortal": "after READY" or why not,
                                               "hugepages": "after READY" or why not,
-                                              "merging": "any" / "heap" / "off: why"
+                                              "merging": "any" / "off: why"
                                               (only when WFJAIL_MERGE_PAGES asks)}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
@@ -564,12 +564,12 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     del objects
     settle = _settle(marking, collapsing, immortal, huge)
     # Same-page merging for this zygote and its children, when the server asks
-    # (wfjail.merging): the mode that took, or why none did. The server says whether the host
-    # merges.
+    # (wfjail.merging): the server opted this process in before its exec; what the kernel
+    # says of it, or why it is off. The server says whether the host merges.
     merge_mode = merging.wanted(os.environ)
     merged: "Optional[str]" = None
     if merge_mode:
-        merged = merging.opt_in(merge_mode, (id(o) for o in gc.get_objects()))
+        merged = merging.status(merge_mode)
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])

@@ -214,6 +214,9 @@ pub struct Plan {
     /// `wfjail learn`: the grants of the policy as written (before everything was made
     /// readable for the learning run), read and write.
     pub base_grants: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
+    /// `serve --merge-pages`: the child opts into same-page merging before its exec (a
+    /// zygote's; set by its start, never by a policy).
+    pub merge_pages: bool,
     /// Arguments of the command that name files the guest may not read (a script given to
     /// an interpreter outside the grants): named in the report if the guest fails.
     pub unreadable_args: Vec<PathBuf>,
@@ -746,6 +749,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         write,
         list,
         skipped,
+        merge_pages: false,
         unreadable_args,
         warn_files,
         base_grants,

@@ -59,8 +59,9 @@ pub struct Ready {
     pub control: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Same-page merging, when `--merge-pages` asked: the mode that took (`any`, `heap ...`)
-    /// or `off: why` (`crate::merging::notice`).
+    /// Same-page merging, when `--merge-pages` asked: `any` when the kernel says the zygote
+    /// is opted in (`PR_GET_MEMORY_MERGE`; the server opted it in before its exec), or
+    /// `off: why` (`crate::merging::notice`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merging: Option<String>,
 }

@@ -60,6 +60,7 @@ mod run {
     mod hostile;
     mod isolation;
     mod notification_budget;
+    mod page_merging;
     mod violations;
 }
 mod serve {

@@ -277,7 +277,10 @@ fn check_reports_every_layer() {
             .iter()
             .find(|row| row["layer"] == "page-merging")
             .unwrap();
-        o.check(row["available"] == (run.trim() == "1"), "page-merging row");
+        o.check(
+            row["available"] == (run.trim() == "1" && m["prctl"] == "yes"),
+            "page-merging row",
+        );
     }
     let t = wfjail(&["check", "-p", "strict"]);
     t.check(
