@@ -97,6 +97,11 @@ SPARE_IDLE = 0.001
 SETTLE_IDLE = 0.05
 SETTLE_AFTER = 1.0
 SETTLE_FORKS = 16
+# The environment variable naming the preload list's warm-ups ("module:function") that the
+# zygote runs after READY, before its marking, instead of before READY (the runner's own,
+# wfjail.temporal.server): off the first session's path; the runs forked before it are
+# correct, only less warmed (they copy more pages).
+LATE_ENV = "WFJAIL_ZYGOTE_LATE"
 # Objects marked per slice (a few ms), between two looks at the control socket.
 MARK_SLICE = 2000
 # The largest control packet the zygote takes (a FORK's JSON, its init value included).
@@ -451,20 +456,40 @@ def _kept_open(device: int) -> "Optional[str]":
 
 def _settle(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
             immortal: "Union[int, str]", huge: "Union[int, str]",
+            late: "Optional[List[Tuple[str, Callable[[], Any]]]]" = None,
+            objects: "Optional[List[object]]" = None,
             ) -> "Optional[Generator[None, None, Dict[str, Union[int, str]]]]":
     """The zygote's work after READY, a slice per step (a generator: ``_serve`` steps it
     while no FORK waits), returning SETTLED's document: the heap marked immortal
     (``wfjail.immortal``: objects marked, or why not), then collapsed into huge pages
     (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do (SETTLED
-    then follows READY)."""
-    if marking is None and collapsing is None:
+    then follows READY). First, the warm-ups deferred to it (``late``, LATE_ENV): each
+    called once (one that raises is said on stderr, the zygote serves on), what they made
+    collected, added to ``objects`` (the list the marking and the collapse take) and frozen."""
+    if marking is None and collapsing is None and not late:
         return None
-    return _settling(marking, collapsing, immortal, huge)
+    return _settling(marking, collapsing, immortal, huge, late or [], objects)
 
 
 def _settling(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
               immortal: "Union[int, str]", huge: "Union[int, str]",
+              late: "List[Tuple[str, Callable[[], Any]]]",
+              objects: "Optional[List[object]]",
               ) -> "Generator[None, None, Dict[str, Union[int, str]]]":
+    for name, warm in late:
+        try:
+            warm()
+        except Exception:  # warming is an optimisation: the sessions run without it
+            import traceback
+            print("wfjail.zygote: the warm-up %s after READY failed:" % name, file=sys.stderr)
+            traceback.print_exc()
+        yield
+    if late:
+        gc.collect()
+        if objects is not None:
+            objects.extend(gc.get_objects())
+        gc.freeze()
+        yield
     if marking is not None:
         while not marking.step(MARK_SLICE):
             yield
@@ -514,9 +539,15 @@ def main(argv: "Optional[List[str]]" = None) -> int:
 
     scratch = _use_scratch()
     preloaded, error = [], None
+    # Warm-ups named in LATE_ENV run after READY (``_settling``), before the marking: their
+    # module is imported here (an import that fails fails the start), their call is not.
+    late_names = set(filter(None, os.environ.get(LATE_ENV, "").split(",")))
+    late: "List[Tuple[str, Callable[[], Any]]]" = []
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
-            if ":" in name:
+            if name in late_names:
+                late.append((name, _resolve(name)))
+            elif ":" in name:
                 _resolve(name)()  # "module:function": imported, then called (a warm-up)
             else:
                 importlib.import_module(name)
@@ -561,8 +592,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
         collapsing, huge = hugepages.collapsing(id(o) for o in objects), "after READY"
+    settle = _settle(marking, collapsing, immortal, huge, late, objects)
     del objects
-    settle = _settle(marking, collapsing, immortal, huge)
     # Same-page merging for this zygote and its children, when the server asks
     # (wfjail.merging): the server opted this process in before its exec; what the kernel
     # says of it, or why it is off. The server says whether the host merges.

@@ -25,6 +25,7 @@ from typing import IO, Any, Callable, Sequence
 from ..client import Client, Session
 from ..errors import ProtocolError
 from . import main_script, oplog, reads
+from ..zygote import LATE_ENV
 from .child import WARM_ENV, WARM_UP
 from .stack import escape
 
@@ -450,7 +451,9 @@ def policy_file(tmp: str, policy: str, classes: Sequence[str], preload: Sequence
     working directory whole, with the keys, ``.env`` and logs kept there. Its environment
     names the workflow ``classes`` for the zygote's warm-up."""
     path = reads.import_path()
-    env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes)}
+    # The warm-up runs after the zygote's READY (off the first workflow's path), before it
+    # marks its heap (wfjail.zygote, LATE_ENV).
+    env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes), LATE_ENV: WARM_UP}
     script = main_script.main_file()
     if script:  # classes defined in the worker's script are imported from it
         env[main_script.MAIN_ENV] = script
