@@ -98,9 +98,11 @@ SETTLE_IDLE = 0.05
 SETTLE_AFTER = 1.0
 SETTLE_FORKS = 16
 # The environment variable naming the preload list's warm-ups ("module:function") that the
-# zygote runs after READY, before its marking, instead of before READY (the runner's own,
-# wfjail.temporal.server): off the first session's path; the runs forked before it are
-# correct, only less warmed (they copy more pages).
+# zygote runs after READY, before its marking, instead of before READY: off the first
+# session's path; the runs forked before it are correct, only less warmed (they copy more
+# pages). The runner names its own when the worker's environment has WFJAIL_ZYGOTE_LATE=1
+# (wfjail.temporal.server): measured, its children then fault more per workflow than with
+# the warm-up before READY (docs/benchmarks.md, "Issue 29: cold start").
 LATE_ENV = "WFJAIL_ZYGOTE_LATE"
 # Objects marked per slice (a few ms), between two looks at the control socket.
 MARK_SLICE = 2000

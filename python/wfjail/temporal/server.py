@@ -451,9 +451,12 @@ def policy_file(tmp: str, policy: str, classes: Sequence[str], preload: Sequence
     working directory whole, with the keys, ``.env`` and logs kept there. Its environment
     names the workflow ``classes`` for the zygote's warm-up."""
     path = reads.import_path()
-    # The warm-up runs after the zygote's READY (off the first workflow's path), before it
-    # marks its heap (wfjail.zygote, LATE_ENV).
-    env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes), LATE_ENV: WARM_UP}
+    env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes)}
+    if os.environ.get(LATE_ENV) == "1":
+        # The warm-up after the zygote's READY, before its marking (wfjail.zygote, LATE_ENV):
+        # off the first workflow's path (~0.07 s), at a price per workflow (docs/benchmarks.md,
+        # "Issue 29: cold start"): off unless the worker's environment asks.
+        env[LATE_ENV] = WARM_UP
     script = main_script.main_file()
     if script:  # classes defined in the worker's script are imported from it
         env[main_script.MAIN_ENV] = script
