@@ -129,8 +129,6 @@ impl Zygote {
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
-            settled: std::sync::OnceLock::new(),
-            settling: Default::default(),
             pid_entries: std::sync::OnceLock::new(),
         });
         {
