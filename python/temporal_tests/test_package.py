@@ -1,12 +1,17 @@
 """The ``wfjail.temporal`` package itself, no server needed: the SDK version check, no work at
-import time, one command-type table for the contexts, the failure hints.
+import time, one command-type table for the contexts, the failure hints, parsing sources
+on threads.
 
     target/test-venv/bin/python -m unittest discover -s python/temporal_tests -p test_package.py
 """
 
+import ast
+import gc
 import os
 import subprocess
 import sys
+import threading
+import time
 import unittest
 from unittest import mock
 
@@ -17,7 +22,7 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 
 from test_worker_trust import FakeSession, _activation, _det, _empty_commands
 from wfjail.errors import ProtocolError
-from wfjail.temporal import JailedWorkflowRunner, UntestedTemporalio, contexts, relays, sdk
+from wfjail.temporal import JailedWorkflowRunner, UntestedTemporalio, contexts, relays, sdk, source
 from wfjail.temporal import worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -201,3 +206,55 @@ class FailureHintTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# A module of 1,500 small functions: converting its tree takes long enough for another
+# thread to convert one in the middle.
+_MANY_DEFS = "\n".join(
+    "def f%d(a, b=[1, 2, {'k': (3, 4)}]):\n    return [x * a for x in b if x] + [f%d]" % (i, i)
+    for i in range(1500))
+
+
+def _parse_on_threads(parse, threads=4, each=3):
+    """The SystemErrors of ``parse(_MANY_DEFS, path)`` run ``each`` times on each of
+    ``threads`` threads, while a gc callback releases the GIL (as a finalizer may)."""
+    errors = []
+
+    def go():
+        for _ in range(each):
+            try:
+                parse(_MANY_DEFS, "many_defs.py")
+            except SystemError as e:
+                errors.append(e)
+
+    def switch(*_):
+        time.sleep(0)
+
+    gc.callbacks.append(switch)
+    try:
+        running = [threading.Thread(target=go) for _ in range(threads)]
+        for t in running:
+            t.start()
+        for t in running:
+            t.join()
+    finally:
+        gc.callbacks.remove(switch)
+    return errors
+
+
+class ParseOnThreadsTests(unittest.TestCase):
+    """The runner parses the worker's sources (reads, main_script) on its start thread while
+    other threads run: on 3.11 two threads converting ASTs at once failed a worker's start
+    with 'AST constructor recursion depth mismatch' (Temporal's SDK suite)."""
+
+    def test_the_harness_shows_the_interpreter_fault_on_3_11(self):
+        if sys.version_info >= (3, 12):
+            self.skipTest("3.12 counts the AST recursion per call: nothing to show")
+        errors = _parse_on_threads(ast.parse)
+        self.assertTrue(errors and "recursion depth mismatch" in str(errors[0]), errors)
+
+    def test_wfjail_parses_take_turns(self):
+        self.assertEqual(_parse_on_threads(source.parse), [])
+        tree = source.parse(_MANY_DEFS, "many_defs.py")
+        self.assertEqual(len(tree.body), 1500)
+        self.assertEqual(source.literal_eval("'/a b/c'"), "/a b/c")

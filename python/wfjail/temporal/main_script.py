@@ -13,6 +13,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from . import source
+
 # The module name the worker's script is imported under in the zygote (and so in each child).
 MAIN_ALIAS = "__wfjail_main__"
 # The script's path, in the zygote's environment (the runner's policy sets it).
@@ -62,7 +64,7 @@ def has_main_guard(path: str) -> bool:
     way round). What runs outside that guard runs in the zygote too, under the policy."""
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
+            tree = source.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return False
     for node in tree.body:

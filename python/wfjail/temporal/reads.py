@@ -17,7 +17,7 @@ import sys
 import sysconfig
 from typing import Iterable, NamedTuple
 
-from . import main_script
+from . import main_script, source
 
 
 class Reads(NamedTuple):
@@ -129,7 +129,7 @@ def imports_of(path: str, name: str, package: bool) -> list[str]:
     with a literal name. A module named only by a computed string is not found."""
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
+            tree = source.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     here = name if package else name.rpartition(".")[0]

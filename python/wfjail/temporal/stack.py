@@ -5,13 +5,14 @@ made (the child keeps the stacks, the worker matches them to the violations). No
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import stat
 import sys
 import traceback
 from typing import Any
+
+from . import source
 
 # Bounds on a stack a child tells: the text read (its end: the innermost frames), frames kept,
 # digits of a line number, length of a file or function name or a source line; and on the
@@ -224,7 +225,7 @@ def policy_refused_read(message: str) -> str | None:
     if not m:
         return None
     try:
-        path = ast.literal_eval(m.group(1))
+        path = source.literal_eval(m.group(1))
         st = os.stat(path)
     except (ValueError, SyntaxError, TypeError, OSError):
         return None
@@ -243,7 +244,7 @@ def _quoted_path(message: str) -> str | None:
     """The path a ``[Errno 13] Permission denied: 'PATH'`` message names, or None."""
     m = _PERMISSION_DENIED.match(message)
     try:
-        path = ast.literal_eval(m.group(1)) if m else None
+        path = source.literal_eval(m.group(1)) if m else None
     except (ValueError, SyntaxError):
         return None
     return path if isinstance(path, str) else None
