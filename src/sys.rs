@@ -350,6 +350,13 @@ pub fn reset_signals() -> SysResult<()> {
     check_int(unsafe { libc::sigaction(libc::SIGPIPE, &act, std::ptr::null_mut()) }).map(drop)
 }
 
+/// Child-safe. `setsid()`: a session and process group of the caller's own (it is not a
+/// group leader: a child of `clone`).
+pub fn new_session() -> SysResult<()> {
+    // SAFETY: setsid takes no arguments and only changes this process's ids.
+    check_int(unsafe { libc::setsid() }).map(drop)
+}
+
 /// Makes `cmd` start its program with an empty signal mask, whatever this thread blocks
 /// (`wfjail serve` blocks SIGTERM and friends to read them from a signalfd).
 pub fn unblock_signals_on_exec(cmd: &mut std::process::Command) {

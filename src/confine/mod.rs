@@ -14,7 +14,12 @@
 //!    through the host's.
 //! 4. descriptors — the guest's stdio and protocol pipes onto 0..=4, everything else closed
 //!    but the set-up channel and the Landlock ruleset (both close-on-exec); then an empty
-//!    signal mask and SIGPIPE back to default.
+//!    signal mask and SIGPIPE back to default; for `serve`'s guests (a zygote and its
+//!    children, an exec session) a session of their own (`setsid`): they sit stopped between
+//!    calls, and a process group that holds stopped processes gets SIGHUP from the kernel when
+//!    it becomes orphaned (a worker started from a shell that exits): every cached run would
+//!    die at once. Out of the worker's group they also miss its terminal's Ctrl-C (serve gets
+//!    it and ends them).
 //! 5. rlimits — lowering needs no privilege; then the personality (no address-space
 //!    randomisation, when the policy pins the layout), which needs none either but which
 //!    container seccomp profiles refuse (best-effort unless `address-layout` is required).
@@ -70,6 +75,8 @@ pub struct ChildSpec<'a> {
     /// `serve --merge-pages`: opt into same-page merging before the exec (best-effort: a
     /// failure goes to the parent as a degraded `Step::MemoryMerge`).
     pub merge_pages: bool,
+    /// `serve`'s guests: `setsid` before the exec (step 4).
+    pub own_session: bool,
     pub last_cap: u32,
     pub capabilities_required: bool,
     pub no_new_privs_required: bool,
@@ -155,6 +162,11 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
     // Default signal handling for the guest (no step of its own in the report).
     if let Err(e) = sys::reset_signals() {
         fatal(chan, Step::Descriptors, e);
+    }
+    if spec.own_session
+        && let Err(e) = sys::new_session()
+    {
+        fatal(chan, Step::Session, e);
     }
 
     // 5. Resource limits.

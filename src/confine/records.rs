@@ -42,6 +42,8 @@ pub enum Step {
     /// `serve --merge-pages`: the zygote opted into same-page merging before its exec. Not a
     /// confinement layer: a failure is the operator log's (`merging::notice`), not a report's.
     MemoryMerge = 19,
+    /// `serve`'s guests: a session of their own (`setsid`), out of the worker's process group.
+    Session = 20,
 }
 
 impl Step {
@@ -67,6 +69,7 @@ impl Step {
             17 => Vdso,
             18 => Personality,
             19 => MemoryMerge,
+            20 => Session,
             _ => return None,
         })
     }
@@ -97,6 +100,7 @@ impl Step {
             Step::MemoryMerge => {
                 "opting the zygote into same-page merging (prctl(PR_SET_MEMORY_MERGE, 1) before its exec)"
             }
+            Step::Session => "starting a session of its own (setsid)",
             Step::Vdso => {
                 "tracing the command across its exec to patch its vDSO (needed by [time] clock and [random] getrandom other than \"allow\": ptrace must be allowed by the container's seccomp profile and Yama)"
             }

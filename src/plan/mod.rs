@@ -217,6 +217,9 @@ pub struct Plan {
     /// `serve --merge-pages`: the child opts into same-page merging before its exec (a
     /// zygote's; set by its start, never by a policy).
     pub merge_pages: bool,
+    /// `serve`'s guests (a zygote, an exec session): a session of their own
+    /// (`confine::apply`, step 4), out of the process group of the worker that runs serve.
+    pub own_session: bool,
     /// Arguments of the command that name files the guest may not read (a script given to
     /// an interpreter outside the grants): named in the report if the guest fails.
     pub unreadable_args: Vec<PathBuf>,
@@ -750,6 +753,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         list,
         skipped,
         merge_pages: false,
+        own_session: req.zygote || req.session,
         unreadable_args,
         warn_files,
         base_grants,

@@ -143,6 +143,7 @@ pub fn spawn(
             no_aslr: p.no_aslr,
             no_aslr_required: p.requires(Layer::AddressLayout),
             merge_pages: p.merge_pages,
+            own_session: plan.own_session,
             last_cap: plan.last_cap,
             capabilities_required: p.requires(Layer::Capabilities),
             no_new_privs_required: p.requires(Layer::NoNewPrivs),

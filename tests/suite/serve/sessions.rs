@@ -1033,3 +1033,111 @@ print(json.dumps({{"server": server.pid, "reply": reply}}))
     assert!(gone, "the server ended with the process that started it");
     assert!(processes_with(&module).is_empty(), "no zygote survives");
 }
+
+#[test]
+fn guests_stopped_between_calls_survive_their_workers_process_group_becoming_orphaned() {
+    // The kernel sends SIGHUP (then SIGCONT) to every process of a process group that becomes
+    // orphaned while one of its members is stopped. serve's guests sit stopped between calls:
+    // in the worker's group, a worker started from a shell that then exits lost every cached
+    // run at once ("killed by SIGHUP"), and serve itself took the SIGHUP as a request to stop.
+    // Here `sh` leads a process group of its own (its parent, this runner, is in another
+    // group of the same session) and starts serve in it; a session's guest answers a call
+    // and is stopped; `sh` is killed: the group is orphaned.
+    let runner = r#"
+import signal, subprocess
+def stat(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[2]), int(fields[3])  # state, pgrp, session
+# serve's output to a file: on the runner's, it would hold the test's pipes open.
+holder = subprocess.Popen(["sh", "-c", '"$@" >/dev/null 2>serve.log & echo $!; read x', "sh"] + ARGS,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0)
+server = int(holder.stdout.readline())
+for _ in range(600):
+    try:
+        Client().status()
+        break
+    except OSError:
+        time.sleep(0.05)
+ours = lambda: [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if p != server and MOD.encode() in open("/proc/%d/cmdline" % p, "rb").read()]
+with Client().session(handler=MOD + ":mutate") as s:
+    first = s.call(b"a").decode()
+    stopped = []
+    for _ in range(600):  # serve stops the guest after its answer (a backstop, not a timing)
+        stopped = [p for p in ours() if stat(p)[0] == "T"]
+        if stopped:
+            break
+        time.sleep(0.05)
+    holder.kill()
+    holder.wait()
+    second = s.call(b"b").decode()
+groups = {p: stat(p)[1:] for p in ours()}
+print(json.dumps({"server": server, "server_ids": stat(server)[1:], "holder": holder.pid,
+                  "stopped": len(stopped), "first": first, "second": second,
+                  "report": s.report["status"], "guests": groups}))
+"#;
+    let (s, module) = fixture("orphaned-group", "", "");
+    let sock = s.path("serve.sock").display().to_string();
+    let args: Vec<String> = std::iter::once(wfjail_bin().display().to_string())
+        .chain(socket_server_args(&s, &module, &sock, &[]))
+        .collect();
+    let prelude = std::fs::read_to_string(s.path("worker.py")).unwrap();
+    let path = s.path("runner.py");
+    std::fs::write(
+        &path,
+        format!("{prelude}\nos.environ['WFJAIL_SOCKET'] = {sock:?}\nARGS = {args:?}\n{runner}"),
+    )
+    .unwrap();
+    let out = Command::new(PY)
+        .arg(&path)
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let server = r["server"].as_u64().unwrap();
+    let end_server = || {
+        Command::new("kill")
+            .args(["-TERM", &server.to_string()])
+            .status()
+            .unwrap();
+        (0..600).any(|_| {
+            let alive = std::path::Path::new(&format!("/proc/{server}")).exists();
+            if alive {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            !alive
+        })
+    };
+    let result = (
+        r["stopped"].as_u64(),
+        r["first"].clone(),
+        r["second"].clone(),
+        r["report"].clone(),
+    );
+    let ended = end_server();
+    assert_eq!(
+        result,
+        (Some(1), "1:a".into(), "2:a,b".into(), "ok".into()),
+        "the guest was stopped when the group was orphaned, and went on: {r}"
+    );
+    // The guests (zygote, spare, session child) are in a session of their own, not serve's.
+    let server_session = r["server_ids"][1].as_u64().unwrap();
+    let guests = r["guests"].as_object().unwrap();
+    assert!(guests.len() >= 2, "the zygote and its children: {r}");
+    for (pid, ids) in guests {
+        let session = ids[1].as_u64().unwrap();
+        assert_ne!(
+            session, server_session,
+            "guest {pid} in serve's session: {r}"
+        );
+        assert_ne!(
+            ids[0], r["server_ids"][0],
+            "guest {pid} in serve's group: {r}"
+        );
+    }
+    assert!(ended, "serve ends on SIGTERM");
+    assert!(processes_with(&module).is_empty(), "no zygote survives");
+}
