@@ -48,6 +48,7 @@ its session: it answers ERROR instead of HELLO.
 Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
+import _random
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
 import errno
 import gc
@@ -148,7 +149,15 @@ def _reseed() -> None:
     mod = sys.modules.get("random")
     if mod is not None:
         try:
-            mod.seed()
+            inst = mod._inst
+            if mod.seed == inst.seed and type(inst) is mod.Random:
+                # What ``Random.seed()`` does, its Python half skipped: a child that ran it
+                # wrote ~30 pages more (docs/benchmarks.md, "Issue 28: the fork, session 18").
+                _random.Random.seed(inst, None)
+                if inst.gauss_next is not None:
+                    inst.gauss_next = None
+            else:
+                mod.seed()
         except Exception:
             pass
 
@@ -558,10 +567,7 @@ def _choose_fork() -> str:
         return fork_path
     random = sys.modules.get("random")
     if random is not None:
-        import _random
-
-        inst = random._inst
-        _reseed_at_fork = (_random.Random.seed, inst)
+        _reseed_at_fork = (_random.Random.seed, random._inst)
     events = sys.modules.get("asyncio.events")
     if events is not None and hasattr(events, "on_fork"):
         # What its at-fork callback does in a child (Python 3.12+), done once here: the zygote
