@@ -10,7 +10,8 @@ them), says READY, and then serves one child per session on request. It keeps on
 forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
 does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
-fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
+fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's. A zygote
+with one thread forks through the C library, without CPython's at-fork work (``_raw_fork``).
 
 What it preloads may do what it did in the worker: start threads (they stay in the zygote; a
 child has only the thread that forked it, and may start none) and write to ``TMPDIR`` (unless
