@@ -134,5 +134,32 @@ class ReseedTests(unittest.TestCase):
         self.assertNotEqual(in_child(child("seeded")), fixed)
 
 
+class ForkPathTests(unittest.TestCase):
+    def test_the_threads_are_counted_native_ones_too(self):
+        import threading
+
+        alone = zygote._threads()
+        self.assertIsNotNone(alone)
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        try:
+            self.assertEqual(zygote._threads(), alone + 1)
+        finally:
+            stop.set()
+            t.join()
+
+    def test_only_the_standard_librarys_known_callbacks_are_skippable(self):
+        import logging
+        import threading
+
+        self.assertTrue(zygote._skippable(threading._after_fork))
+        self.assertTrue(zygote._skippable(logging._after_at_fork_child_reinit_locks))
+        self.assertTrue(zygote._skippable(random._inst.seed))
+        self.assertFalse(zygote._skippable(random._inst.random))
+        self.assertFalse(zygote._skippable(lambda: None))
+        self.assertFalse(zygote._skippable(threading.Thread.start))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -33,14 +33,17 @@ def recv_control(sock):
 
 
 class ZygoteLoopTests(unittest.TestCase):
+    ARGS: "list[str]" = []
+
     def setUp(self):
         self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, WFJAIL_ZYGOTE_FD=str(theirs.fileno()),
                    PYTHONPATH=os.pathsep.join((os.path.dirname(HERE), HERE)),
                    WFJAIL_HUGEPAGES="0")
         env.pop("WFJAIL_CPU_LIMIT", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "wfjail.zygote"], env=env,
-                                     pass_fds=[theirs.fileno()], stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([sys.executable, "-m", "wfjail.zygote", *self.ARGS],
+                                     env=env, pass_fds=[theirs.fileno()],
+                                     stdout=subprocess.DEVNULL)
         theirs.close()
         self.sessions, self.outputs = [], []
         kind, self.ready = recv_control(self.ours)
@@ -168,6 +171,57 @@ class ZygoteLoopTests(unittest.TestCase):
         self.assertTrue(ready)
         self.assertEqual(b.recv(1), b"")
         b.close()
+
+    def forked(self, session):
+        """zygote_probe:forking's report from a session child, or None without a Landlock
+        domain (the child refused its session)."""
+        forked, sock = self.fork({"session": session, "handler": "zygote_probe:forking",
+                                  "init": 0})
+        frame = self.first_frame(sock)
+        if frame[0] == P.ERROR:
+            self.assertIn(b"Landlock", frame[1])
+            return None
+        P.write_frame(sock.fileno(), P.REQUEST, b"")
+        kind, seen = P.read_frame(sock.fileno())
+        self.assertEqual(kind, P.RESULT, seen)
+        return json.loads(seen)
+
+    def test_a_single_threaded_zygote_forks_through_the_c_library_and_reseeds_random(self):
+        # The spare (its fork before the loop's first wait), then one forked inline.
+        seen = [self.forked(1), self.forked(2)]
+        if None in seen:
+            return
+        for child in seen:
+            self.assertEqual(child["fork_path"], "libc")
+            self.assertTrue(child["main_thread"])
+            self.assertTrue(child["ident"])
+            self.assertEqual(child["threads"], 1)
+            self.assertTrue(child["logging_lock"])
+        # Each child reseeded random from the kernel (unconfined here): not the zygote's
+        # state, which both would share.
+        self.assertNotEqual(seen[0]["random"], seen[1]["random"])
+
+
+class ZygoteWithAThreadTests(ZygoteLoopTests):
+    """A preload left a thread running: CPython's at-fork work is needed, os.fork() does it."""
+    ARGS = ["--preload", "zygote_probe:start_thread"]
+
+    def test_a_single_threaded_zygote_forks_through_the_c_library_and_reseeds_random(self):
+        seen = self.forked(1)
+        if seen is not None:
+            self.assertTrue(seen["fork_path"].startswith("os.fork: "), seen)
+            self.assertEqual(seen["threads"], 1)
+            self.assertTrue(seen["main_thread"])
+
+
+class ZygoteWithAnAtForkCallbackTests(ZygoteLoopTests):
+    """A preload registered an at-fork callback of its own: os.fork() runs it."""
+    ARGS = ["--preload", "zygote_probe:register_at_fork"]
+
+    def test_a_single_threaded_zygote_forks_through_the_c_library_and_reseeds_random(self):
+        seen = self.forked(1)
+        if seen is not None:
+            self.assertIn("at-fork callback", seen["fork_path"])
 
 
 if __name__ == "__main__":

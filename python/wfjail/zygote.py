@@ -10,7 +10,8 @@ them), says READY, and then serves one child per session on request. It keeps on
 forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
 does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
-fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's.
+fork: the supervisor lets the zygote's ``clone`` through and denies everyone else's. A zygote
+with one thread forks through the C library, without CPython's at-fork work (``_raw_fork``).
 
 What it preloads may do what it did in the worker: start threads (they stay in the zygote; a
 child has only the thread that forked it, and may start none) and write to ``TMPDIR`` (unless
@@ -48,7 +49,9 @@ its session: it answers ERROR instead of HELLO.
 Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
+import _random
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
+import errno
 import gc
 import importlib
 import json
@@ -71,7 +74,7 @@ from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exite
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, List, Optional, Tuple, Union
+    from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
     Handler = Callable[[bytes], Any]
     Spare = Tuple[int, _socket.socket]
@@ -147,7 +150,15 @@ def _reseed() -> None:
     mod = sys.modules.get("random")
     if mod is not None:
         try:
-            mod.seed()
+            inst = mod._inst
+            if mod.seed == inst.seed and type(inst) is mod.Random:
+                # What ``Random.seed()`` does, its Python half skipped: a child that ran it
+                # wrote ~30 pages more (docs/benchmarks.md, "Issue 28: the fork, session 18").
+                _random.Random.seed(inst, None)
+                if inst.gauss_next is not None:
+                    inst.gauss_next = None
+            else:
+                mod.seed()
         except Exception:
             pass
 
@@ -433,13 +444,156 @@ def _kept_open(device: int) -> "Optional[str]":
 
 
 def _fork() -> int:
-    """os.fork(), retried: the fork waits for the supervisor (seccomp user notification),
-    and a SIGCHLD arriving meanwhile interrupts it with EINTR."""
+    """A fork (``os.fork()``, or the C library's ``fork`` where ``_choose_fork`` found it
+    safe), retried: the fork waits for the supervisor (seccomp user notification), and a
+    SIGCHLD arriving meanwhile interrupts it with EINTR."""
+    raw = _raw_fork
     while True:
+        if raw is None:
+            try:
+                return os.fork()
+            except InterruptedError:
+                continue
+        pid: int = raw()
+        if pid == 0:
+            _after_raw_fork_child()
+            return 0
+        if pid > 0:
+            return pid
+        import ctypes
+
+        err = ctypes.get_errno()
+        if err != errno.EINTR:
+            raise OSError(err, os.strerror(err))
+
+
+# Forking without CPython's at-fork work (docs/benchmarks.md, "Issue 28: the fork, session
+# 18"). ``os.fork()`` runs, in every child, ``PyOS_AfterFork_Child`` and the callbacks
+# registered with ``os.register_at_fork``: ``threading._after_fork`` (rebuilds the thread
+# table and its locks), ``logging``'s re-creation of every handler's lock, ``random``'s
+# reseed; and in the zygote, ``logging``'s lock taken before and released after. In Python
+# code on a frozen heap that is ~210 pages a child writes (and copies) and ~12 the zygote
+# does, ~0.5 ms of a session child's CPU. All of it exists for other threads: locks one of
+# them held at the fork, their thread states, the GIL they waited for. A zygote with one
+# thread, forking from its loop (which holds none of those locks), needs none of it but the
+# reseed: there the C library's ``fork`` is called with the GIL held (``ctypes.PyDLL``) and
+# the child reseeds ``random`` as CPython's callback did (the same draw, answered as
+# before). Anything else makes it ``os.fork()`` as before: another thread, a callback
+# registered that is not one of the standard library's above, another interpreter.
+_raw_fork: "Optional[Callable[[], int]]" = None
+# How the zygote forks: "libc", or "os.fork: why not" (tests read it in a child).
+fork_path = "os.fork: not chosen yet"
+# What ``os.register_at_fork`` was given since ``_watch_at_fork`` (each call's keywords).
+_at_fork_seen: "List[Dict[str, Any]]" = []
+# The standard library's at-fork callbacks a single-threaded fork from the loop needs not
+# run, by module and name (Python 3.11 to 3.13); ``random``'s and ``concurrent.futures``'
+# are bound methods, checked by their object.
+_AT_FORK_SKIPPABLE = {
+    "threading": ("_after_fork",),
+    "logging": ("_acquireLock", "_releaseLock", "_after_at_fork_child_reinit_locks",
+                "_prepareFork", "_afterFork"),
+    "asyncio.events": ("on_fork",),
+}
+
+
+def _watch_at_fork() -> None:
+    """Before anything is preloaded: every ``os.register_at_fork`` is still made, and noted
+    (``_choose_fork`` forks through ``os.fork()`` when one it does not know was)."""
+    register = os.register_at_fork
+
+    def register_at_fork(**callbacks: "Any") -> None:
+        register(**callbacks)
+        _at_fork_seen.append(callbacks)
+
+    os.register_at_fork = register_at_fork
+
+
+def _skippable(callback: "Any") -> bool:
+    """Whether ``callback`` is one of the standard library's at-fork callbacks that a
+    single-threaded fork from the loop needs not run (``random``'s the child does itself)."""
+    owner = getattr(callback, "__self__", None)
+    if owner is not None:
+        random = sys.modules.get("random")
+        if random is not None and owner is getattr(random, "_inst", None):
+            return getattr(callback, "__name__", None) == "seed"
+        futures = sys.modules.get("concurrent.futures.thread")
+        return futures is not None and owner is getattr(futures, "_global_shutdown_lock", None)
+    names = _AT_FORK_SKIPPABLE.get(getattr(callback, "__module__", None) or "", ())
+    return getattr(callback, "__name__", None) in names
+
+
+def _threads() -> "Optional[int]":
+    """The process's threads, or None when they cannot be counted: the link count of
+    ``/proc/self/task`` is 2 + its threads (procfs), and ``stat`` is what the zygote's
+    Landlock domain lets it do there (its files cannot be read)."""
+    try:
+        return os.stat("/proc/self/task").st_nlink - 2
+    except OSError:
+        return None
+
+
+def _choose_fork() -> str:
+    """Once, before the loop's first fork: the C library's ``fork`` where nothing needs
+    CPython's at-fork work (see ``_raw_fork``), else ``os.fork()``. Returns ``fork_path``."""
+    global _raw_fork, _reseed_at_fork, fork_path
+    why = None
+    if sys.implementation.name != "cpython" or sys.version_info[:2] not in ((3, 11), (3, 12),
+                                                                           (3, 13)):
+        why = "not CPython 3.11 to 3.13"
+    elif hasattr(sys, "_is_gil_enabled"):
+        why = "a free-threaded build" if not sys._is_gil_enabled() else None
+    if why is None:
+        threading = sys.modules.get("threading")
+        if threading is not None and threading.active_count() != 1:
+            why = "%d Python threads" % threading.active_count()
+    if why is None:
+        n = _threads()
+        why = ("the thread count is not readable" if n is None
+               else "%d threads" % n if n != 1 else None)
+    if why is None:
+        for callbacks in _at_fork_seen:
+            for callback in callbacks.values():
+                if not _skippable(callback):
+                    why = "an at-fork callback of %s" % getattr(callback, "__module__", "?")
+    if why is None:
         try:
-            return os.fork()
-        except InterruptedError:
-            continue
+            import ctypes
+
+            fork = ctypes.PyDLL(None, use_errno=True).fork
+            fork.restype, fork.argtypes = ctypes.c_int, []
+        except (OSError, AttributeError) as exc:
+            why = "no fork in the C library: %s" % exc
+    if why is not None:
+        fork_path = "os.fork: " + why
+        return fork_path
+    random = sys.modules.get("random")
+    if random is not None:
+        _reseed_at_fork = (_random.Random.seed, random._inst)
+    events = sys.modules.get("asyncio.events")
+    if events is not None and hasattr(events, "on_fork"):
+        # What its at-fork callback does in a child (Python 3.12+), done once here: the zygote
+        # runs no event loop (its wake-up descriptor the child drops in _leave_zygote).
+        policy = events._event_loop_policy
+        if policy is not None:
+            policy._local = events.BaseDefaultEventLoopPolicy._Local()
+        events._set_running_loop(None)
+    _raw_fork, fork_path = fork, "libc"
+    return fork_path
+
+
+# ``random``'s reseed at a fork through the C library: its C ``seed`` and the instance.
+_reseed_at_fork: "Optional[Tuple[Any, Any]]" = None
+
+
+def _after_raw_fork_child() -> None:
+    """In a child forked through the C library: what of CPython's at-fork work it needs,
+    ``random``'s reseed (``Random.seed()``: its C half; the draw is answered as before a
+    session: fixed bytes)."""
+    reseed = _reseed_at_fork
+    if reseed is not None:
+        reseed[0](reseed[1], None)
+        if reseed[1].gauss_next is not None:
+            reseed[1].gauss_next = None
 
 
 def main(argv: "Optional[List[str]]" = None) -> int:
@@ -454,6 +608,7 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     parser.add_argument("--no-hugepages", action="store_true",
                         help="leave the heap in 4 KiB pages (also WFJAIL_HUGEPAGES=0)")
     args = parser.parse_args(argv)
+    _watch_at_fork()
     fd = int(os.environ.get("WFJAIL_ZYGOTE_FD", "3"))
     ctl = socket.socket(fileno=fd)
     # The zygote lives as long as the server: no interrupt from a terminal or a stray signal
@@ -565,6 +720,7 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     fork_kind, forked_kind = int(FORK), int(FORKED)
     forked_doc = b'{"session": %d, "pid": %d}'
     idle_ms = max(1, round(SPARE_IDLE * 1000))
+    _choose_fork()
     spare = _spare(ctl, wake) if forking_ahead else None
     while True:
         events = poll(idle_ms if (spare is None and forking_ahead) else None)

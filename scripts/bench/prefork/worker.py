@@ -104,7 +104,8 @@ class Worker:
             return None
         if reply != expected or report is None or report.get("status") != "ok":
             self.fail(f"{kind}: reply {reply!r} (expected {expected!r}), report status "
-                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')}")
+                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')} "
+                      f"(report: {report!r})")
             return None
         return t1 - t0, t2 - t1, t3 - t2, t3 - t0, report
 
@@ -134,7 +135,8 @@ class Worker:
             return None
         if reply != expected or report is None or report.get("status") != "ok":
             self.fail(f"{kind} (async): reply {reply!r} (expected {expected!r}), report status "
-                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')}")
+                      f"{(report or {}).get('status')}: {(report or {}).get('error', '')} "
+                      f"(report: {report!r})")
             return None
         return t1 - t0, t2 - t1, t3 - t2, t3 - t0, report
 
