@@ -16,6 +16,7 @@ import datetime
 import errno
 import importlib.util
 import logging
+import math
 import threading
 import time
 import weakref
@@ -1236,16 +1237,24 @@ class _Watchdog:
         self._cond = threading.Condition()
         self._due: dict[_JailedInstance, float] = {}  # instance -> monotonic deadline
         self._thread: threading.Thread | None = None
+        # When the thread's wait ends on its own (monotonic; inf: it waits to be woken). An
+        # activation armed with a later deadline does not wake it: it looks when it wakes.
+        # With nothing armed it waits DEADLOCK_INTERRUPT_AFTER while activations come (none
+        # armed meanwhile is due before it wakes), then until woken: one wake-up per such
+        # period, not one per activation.
+        self._wakes_at = math.inf
+        self._armed = False  # an activation was armed since the thread last looked
 
     def arm(self, instance: _JailedInstance, deadline: float) -> None:
         with self._cond:
-            wake = not self._due or deadline < min(self._due.values())
             self._due[instance] = deadline
+            self._armed = True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="wfjail-watchdog",
                                                 daemon=True)
                 self._thread.start()
-            elif wake:
+            elif deadline < self._wakes_at:
+                self._wakes_at = -math.inf  # woken: it sets its next wait itself
                 self._cond.notify()
 
     def disarm(self, instance: _JailedInstance) -> None:
@@ -1258,6 +1267,7 @@ class _Watchdog:
         with self._cond:
             if instance in self._due and not instance._interrupting:
                 self._due[instance] = 0.0
+                self._wakes_at = -math.inf
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -1268,7 +1278,15 @@ class _Watchdog:
                 for i in overdue:
                     del self._due[i]
                 if not overdue:
-                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    if self._due:
+                        self._wakes_at = min(self._due.values())
+                    elif self._armed:
+                        self._wakes_at = now + DEADLOCK_INTERRUPT_AFTER
+                    else:
+                        self._wakes_at = math.inf
+                    self._armed = False
+                    wakes_at = self._wakes_at
+                    self._cond.wait(None if wakes_at == math.inf else wakes_at - now)
                     continue
             for instance in overdue:
                 try:
