@@ -1332,7 +1332,17 @@ class _Closer:
     one."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Waits for closes to end (``wait_for_closes``, ``wait_for_a_close``) and the watch
+        # thread's; the idle closer threads wait on ``_work`` (same lock), each woken alone
+        # by a close queued: a close wakes one thread, not every idle one (with 64 idle,
+        # ~46 futex calls a close in a real worker).
+        self._cond = threading.Condition(lock)
+        self._work = threading.Condition(lock)
+        # The watch thread's (``_abandon_overdue``), woken only when it waits for no
+        # deadline (``_watch_waits``): a close queued later is due after those it waits for.
+        self._watched = threading.Condition(lock)
+        self._watch_waits = False
         self._queue: collections.deque[_JailedInstance] = collections.deque()
         self._in_flight = 0
         self._done = 0  # closes ended so far
@@ -1349,7 +1359,7 @@ class _Closer:
             if self._idle < len(self._queue) and self._threads < MAX_CLOSERS:
                 self._threads += 1
                 threading.Thread(target=self._run, name="wfjail-closer", daemon=True).start()
-            self._cond.notify_all()
+            self._work.notify()
 
     def wait_for_closes(self, timeout: float) -> bool:
         """Waits up to ``timeout`` for the closes in flight; whether there were any and all
@@ -1394,7 +1404,7 @@ class _Closer:
                 self._idle += 1
                 try:
                     while not self._queue:
-                        if not self._cond.wait(CLOSER_IDLE) and not self._queue:
+                        if not self._work.wait(CLOSER_IDLE) and not self._queue:
                             self._threads -= 1
                             return
                 finally:
@@ -1405,7 +1415,9 @@ class _Closer:
                     self._watch = threading.Thread(target=self._abandon_overdue,
                                                    name="wfjail-close-watch", daemon=True)
                     self._watch.start()
-                self._cond.notify_all()
+                elif self._watch_waits:  # it waits for no deadline: it learns this one
+                    self._watch_waits = False
+                    self._watched.notify()
             try:
                 instance._close()
             except Exception:  # noqa: BLE001  (one run's session must not stop the closes)
@@ -1428,7 +1440,8 @@ class _Closer:
                 overdue = [i for i, d in self._due.items() if d <= now]
                 if not overdue:
                     pending = [d for d in self._due.values() if d > now]
-                    self._cond.wait(min(pending) - now if pending else None)
+                    self._watch_waits = not pending
+                    self._watched.wait(min(pending) - now if pending else None)
                     continue
                 for i in overdue:
                     # Abandoned once, and watched no more (its thread's close ends soon).
