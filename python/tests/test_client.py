@@ -123,6 +123,63 @@ def client_view(data):
     return frames, code or "truncated"
 
 
+class _CountingSocket:
+    """A socket whose ``recv`` calls are counted."""
+
+    def __init__(self, sock):
+        self.sock, self.reads = sock, 0
+
+    def recv(self, n):
+        self.reads += 1
+        return self.sock.recv(n)
+
+
+class ReadAheadTests(unittest.TestCase):
+    """The blocking client reads what the socket has (``READ_AHEAD``), not a frame's pieces:
+    frames that came together are one read, and each is still checked in order."""
+
+    def reads_of(self, data, max_frame=None, frames=None):
+        a, b = socket.socketpair()
+        sender = threading.Thread(target=lambda: (a.sendall(data), a.shutdown(socket.SHUT_WR)))
+        sender.start()  # more than a socket buffer may be sent
+        try:
+            s = C.Session("unused", "{}", max_frame=max_frame)
+            s._sock = counting = _CountingSocket(b)
+            got = []
+            try:
+                while frames is None or len(got) < frames:
+                    got.append(s._read_frame())
+            except ProtocolError as e:
+                return got, e.code, counting.reads, s
+            return got, None, counting.reads, s
+        finally:
+            b.close()  # a sender left blocked fails
+            sender.join()
+            a.close()
+
+    def test_frames_that_came_together_are_one_read(self):
+        sent = [(C.LOG, b"\x14hello"), (C.VIOLATIONS, b"[]"), (C.RESULT, b"r" * 1000)]
+        got, code, reads, _ = self.reads_of(b"".join(C._frame(k, p) for k, p in sent),
+                                            frames=3)
+        self.assertEqual(got, sent)
+        self.assertEqual((code, reads), (None, 1))
+
+    def test_a_frame_larger_than_a_read_ahead_comes_whole(self):
+        big = bytes(range(256)) * 1024  # 256 KiB, more than READ_AHEAD
+        got, code, reads, _ = self.reads_of(C._frame(C.RESULT, big) + C._frame(C.CLOSED, b"{}"))
+        self.assertEqual(got, [(C.RESULT, big), (C.CLOSED, b"{}")])
+        self.assertEqual(code, "truncated")
+
+    def test_a_frame_read_ahead_is_checked_when_its_turn_comes(self):
+        # The second frame, over max_frame, came in the same read as the first: the first is
+        # handed over, then the second's header refuses it (unread beyond it).
+        data = C._frame(C.RESULT, b"ok") + C._frame(C.RESULT, b"x" * 100) + C._frame(C.LOG)
+        got, code, reads, s = self.reads_of(data, max_frame=8)
+        self.assertEqual(got, [(C.RESULT, b"ok")])
+        self.assertEqual((code, reads), ("oversized", 1))
+        self.assertTrue(s._conversation.ended)
+
+
 class VectorTests(unittest.TestCase):
     def setUp(self):
         self.doc = load_vectors()

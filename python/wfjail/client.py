@@ -34,7 +34,7 @@ from .wire_worker import (BUSY, CALL, CLOSE, CLOSED, ERROR, FAILED, INTERRUPT, L
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Union
+    from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Tuple, Union
 
     from .conversation import OnLog, OnUpcall
 
@@ -167,6 +167,9 @@ class Session(_Conversing):
         self._sock: "Optional[socket.socket]" = None
         self._received = 0  # bytes read on the current connection
         self._close_sent = False
+        # The frames of the last read not taken yet (``_read_frame``): a read takes what
+        # the socket has, up to READ_AHEAD, not one frame's pieces.
+        self._pending: "Optional[Iterator[Tuple[int, bytes]]]" = None
 
     @property
     def _max_frame(self) -> int:
@@ -270,13 +273,20 @@ class Session(_Conversing):
                 self._drop()
 
     def _read_frame(self) -> "Tuple[int, bytes]":
-        conversation, sock = self._conversation, self._socket()
+        """The next frame: from what the last read brought past the frame before it, else
+        from new reads (``Conversation.read_size``: a small frame and the frames after it in
+        one read). The bounds are the decoder's: it holds one frame, within ``max_frame``."""
+        conversation = self._conversation
         while True:
-            data = sock.recv(conversation.wanted())
+            pending = self._pending
+            if pending is not None:
+                got = next(pending, None)
+                if got is not None:
+                    return got
+                self._pending = None
+            data = self._socket().recv(conversation.read_size())
             self._received += len(data)
-            got = conversation.frame_from(data)
-            if got is not None:
-                return got
+            self._pending = conversation.frames_from(data)
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
@@ -284,6 +294,7 @@ class Session(_Conversing):
         return self._sock
 
     def _drop(self) -> None:
+        self._pending = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None

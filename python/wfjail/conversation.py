@@ -22,7 +22,7 @@ from .wire_worker import (BUSY, CALL, CLOSE, CLOSED, ERROR, FAILED, LOG, OPEN, O
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, NoReturn, Optional, Tuple, Union
+    from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, Union
 
     OnLog = Callable[[int, str], None]
     OnUpcall = Callable[[bytes], bytes]
@@ -44,6 +44,10 @@ class Answer(NamedTuple):
 CAP = wire.MAX_CAP
 # A reader's largest single read: a frame's payload comes in pieces of at most this much.
 READ_CHUNK = 1 << 20
+# A buffered reader's read when the frame in progress wants less (a header, a small payload):
+# what comes after it in the same read (the next frames, or their start) is kept for the
+# next frame, so that a small frame is one read, not three (length, kind, payload).
+READ_AHEAD = 1 << 16
 # The frames whose payload is the guest's (their size is its choice): a session may read
 # less of them than the protocol's cap.
 GUEST_SIZED = frozenset((RESULT, ERROR, LOG, UPCALL))
@@ -262,6 +266,20 @@ class Conversation:
         if not data:
             raise ProtocolError("truncated", "wfjail closed the session connection")
         return self._frames.feed_piece(data)
+
+    def read_size(self) -> int:
+        """How many bytes a buffered reader (``frames_from``) reads next: READ_AHEAD, or
+        more when the frame in progress wants more (at most ``READ_CHUNK``)."""
+        return max(self.wanted(), READ_AHEAD)
+
+    def frames_from(self, data: bytes) -> "Iterator[Tuple[int, bytes]]":
+        """The frames ``data`` (any size; empty at end-of-file) completes, one at a time, for
+        a reader that keeps what it read past a frame: iterate it to the end before the next
+        read. Each frame's header is checked (``max_frame``) when the iteration reaches it,
+        after the frames before it were handled, as ``frame_from`` would."""
+        if not data:
+            raise ProtocolError("truncated", "wfjail closed the session connection")
+        return self._frames.feed(data)
 
     def handle(self, kind: int, payload: bytes) -> "Step":
         """What a frame means for the request in progress (see the class's rules)."""

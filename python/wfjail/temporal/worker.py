@@ -16,6 +16,7 @@ import datetime
 import errno
 import importlib.util
 import logging
+import math
 import threading
 import time
 import weakref
@@ -773,6 +774,17 @@ class _OpeningSession:
         return self._session.close() if self._session is not None else None
 
 
+def _name_thread(name: str) -> None:
+    """Names the calling thread for the kernel too (``/proc/PID/task/TID/comm``, 15 bytes
+    kept), as Python before 3.14 does not: per-thread CPU (top -H, bench-temporal's split by
+    thread name) then tells the runner's threads from the SDK's. Best effort."""
+    try:
+        with open("/proc/self/task/%d/comm" % threading.get_native_id(), "w") as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
 class _Openers:
     """The threads of the worker that open runs' sessions (``_OpeningSession.run``), off its
     event loop: each open on a thread of its own (up to MAX_OPENERS at once; more wait in
@@ -794,6 +806,7 @@ class _Openers:
             self._cond.notify()
 
     def _run(self) -> None:
+        _name_thread("wfjail-opener")
         while True:
             with self._cond:
                 self._idle += 1
@@ -1236,16 +1249,24 @@ class _Watchdog:
         self._cond = threading.Condition()
         self._due: dict[_JailedInstance, float] = {}  # instance -> monotonic deadline
         self._thread: threading.Thread | None = None
+        # When the thread's wait ends on its own (monotonic; inf: it waits to be woken). An
+        # activation armed with a later deadline does not wake it: it looks when it wakes.
+        # With nothing armed it waits DEADLOCK_INTERRUPT_AFTER while activations come (none
+        # armed meanwhile is due before it wakes), then until woken: one wake-up per such
+        # period, not one per activation.
+        self._wakes_at = math.inf
+        self._armed = False  # an activation was armed since the thread last looked
 
     def arm(self, instance: _JailedInstance, deadline: float) -> None:
         with self._cond:
-            wake = not self._due or deadline < min(self._due.values())
             self._due[instance] = deadline
+            self._armed = True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="wfjail-watchdog",
                                                 daemon=True)
                 self._thread.start()
-            elif wake:
+            elif deadline < self._wakes_at:
+                self._wakes_at = -math.inf  # woken: it sets its next wait itself
                 self._cond.notify()
 
     def disarm(self, instance: _JailedInstance) -> None:
@@ -1258,9 +1279,11 @@ class _Watchdog:
         with self._cond:
             if instance in self._due and not instance._interrupting:
                 self._due[instance] = 0.0
+                self._wakes_at = -math.inf
                 self._cond.notify()
 
     def _run(self) -> None:
+        _name_thread("wfjail-watchdog")
         while True:
             with self._cond:
                 now = time.monotonic()
@@ -1268,7 +1291,15 @@ class _Watchdog:
                 for i in overdue:
                     del self._due[i]
                 if not overdue:
-                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    if self._due:
+                        self._wakes_at = min(self._due.values())
+                    elif self._armed:
+                        self._wakes_at = now + DEADLOCK_INTERRUPT_AFTER
+                    else:
+                        self._wakes_at = math.inf
+                    self._armed = False
+                    wakes_at = self._wakes_at
+                    self._cond.wait(None if wakes_at == math.inf else wakes_at - now)
                     continue
             for instance in overdue:
                 try:
@@ -1301,7 +1332,17 @@ class _Closer:
     one."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Waits for closes to end (``wait_for_closes``, ``wait_for_a_close``) and the watch
+        # thread's; the idle closer threads wait on ``_work`` (same lock), each woken alone
+        # by a close queued: a close wakes one thread, not every idle one (with 64 idle,
+        # ~46 futex calls a close in a real worker).
+        self._cond = threading.Condition(lock)
+        self._work = threading.Condition(lock)
+        # The watch thread's (``_abandon_overdue``), woken only when it waits for no
+        # deadline (``_watch_waits``): a close queued later is due after those it waits for.
+        self._watched = threading.Condition(lock)
+        self._watch_waits = False
         self._queue: collections.deque[_JailedInstance] = collections.deque()
         self._in_flight = 0
         self._done = 0  # closes ended so far
@@ -1318,7 +1359,7 @@ class _Closer:
             if self._idle < len(self._queue) and self._threads < MAX_CLOSERS:
                 self._threads += 1
                 threading.Thread(target=self._run, name="wfjail-closer", daemon=True).start()
-            self._cond.notify_all()
+            self._work.notify()
 
     def wait_for_closes(self, timeout: float) -> bool:
         """Waits up to ``timeout`` for the closes in flight; whether there were any and all
@@ -1357,12 +1398,13 @@ class _Closer:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        _name_thread("wfjail-closer")
         while True:
             with self._cond:
                 self._idle += 1
                 try:
                     while not self._queue:
-                        if not self._cond.wait(CLOSER_IDLE) and not self._queue:
+                        if not self._work.wait(CLOSER_IDLE) and not self._queue:
                             self._threads -= 1
                             return
                 finally:
@@ -1373,7 +1415,9 @@ class _Closer:
                     self._watch = threading.Thread(target=self._abandon_overdue,
                                                    name="wfjail-close-watch", daemon=True)
                     self._watch.start()
-                self._cond.notify_all()
+                elif self._watch_waits:  # it waits for no deadline: it learns this one
+                    self._watch_waits = False
+                    self._watched.notify()
             try:
                 instance._close()
             except Exception:  # noqa: BLE001  (one run's session must not stop the closes)
@@ -1396,7 +1440,8 @@ class _Closer:
                 overdue = [i for i, d in self._due.items() if d <= now]
                 if not overdue:
                     pending = [d for d in self._due.values() if d > now]
-                    self._cond.wait(min(pending) - now if pending else None)
+                    self._watch_waits = not pending
+                    self._watched.wait(min(pending) - now if pending else None)
                     continue
                 for i in overdue:
                     # Abandoned once, and watched no more (its thread's close ends soon).

@@ -63,8 +63,6 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 /// How often a call's CPU time is read while it runs under `limits.cpu` (the ticks
 /// themselves are 10 ms).
 const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(20);
-/// How often the loop looks whether a guest sent SIGSTOP has stopped, until it has.
-const STOP_CHECK: Duration = Duration::from_millis(1);
 
 /// What a descriptor in the session's poll set is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,9 +108,9 @@ struct Session {
     /// The guest is stopped (SIGSTOP) between calls: it runs only while a call is in
     /// progress (or while it starts, or exits after CLOSE).
     stopped: bool,
-    /// When SIGSTOP was sent, while the kernel does not show the guest stopped yet: the
-    /// answer went on without waiting, and the loop confirms the stop (or fails the session
-    /// after [`STOP_WAIT`]).
+    /// When SIGSTOP was sent, until the next call resumes the guest or the loop looks at it
+    /// [`STOP_WAIT`] later (it fails the session if the guest is not stopped then): the
+    /// answer went on without waiting.
     stop_unconfirmed: Option<Instant>,
     /// Each violation's count when the current call began: the violations of a call are the
     /// new ones and those counted again since.
@@ -395,8 +393,9 @@ impl Session {
             if self.sampling() {
                 wait = Some(wait.map_or(VM_SAMPLE_WAIT, |w| w.min(VM_SAMPLE_WAIT)));
             }
-            if self.stop_unconfirmed.is_some() {
-                wait = Some(wait.map_or(STOP_CHECK, |w| w.min(STOP_CHECK)));
+            if let Some(sent) = self.stop_unconfirmed {
+                let left = STOP_WAIT.saturating_sub(sent.elapsed());
+                wait = Some(wait.map_or(left, |w| w.min(left)));
             }
             if self.call_cpu_start.is_some() {
                 wait = Some(wait.map_or(CPU_SAMPLE_EVERY, |w| w.min(CPU_SAMPLE_EVERY)));

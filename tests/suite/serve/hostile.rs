@@ -452,16 +452,25 @@ tick = os.path.join(DIR, "rw", "tick")
 with c.session(handler=MOD + ":ticker") as s:
     out["arm"] = s.call(b"arm:" + tick.encode()).decode()
     first = size(tick)
-    time.sleep(1.0)
+    # Past the server's STOP_WAIT (2 s): its one look at the stopped guest passes.
+    time.sleep(2.5)
     out["idle ticks"] = size(tick) - first
     out["count"] = int(s.call(b"count:" + tick.encode()))
 out["ticker status"] = s.report["status"]
 work = os.path.join(DIR, "rw", "work")
+def cpu_state(pid):
+    v = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return v[0], int(v[11]) + int(v[12])
 s = c.session(handler=MOD + ":answer_then_work").open()
 out["early"] = s.call(work.encode()).decode()
 first = size(work)
+time.sleep(0.2)
+state, cpu = cpu_state(s.pid)
 time.sleep(1.0)
 out["idle work"] = size(work) - first
+later, cpu_later = cpu_state(s.pid)
+out["states"] = state + later
+out["idle cpu ticks"] = cpu_later - cpu
 s.close()
 print(json.dumps(out))
 "#;
@@ -491,6 +500,16 @@ print(json.dumps(out))
     assert_eq!(
         r["idle work"], 0,
         "code after a self-made reply does not run between calls: {r}"
+    );
+    // The spinning guest is stopped (seen from the host, 0.2 s and 1.2 s after its answer;
+    // the server looks at it itself only at its STOP_WAIT) and its CPU time does not move.
+    assert_eq!(
+        r["states"], "TT",
+        "the spinning guest is stopped between calls: {r}"
+    );
+    assert_eq!(
+        r["idle cpu ticks"], 0,
+        "it spends no CPU between calls: {r}"
     );
 }
 
@@ -858,7 +877,8 @@ tick = os.path.join(DIR, "rw", "tick")
 with c.session(argv=argv + ["ticker"]) as s:
     out["arm"] = s.call(b"arm:" + tick.encode()).decode()
     first = size(tick)
-    time.sleep(1.0)
+    # Past the server's STOP_WAIT (2 s): its one look at the stopped guest passes.
+    time.sleep(2.5)
     out["idle ticks"] = size(tick) - first
     out["count"] = int(s.call(b"count:" + tick.encode()))
 out["ticker status"] = s.report["status"]
