@@ -375,15 +375,7 @@ pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> 
         rlim_max: hard,
     };
     // SAFETY: `lim` is a valid rlimit64 for the duration of the call; old value not requested.
-    check_int(unsafe {
-        libc::prlimit64(
-            0,
-            resource as libc::__rlimit_resource_t,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    })
-    .map(drop)
+    check_int(unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) }).map(drop)
 }
 
 /// Child-safe. Drops every capability: bounding set (0..=last_cap), ambient set, then
@@ -515,14 +507,14 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> SysResult<()> {
     msg.msg_iovlen = 1;
     // SAFETY: taking the address of a union field we initialised.
     msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
-    msg.msg_controllen = space;
+    msg.msg_controllen = space as _;
     // SAFETY: msg_control points at `space` <= 32 writable bytes, so CMSG_FIRSTHDR is non-null
     // and the header plus one int fit.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
     }
     loop {
@@ -556,7 +548,7 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
     msg.msg_iovlen = 1;
     // SAFETY: address of a union field we initialised.
     msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
-    msg.msg_controllen = 64;
+    msg.msg_controllen = 64 as _;
     let n = loop {
         // SAFETY: msg and its buffers are live and writable for the call.
         let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };

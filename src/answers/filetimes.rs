@@ -102,7 +102,8 @@ pub fn answer(
         u32::from_ne_bytes(raw[24..28].try_into().expect("4 bytes"))
     };
     let kind = mode & libc::S_IFMT;
-    let fs = nix::sys::statfs::fstatfs(&file).map(|s| s.filesystem_type().0);
+    #[allow(clippy::unnecessary_cast)] // i64 on glibc, u64 on musl
+    let fs = nix::sys::statfs::fstatfs(&file).map(|s| s.filesystem_type().0 as i64);
     let on_proc = fs == Ok(PROC_SUPER_MAGIC);
     if (kind == libc::S_IFREG || kind == libc::S_IFDIR) && !on_proc {
         return Answer::Continue;
