@@ -31,6 +31,9 @@ pub struct CheckReport {
     pub rows: Vec<Row>,
     /// The policy's `require` can be met here.
     pub ok: bool,
+    /// The host's same-page merging (KSM), for `wfjail serve --merge-pages`: its `run`,
+    /// rate and advisor, and whether a process may opt in as a whole (`crate::merging`).
+    pub merging: crate::merging::Host,
 }
 
 const ALLOW_ALL: [libc::sock_filter; 1] = [libc::sock_filter {
@@ -437,6 +440,7 @@ pub fn check(policy: &Policy) -> CheckReport {
     }
     let cgroup = cgroup_summary();
     let ok = rows.iter().all(|r| r.available || !r.required);
+    let merging = crate::merging::Host::read();
     let mut report = CheckReport {
         policy: policy.name.clone(),
         kernel: nix::sys::utsname::uname()
@@ -445,6 +449,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         uid: nix::unistd::getuid().as_raw(),
         rows,
         ok,
+        merging: merging.clone(),
     };
     report.rows.push(Row {
         layer: "guest-memory",
@@ -457,6 +462,7 @@ pub fn check(policy: &Policy) -> CheckReport {
         ),
         enable: None,
     });
+    report.rows.push(merging_row(&merging));
     report.rows.push(Row {
         layer: "cgroups",
         available: cgroup.0,
@@ -466,6 +472,65 @@ pub fn check(policy: &Policy) -> CheckReport {
         enable: None,
     });
     report
+}
+
+/// Same-page merging (KSM): whether the host merges, at what rate, and whether a process may
+/// opt in as a whole. Not a confinement layer: what `wfjail serve --merge-pages` (the
+/// runner's `merge_pages=True`) gets here.
+fn merging_row(host: &crate::merging::Host) -> Row {
+    let prctl = if host.prctl == "yes" {
+        String::new()
+    } else {
+        format!("; {}", host.prctl)
+    };
+    let (detail, enable) = match (host.present, host.run) {
+        (true, Some(1)) if host.prctl != "yes" => (
+            format!(
+                "the host merges, but {}",
+                host.prctl.trim_start_matches("no: ")
+            ),
+            Some(
+                "Linux 6.4+ (PR_SET_MEMORY_MERGE); docs/temporal.md, \"Same-page merging\"".into(),
+            ),
+        ),
+        (true, Some(1)) => (
+            format!(
+                "the host merges: {}; {} pages shared by {} mappings now{prctl}",
+                host.rate(),
+                host.pages_shared.unwrap_or(0),
+                host.pages_sharing.unwrap_or(0),
+            ),
+            None,
+        ),
+        (true, run) => (
+            format!(
+                "the host does not merge ({}/run = {}, host-wide; rate when on: {}); `serve \
+                 --merge-pages` opts the zygotes in regardless{prctl}",
+                crate::merging::KSM_DIR,
+                run.map_or("unreadable".into(), |r| r.to_string()),
+                host.rate()
+            ),
+            Some(format!(
+                "as root on the host (the node, not a container): `echo 1 > {}/run` and a \
+                 rate; {}",
+                crate::merging::KSM_DIR,
+                crate::merging::GUIDE
+            )),
+        ),
+        (false, _) => (
+            host.why_not().unwrap_or_default(),
+            Some("a kernel built with CONFIG_KSM".into()),
+        ),
+    };
+    Row {
+        layer: "page-merging",
+        // What `--merge-pages` needs: a host that merges, and the prctl that opts a zygote in.
+        available: host.merges() && host.prctl == "yes",
+        required: false,
+        used: false,
+        detail,
+        enable,
+    }
 }
 
 /// Whether this process may trace a child across its exec (`PTRACE_SEIZE` on a child that
@@ -524,7 +589,7 @@ impl CheckReport {
         );
         for r in &self.rows {
             // A missing layer the policy does not ask for changes nothing for this policy.
-            let unused = if !r.available && !r.used {
+            let unused = if !r.available && !r.used && r.layer != "page-merging" {
                 " (this policy does not use it)"
             } else {
                 ""

@@ -206,6 +206,14 @@ pub struct ServeArgs {
     /// Modules the zygote imports before any fork, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "MODULES")]
     pub preload: Vec<String>,
+    /// Opt the zygote and its session children (not this server) into the kernel's
+    /// same-page merging (KSM), which folds their identical pages into one once the host
+    /// merges (`/sys/kernel/mm/ksm/run` = 1, set by root; `wfjail check` shows it). The log
+    /// says at each zygote's start whether merging is on, and why not. Costs ksmd CPU and
+    /// opens a timing side channel between processes that opted in: docs/temporal.md,
+    /// docs/security.md.
+    #[arg(long, requires = "zygote")]
+    pub merge_pages: bool,
     #[command(flatten)]
     pub grants: GrantArgs,
     /// Wall-clock limit per call (default: the policy's limits.timeout).
@@ -336,4 +344,206 @@ pub enum PolicyCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `wfjail run`'s arguments read without clap, for the common shapes of a one-shot run:
+/// building clap's whole command tree costs ~0.1 ms of a ~2.5 ms run (docs/benchmarks.md,
+/// "Issue 28, fourth round"). `args` is the whole command line, the program name first.
+///
+/// `None` whenever anything is not plainly understood (another subcommand, `--help`, an
+/// unknown or repeated option, grouped short flags, a value that does not parse or starts
+/// with `-`, an argument that is not UTF-8): the caller then parses with clap, which gives
+/// its usual result or error. `Some` is exactly what clap gives for the same command line
+/// (`tests` below compare the two).
+pub fn fast_run_args<I>(args: I) -> Option<RunArgs>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    let mut args = args.into_iter().skip(1).map(|a| a.into_string().ok());
+    if args.next()?.as_deref()? != "run" {
+        return None;
+    }
+    let mut out = RunArgs {
+        policy: "default".to_string(),
+        grants: GrantArgs {
+            ro: Vec::new(),
+            rw: Vec::new(),
+        },
+        input: None,
+        report: None,
+        timeout: None,
+        raw: false,
+        seed: None,
+        clock: None,
+        check_determinism: None,
+        quiet: false,
+        command: Vec::new(),
+    };
+    let mut policy_set = false;
+    // A value of an option: the next argument, or `--opt=VALUE`'s.
+    fn value(
+        inline: Option<&str>,
+        rest: &mut dyn Iterator<Item = Option<String>>,
+    ) -> Option<String> {
+        let v = match inline {
+            Some(v) => v.to_string(),
+            None => rest.next()??,
+        };
+        // clap reads `-x` as an option, not a value (`-` alone is a value).
+        (v == "-" || !v.starts_with('-')).then_some(v)
+    }
+    fn set<T>(slot: &mut Option<T>, v: T) -> Option<()> {
+        // A single-valued option given twice is clap's error.
+        slot.is_none().then(|| *slot = Some(v))
+    }
+    while let Some(arg) = args.next() {
+        let arg = arg?;
+        if arg == "--" {
+            break;
+        }
+        if !arg.starts_with('-') {
+            out.command.push(arg);
+            break;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v)),
+            _ => (arg.as_str(), None),
+        };
+        let flag = |b: &mut bool| (!*b && inline.is_none()).then(|| *b = true);
+        match name {
+            "-p" | "--policy" if !policy_set => {
+                out.policy = value(inline, &mut args)?;
+                policy_set = true;
+            }
+            "--ro" => out.grants.ro.push(value(inline, &mut args)?.into()),
+            "--rw" => out.grants.rw.push(value(inline, &mut args)?.into()),
+            "--input" => set(&mut out.input, value(inline, &mut args)?.into())?,
+            "--report" => set(&mut out.report, value(inline, &mut args)?)?,
+            "--timeout" => set(
+                &mut out.timeout,
+                parse_dur(&value(inline, &mut args)?).ok()?,
+            )?,
+            "--raw" => flag(&mut out.raw)?,
+            "-q" | "--quiet" => flag(&mut out.quiet)?,
+            "--seed" => set(&mut out.seed, value(inline, &mut args)?.parse().ok()?)?,
+            "--clock" => set(&mut out.clock, value(inline, &mut args)?)?,
+            "--check-determinism" => {
+                let n: u32 = value(inline, &mut args)?.parse().ok()?;
+                set(
+                    &mut out.check_determinism,
+                    (2..=100).contains(&n).then_some(n)?,
+                )?
+            }
+            _ => return None,
+        }
+    }
+    for arg in args {
+        out.command.push(arg?);
+    }
+    (!out.command.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What clap makes of `line` when it is a run: its arguments, `Debug`-printed.
+    fn by_clap(line: &[&str]) -> Option<String> {
+        match Cli::try_parse_from(line).ok()?.command {
+            Command::Run(a) => Some(format!("{a:?}")),
+            _ => None,
+        }
+    }
+
+    fn fast(line: &[&str]) -> Option<String> {
+        fast_run_args(line.iter().map(std::ffi::OsString::from)).map(|a| format!("{a:?}"))
+    }
+
+    #[test]
+    fn the_fast_run_parse_agrees_with_clap_or_declines() {
+        let lines: &[&[&str]] = &[
+            &["wfjail", "run", "-p", "default", "--raw", "--", "/bin/true"],
+            &[
+                "wfjail",
+                "run",
+                "-q",
+                "-p",
+                "default",
+                "--raw",
+                "--",
+                "/bin/true",
+            ],
+            &["wfjail", "run", "/bin/true"],
+            &["wfjail", "run", "/bin/echo", "-q", "--raw", "--", "x"],
+            &["wfjail", "run", "--", "-q"],
+            &["wfjail", "run", "--", "--", "x"],
+            &[
+                "wfjail",
+                "run",
+                "--policy=strict",
+                "--ro=/usr",
+                "--ro",
+                "/opt",
+                "--rw",
+                "/tmp",
+                "x",
+            ],
+            &["wfjail", "run", "--policy=", "x"],
+            &["wfjail", "run", "--report", "-", "--input", "in.bin", "x"],
+            &["wfjail", "run", "--report=-", "x"],
+            &["wfjail", "run", "--report", "--raw", "x"],
+            &[
+                "wfjail",
+                "run",
+                "--timeout",
+                "500ms",
+                "--seed",
+                "7",
+                "--clock",
+                "@5",
+                "x",
+            ],
+            &["wfjail", "run", "--timeout", "soon", "x"],
+            &["wfjail", "run", "--seed", "+7", "x"],
+            &["wfjail", "run", "--seed", "-7", "x"],
+            &["wfjail", "run", "--seed", "18446744073709551615", "x"],
+            &["wfjail", "run", "--seed", "18446744073709551616", "x"],
+            &["wfjail", "run", "--check-determinism", "2", "x"],
+            &["wfjail", "run", "--check-determinism", "+3", "x"],
+            &["wfjail", "run", "--check-determinism", "1", "x"],
+            &["wfjail", "run", "--check-determinism", "101", "x"],
+            &["wfjail", "run", "--check-determinism=100", "x"],
+            &["wfjail", "run", "-p", "a", "-p", "b", "x"],
+            &["wfjail", "run", "-p", "a", "--policy", "b", "x"],
+            &["wfjail", "run", "--raw", "--raw", "x"],
+            &["wfjail", "run", "--raw=true", "x"],
+            &["wfjail", "run", "-q", "--quiet", "x"],
+            &["wfjail", "run", "--seed", "1", "--seed", "2", "x"],
+            &["wfjail", "run", "-qp", "default", "x"],
+            &["wfjail", "run", "-pdefault", "x"],
+            &["wfjail", "run", "-p=default", "x"],
+            &["wfjail", "run", "-p"],
+            &["wfjail", "run", "--raw"],
+            &["wfjail", "run", "--"],
+            &["wfjail", "run"],
+            &["wfjail", "run", "--help"],
+            &["wfjail", "run", "-h", "x"],
+            &["wfjail", "run", "--version"],
+            &["wfjail", "run", "--unknown", "x"],
+            &["wfjail", "run", "-", "x"],
+            &["wfjail", "--version"],
+            &["wfjail", "check"],
+            &["wfjail", "runs", "x"],
+        ];
+        let mut taken = 0;
+        for line in lines {
+            if let Some(f) = fast(line) {
+                assert_eq!(Some(f), by_clap(line), "{line:?}");
+                taken += 1;
+            }
+        }
+        // The common shapes do take the fast path.
+        assert!(taken >= 15, "{taken}");
+        assert!(fast(lines[0]).is_some());
+    }
 }

@@ -21,6 +21,7 @@ pub mod determinism;
 pub mod echo;
 pub mod guest_memory;
 pub mod learn;
+pub mod merging;
 pub mod notify;
 pub mod plan;
 pub mod policy;

@@ -18,6 +18,12 @@ static GLOBAL: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() -> ExitCode {
     let start = std::time::Instant::now();
+    // A one-shot run's usual command line is read without building clap's command tree
+    // (anything else, errors and --help included, goes to clap).
+    if let Some(args) = wfjail::cli::fast_run_args(std::env::args_os()) {
+        let code = cmd_run(args);
+        return exit(start, code);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -54,6 +60,11 @@ fn main() -> ExitCode {
                 .map(|()| 0)
         }
     };
+    exit(start, code)
+}
+
+/// The exit status of a command's outcome (its error printed), after the timings.
+fn exit(start: std::time::Instant, code: anyhow::Result<u8>) -> ExitCode {
     wfjail::timing::print(start);
     match code {
         Ok(c) => ExitCode::from(c),
@@ -510,6 +521,7 @@ fn cmd_serve(args: ServeArgs) -> anyhow::Result<u8> {
             python: args.python.clone(),
             preload,
             grants: grants.clone(),
+            merge: args.merge_pages,
         };
         (cfg, args.zygotes.unwrap_or(cpus))
     });

@@ -71,7 +71,7 @@ pub fn run(policy: &Policy, opts: &RunOptions, stdout: &mut dyn Write) -> Report
         Ok(p) => p,
         Err(e) => return fail(e.to_string(), e.exit_code()),
     };
-    crate::timing::mark("plan (grants, Landlock ruleset, seccomp programs)");
+    crate::timing::mark("plan: the rest (rule set, limits)");
     let io = match GuestIo::open(policy, opts) {
         Ok(io) => io,
         Err(e) => return fail(e.to_string(), e.exit_code()),

@@ -631,6 +631,23 @@ pub fn under_no_seccomp_filter() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) == 0 }
 }
 
+/// Child-safe. `prctl(PR_SET_MEMORY_MERGE, 1)` (Linux 6.4+, 67): opts the calling process
+/// into same-page merging as a whole; a fork inherits it and an exec keeps it (kernels with
+/// "mm/ksm: support fork/exec for prctl"). EINVAL: a kernel without the prctl or without KSM.
+pub fn set_memory_merge() -> SysResult<()> {
+    // SAFETY: PR_SET_MEMORY_MERGE takes no pointer; it marks the calling process's own mappings.
+    check_int(unsafe { libc::prctl(67, 1, 0, 0, 0) }).map(drop)
+}
+
+/// `prctl(PR_GET_MEMORY_MERGE)` (Linux 6.4+, 68): whether this process is opted into
+/// same-page merging as a whole. EINVAL: a kernel without the prctl (before 6.4, or without
+/// KSM); another error: a seccomp profile's refusal. Only reads.
+pub fn memory_merge() -> SysResult<bool> {
+    // SAFETY: PR_GET_MEMORY_MERGE takes no pointer and only reads the calling process's flag.
+    let ret = unsafe { libc::prctl(68, 0, 0, 0, 0) };
+    check_int(ret).map(|r| r != 0)
+}
+
 /// Kernel sizes of the notification structures (`SECCOMP_GET_NOTIF_SIZES`).
 pub fn seccomp_notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     // SAFETY: plain old data; zero is valid.
@@ -1116,6 +1133,19 @@ pub fn write_process_memory(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Res
     } else {
         Ok(n as usize)
     }
+}
+
+/// `/proc/PID/mem` of process `pid`, to read and write: the memory of the process `pid` is
+/// when it is opened (the descriptor keeps to it), and a write goes through protections (a
+/// text page is copied for that process only, like a debugger's breakpoint). Needs the
+/// access `process_vm_writev` needs (the same uid, ptrace access: an ancestor under Yama's
+/// `ptrace_scope = 1`); a kernel may refuse writes through protections
+/// (`proc_mem.force_override`, Linux 6.12).
+pub fn open_process_memory(pid: libc::pid_t) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
 }
 
 // ---------------------------------------------------------------------------------------------

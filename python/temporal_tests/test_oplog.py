@@ -157,6 +157,25 @@ class OplogLineTests(unittest.TestCase):
         self.assertIn("run-d0", warnings[0].getMessage())
         self.assertEqual(warnings[0].wfjail_degraded[0][:14], "address-layout")
 
+    def test_an_end_without_words_says_its_signal_or_code(self):
+        reg = oplog._Registry()
+        with _Capture("wfjail.temporal", logging.DEBUG) as records:
+            reg.opened("sock", 30, None, _info("run-s")).ended(
+                {"status": "crashed", "signal": "SIGSEGV", "exit_code": None, "error": None,
+                 "stderr_tail": "Fatal Python error: Segmentation fault\n\n"})
+            reg.opened("sock", 31, None, _info("run-c")).ended(
+                {"status": "guest-error", "exit_code": 3, "error": ""})
+            # A hostile report: wrong types everywhere; still words, never an empty reason.
+            reg.opened("sock", 32, None, _info("run-h")).ended(
+                {"status": "crashed", "signal": 9, "exit_code": True, "stderr_tail": [1]})
+        texts = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+        self.assertEqual(len(texts), 3, texts)
+        self.assertIn("ended: crashed: killed by SIGSEGV, its stderr ended: Fatal Python "
+                      "error: Segmentation fault", texts[0])
+        self.assertIn("ended: guest-error: exit code 3", texts[1])
+        self.assertIn("ended: crashed: no reason given", texts[2])
+        self.assertEqual(oplog.end_reason({"exit_code": 0}), "exit code 0")
+
     def test_what_is_remembered_is_bounded(self):
         reg = oplog._Registry()
         with _Capture("wfjail.temporal", logging.DEBUG):

@@ -86,6 +86,68 @@ class WorkflowLogTests(unittest.TestCase):
         self.assertEqual(out, "['once']")
 
 
+class WarmUpTests(unittest.TestCase):
+    # What the zygote's warm-up leaves in the process every session child is forked from,
+    # read in a fresh interpreter after the warm-up as the zygote runs it (and a collection,
+    # as the zygote's before its freeze).
+    LEFT = """
+import asyncio, gc, io, json, logging, sys
+err = io.StringIO(); sys.stderr = err
+from wfjail.temporal import child
+import temporalio.worker._workflow_instance as wi
+child.warm_up_from_env()
+gc.collect()
+kinds = (wi._WorkflowInstanceImpl, child._WarmUp, asyncio.Task, asyncio.Future,
+         asyncio.AbstractEventLoop, logging.LogRecord)
+left = sorted({type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds)})
+sys.stderr = sys.__stderr__
+print(json.dumps({
+    "left": left, "running": asyncio._get_running_loop() is not None,
+    "set_loop": asyncio.get_event_loop_policy()._local._loop is not None,
+    "handlers": [type(h).__name__ for h in logging.getLogger().handlers],
+    "metrics": child._metric_records, "calls": child.take_calls(),
+    "warnings_sent": child._warnings_sent, "stderr": err.getvalue(),
+    "direct": "direct_workflows" in sys.modules}))
+"""
+
+    def test_the_warm_up_workflow_completes_every_activation(self):
+        from wfjail.temporal import child
+
+        child.warm_runs(2)  # raises if an activation of the warm-up workflow failed
+
+    def test_the_code_a_run_writes_is_relocated_and_its_originals_kept(self):
+        # The named classes' code and what a run writes are copies made together; the
+        # originals stay alive (freed, their holes were filled by each child's allocations).
+        out = _python("""
+import types, direct_workflows as d
+from wfjail.temporal import child
+orig = d.Direct.run.__code__
+activate = child._build.__code__
+child.warm_up(['direct_workflows:Direct'])
+print(d.Direct.run.__code__ is not orig, d.Direct.run.__code__.co_qualname == orig.co_qualname,
+      any(c is orig for c in child._relocated_originals),
+      child._build.__code__ is not activate)
+""")
+        self.assertEqual(out, "True True True True")
+
+    def test_the_warm_up_leaves_no_loop_task_instance_handler_record_or_counter(self):
+        for env in ({"WFJAIL_TEMPORAL_WARM": "direct_workflows:Direct"},
+                    {"WFJAIL_TEMPORAL_WARM": ""}):
+            with self.subTest(env=env), mock.patch.dict(os.environ, env):
+                import json
+
+                got = json.loads(_python(self.LEFT))
+                self.assertEqual(got["left"], [])
+                self.assertFalse(got["running"])
+                self.assertFalse(got["set_loop"])
+                self.assertEqual(got["handlers"], ["_ToWorker"])
+                self.assertEqual(got["metrics"], [])
+                self.assertEqual(got["calls"], [])
+                self.assertEqual(got["warnings_sent"], 0)
+                self.assertEqual(got["stderr"], "")  # no record, no warning
+                self.assertEqual(got["direct"], bool(env["WFJAIL_TEMPORAL_WARM"]))
+
+
 class CommandTypeTests(unittest.TestCase):
     def test_every_resolving_job_resolves_a_command_that_has_a_context(self):
         for job, command in contexts.RESOLVED_BY.items():

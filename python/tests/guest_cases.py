@@ -97,9 +97,20 @@ def exits(request):
     sys.exit(3)
 
 
+def interrupted(request):
+    """What the worker's interrupt (SIGUSR2 during a call) does: the call answers with where
+    it was."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGUSR2)
+    for _ in range(10 ** 8):
+        pass
+    return b"not interrupted"
+
+
 CASES = {f.__name__: f for f in (echo, counter, text, fail, wrong_type, denied, wrapped_denial,
                                   no_thread, no_random, logs, catch, query, exits,
-                                  huge)}
+                                  huge, interrupted)}
 
 
 def move_fds(spec):

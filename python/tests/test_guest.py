@@ -138,6 +138,13 @@ class ConversationTests(unittest.TestCase):
         self.assertIn("in fail", err["traceback"])
         self.assertTrue(err["traceback"].endswith("ValueError: bad input: b'abc'\n"))
 
+    def test_sigusr2_during_a_call_interrupts_it(self):
+        out = guest("interrupted")
+        self.assertClean(out)
+        err = out.error()
+        self.assertEqual(err["type"], "wfjail.Interrupted")
+        self.assertIn("in interrupted", err["traceback"])
+
     def test_result_of_the_wrong_type(self):
         out = guest("wrong_type")
         self.assertClean(out)

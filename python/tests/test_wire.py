@@ -241,6 +241,13 @@ class PayloadTests(unittest.TestCase):
                 control.parse_control(bad)
         self.assertEqual(control.CONTROL_VERSION, 2)
 
+    def test_exited_formatted_directly_is_what_pack_control_writes(self):
+        for cpu_ms in (0.0, 1.5, 2.3456789012345, 1e-07, 12345678.9):
+            doc = {"pid": 7, "status": 256, "cpu_ms": cpu_ms, "max_rss_kb": 40960}
+            packet = control.pack_exited(7, 256, cpu_ms, 40960)
+            self.assertEqual(packet, control.pack_control(ControlKind.EXITED, doc))
+            self.assertEqual(control.parse_control(packet), (ControlKind.EXITED, doc))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -258,9 +258,11 @@ def _converse(handler: "Handler", rfd: int, wfd: int) -> int:
     _session = _Session(rfd, wfd)
     global _calling
     try:
-        import signal
+        # _signal, not signal: signal.signal converts to and from enums in Python code, which
+        # in a zygote's session child writes pages it would otherwise share.
+        import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
 
-        signal.signal(signal.SIGUSR2, _interrupt)
+        _signal.signal(_signal.SIGUSR2, _interrupt)
     except (ValueError, OSError):  # not the main thread: calls cannot be interrupted
         pass
     while True:

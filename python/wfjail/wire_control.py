@@ -30,6 +30,15 @@ def pack_control(kind: ControlKind, doc: "Any") -> bytes:
     return HEADER.pack(len(payload) + 1, kind) + payload
 
 
+def pack_exited(pid: int, status: int, cpu_ms: float, max_rss_kb: int) -> bytes:
+    """``pack_control(EXITED, {...})`` of a reaped child, formatted directly: whatever the
+    zygote's loop touches after a fork is copied (the json encoder's objects are many
+    pages). ``cpu_ms`` as ``json.dumps`` writes a float (its ``repr``)."""
+    payload = b'{"pid": %d, "status": %d, "cpu_ms": %a, "max_rss_kb": %d}' % (
+        pid, status, float(cpu_ms), max_rss_kb)
+    return HEADER.pack(len(payload) + 1, ControlKind.EXITED) + payload
+
+
 def parse_control(packet: bytes) -> "Tuple[int, Any]":
     """A control packet's kind and JSON document; ValueError if it is not one whole frame."""
     if len(packet) < HEADER.size:

@@ -24,7 +24,9 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
                                               "session_domain": 7, "control": 2,
-                                              "immortal": 205930 (objects) or why not}
+                                              "immortal": 205930 (objects) or why not,
+                                              "merging": "any" / "off: why"
+                                              (only when WFJAIL_MERGE_PAGES asks)}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
 
@@ -46,6 +48,7 @@ its session: it answers ERROR instead of HELLO.
 Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
+import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
 import gc
 import importlib
 import json
@@ -55,19 +58,23 @@ import signal
 import socket
 import sys
 
+import _socket
+
 from .immortal import ENV as immortal_env
 from .immortal import immortalize
 from .immortal import wanted as wants_immortal
 from . import hugepages
-from .wire_control import CONTROL_VERSION, ControlKind, pack_control, parse_control
+from . import merging
+from .wire import HEADER
+from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exited
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+    from typing import Any, Callable, List, Optional, Tuple, Union
 
     Handler = Callable[[bytes], Any]
-    Spare = Tuple[int, socket.socket]
+    Spare = Tuple[int, _socket.socket]
 
 FORK, READY = ControlKind.FORK, ControlKind.READY
 FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
@@ -75,6 +82,19 @@ FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
 # session's child starts or exits, which a fork would compete with for the CPUs
 # (docs/benchmarks.md, "Prefork latency").
 SPARE_IDLE = 0.001
+# The largest control packet the zygote takes (a FORK's JSON, its init value included).
+CONTROL_MAX = 65536
+
+# What a session child reads of its environment, read once here, in the zygote: wfjail set
+# it when it started the zygote, and a child that looked it up (``os.environ`` is Python
+# code over a dict) wrote pages it would otherwise share (docs/benchmarks.md, "Issue 28: the
+# session child, leaner").
+_CPU_LIMIT = os.environ.get("WFJAIL_CPU_LIMIT")
+_GETRANDOM = os.environ.get("WFJAIL_GETRANDOM")
+# The signals a child gets back, as ``_signal`` (C) takes them: ``signal.signal`` converts
+# them to and from enums in Python code, which touches the enum classes' objects.
+_CHILD_SIGNALS = ((_signal.SIGCHLD, _signal.SIG_DFL), (_signal.SIGINT, _signal.default_int_handler),
+                  (_signal.SIGTERM, _signal.SIG_DFL), (_signal.SIGHUP, _signal.SIG_DFL))
 
 
 def _resolve(spec: str) -> "Callable[..., Any]":
@@ -82,12 +102,17 @@ def _resolve(spec: str) -> "Callable[..., Any]":
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError("handler %r is not 'module:function'" % spec)
-    obj = importlib.import_module(module)
+    # Preloaded: taken from sys.modules as it is (import_module runs importlib's Python code,
+    # which in a session child writes pages it would otherwise share).
+    obj: "Any" = sys.modules.get(module)
+    if obj is None:
+        obj = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError("handler %r is not callable" % spec)
-    return obj
+    found: "Callable[..., Any]" = obj
+    return found
 
 
 def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]":
@@ -98,14 +123,13 @@ def _leave_zygote(ctl: socket.socket, wake: "Tuple[int, int]") -> "Optional[str]
     not have. Returns None, or why the child has no domain of its own (then it must not run
     its session)."""
     refused = _enter_session_domain()
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    for fd in (ctl.fileno(), wake[0], wake[1]):
-        os.close(fd)
-    cpu = os.environ.get("WFJAIL_CPU_LIMIT")
+    _signal.set_wakeup_fd(-1)
+    for signum, handler in _CHILD_SIGNALS:
+        _signal.signal(signum, handler)
+    os.close(ctl.fileno())
+    os.close(wake[0])
+    os.close(wake[1])
+    cpu = _CPU_LIMIT
     if cpu:
         import resource
         resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu)))
@@ -118,7 +142,7 @@ def _reseed() -> None:
     Reseed it from the session's own randomness — under ``getrandom = "seeded"`` that is the
     session's seed, so ``random.random()`` repeats on replay. Under ``deny`` there is no
     randomness to reseed from (and asking would be a violation)."""
-    if os.environ.get("WFJAIL_GETRANDOM") not in ("allow", "seeded"):
+    if _GETRANDOM not in ("allow", "seeded"):
         return
     mod = sys.modules.get("random")
     if mod is not None:
@@ -236,15 +260,18 @@ def _no_stop_notices() -> None:
 
 
 def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
-    """Fork a child ahead of demand: it waits for its session (socket + handler) on a
-    socket pair, so that opening a session does not wait for a fork. Returns (pid, socket)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Fork a child ahead of demand: it waits for its session on a socket pair (one message:
+    the FORK's handler and init as JSON, with the session's socket and output pipe),
+    so that opening a session does not wait for a fork. Returns (pid, socket). The pair is
+    made with ``_socket`` (C objects: no Python-level ``socket.socket`` to build and later
+    destroy in the zygote)."""
+    ours, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = _fork()
     if pid == 0:
         refused = _leave_zygote(ctl, wake)
         ours.close()
         try:
-            msg, fds, _, _ = socket.recv_fds(theirs, 65536, 2)
+            msg, fds, _, _ = socket.recv_fds(theirs, CONTROL_MAX, 2)  # type: ignore[arg-type]
         except OSError:
             os._exit(0)
         theirs.close()
@@ -252,26 +279,9 @@ def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
             os._exit(0)  # the zygote is gone, or sent nonsense
         doc = json.loads(msg.decode("utf-8"))
         init = (doc["init"],) if "init" in doc else None
-        _child(fds[0], fds[1], doc.get("handler", ""), refused, init)
+        _child(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
     theirs.close()
     return pid, ours
-
-
-def _hand_over(spare: "Spare", session_fds: "Sequence[int]", handler: str,
-               init: "Optional[Tuple[Any]]" = None) -> bool:
-    """Give a session (its socket and output pipe, its handler and ``init``, a 1-tuple when
-    there is one) to a spare child; False if the spare is gone."""
-    pid, sock = spare
-    doc = {"handler": handler}
-    if init is not None:
-        doc["init"] = init[0]
-    try:
-        socket.send_fds(sock, [json.dumps(doc).encode("utf-8")], session_fds)
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 # Landlock (include/uapi/linux/landlock.h); x86_64 syscall numbers.
@@ -495,6 +505,13 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     huge: "Union[int, str]" = "off (--no-hugepages or %s=0)" % hugepages.ENV
     if not args.no_hugepages and hugepages.wanted(os.environ):
         huge = hugepages.collapse(id(o) for o in gc.get_objects())
+    # Same-page merging for this zygote and its children, when the server asks
+    # (wfjail.merging): the server opted this process in before its exec; what the kernel
+    # says of it, or why it is off. The server says whether the host merges.
+    merge_mode = merging.wanted(os.environ)
+    merged: "Optional[str]" = None
+    if merge_mode:
+        merged = merging.status(merge_mode)
     gc.freeze()
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake[1])
@@ -504,6 +521,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     ready = {"pid": os.getpid(), "preloaded": preloaded, "python": sys.version.split()[0],
              "session_domain": session_domain, "control": CONTROL_VERSION,
              "immortal": immortal, "hugepages": huge}
+    if merged is not None:
+        ready["merging"] = merged
     if error:
         ready["error"] = error
     ctl.sendall(pack_control(READY, ready))
@@ -512,54 +531,110 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
 
-    forking_ahead = not args.no_spare
+    return _serve(ctl, wake, not args.no_spare)
+
+
+def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> int:
+    """The zygote's loop, until the supervisor is gone: FORK -> a child (the spare, or a fork)
+    and FORKED; SIGCHLD -> reap, EXITED; idle for SPARE_IDLE without a spare -> the next one.
+
+    Every page the zygote writes after a fork is copied once, since the spare and the
+    sessions share it: the loop touches as little as it can. What it uses is made here,
+    together (a receive buffer, one poll object, bound methods and plain ints in locals: no
+    module attribute looked up, no ``IntFlag`` operator; of our helpers only ``_fork``, when no
+    spare is ready);
+    a FORK's descriptors go to the spare as received (``_hand_over``, inlined; with its
+    handler and init re-encoded, the only ``json.dumps``, on the spare's path alone);
+    FORKED and EXITED are formatted bytes, not ``json.dumps``. It waits without a timeout
+    while a spare is ready (the wake-up pipe of ``signal.set_wakeup_fd`` says when a child
+    exits; a timed wait reads the clock, a supervised call here): the only timeout is the
+    idle wait before forking a spare."""
+    ctl_fd, wake_fd = ctl.fileno(), wake[0]
+    poller = select.poll()
+    poller.register(ctl_fd, select.POLLIN)
+    poller.register(wake_fd, select.POLLIN)
+    poll, recv_into, send = poller.poll, ctl.recvmsg_into, ctl.send
+    read, wait4, close, fork = os.read, os.wait4, os.close, _fork
+    loads, dumps = json.loads, json.dumps
+    pack_header, unpack_header, header_size = HEADER.pack, HEADER.unpack_from, HEADER.size
+    buf = bytearray(CONTROL_MAX)
+    bufs = [buf]
+    room = socket.CMSG_SPACE(3 * 4)  # 2 descriptors, and a third shows that there were more
+    sol_socket, scm_rights, wnohang = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS), os.WNOHANG
+    truncated, ctruncated = int(socket.MSG_TRUNC), int(socket.MSG_CTRUNC)
+    fork_kind, forked_kind = int(FORK), int(FORKED)
+    forked_doc = b'{"session": %d, "pid": %d}'
+    idle_ms = max(1, round(SPARE_IDLE * 1000))
     spare = _spare(ctl, wake) if forking_ahead else None
-    watched: "List[Any]" = [ctl, wake[0]]
     while True:
-        try:
-            # A timeout too: children are reaped even if the wake-up pipe stayed silent.
-            wait = SPARE_IDLE if (spare is None and forking_ahead) else 1.0
-            readable, _, _ = select.select(watched, [], [], wait)
-        except InterruptedError:
-            continue
-        if wake[0] in readable:
-            try:
-                while os.read(wake[0], 512):
-                    pass
-            except BlockingIOError:
-                pass
-        if ctl in readable:
-            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
-            if not msg:
-                return 0  # the supervisor is gone
-            kind, doc = parse_control(msg)
-            if kind != FORK or len(fds) != 2:
-                for f in fds:
-                    os.close(f)
-                continue
-            handler = str(doc.get("handler", ""))
-            init = (doc["init"],) if "init" in doc else None
-            if spare is not None and _hand_over(spare, fds, handler, init):
-                pid = spare[0]
-            else:
+        events = poll(idle_ms if (spare is None and forking_ahead) else None)
+        reap = not events
+        for fd, _ in events:
+            if fd == wake_fd:
+                reap = True
                 try:
-                    pid = _fork()
+                    read(wake_fd, 512)  # a few bytes: what is left wakes the next poll
+                except BlockingIOError:
+                    pass
+                continue
+            n, ancdata, flags, _ = recv_into(bufs, room)
+            fds: "List[int]" = []
+            for level, what, data in ancdata:
+                if level == sol_socket and what == scm_rights:
+                    fds += memoryview(data)[:len(data) // 4 * 4].cast("i").tolist()
+            if n == 0 and not fds:
+                return 0  # the supervisor is gone
+            if flags & truncated:
+                for f in fds:
+                    close(f)
+                raise ValueError("control packet longer than %d bytes" % CONTROL_MAX)
+            if n < header_size:
+                raise ValueError("control packet length mismatch")
+            length, kind = unpack_header(buf)
+            if length != n - 4:
+                raise ValueError("control packet length mismatch")
+            if kind != fork_kind or len(fds) != 2 or flags & ctruncated:
+                for f in fds:
+                    close(f)
+                continue
+            doc = loads(buf[header_size:n])
+            session = doc.get("session")
+            pid = 0
+            if spare is not None:
+                # _hand_over, inlined: the FORK's descriptors as received, its handler and
+                # init (not its session number: a session learns nothing of how many came
+                # before it); a spare that is gone (EPIPE) leaves the fork below to do it.
+                doc.pop("session", None)
+                try:
+                    spare[1].sendmsg((dumps(doc).encode(),), ancdata)
+                    pid = spare[0]
+                except OSError:
+                    pass
+                spare[1].close()
+                spare = None
+            if not pid:
+                try:
+                    pid = fork()
                 except OSError as exc:
                     for f in fds:
-                        os.close(f)
-                    ctl.sendall(pack_control(FORKED, {"session": doc.get("session"),
-                                                      "error": str(exc)}))
+                        close(f)
+                    send(pack_control(FORKED, {"session": session, "error": str(exc)}))
                     continue
                 if pid == 0:
-                    _child(fds[0], fds[1], handler, _leave_zygote(ctl, wake), init)
-            spare = None
+                    init = (doc["init"],) if "init" in doc else None
+                    _child(fds[0], fds[1], str(doc.get("handler", "")),
+                           _leave_zygote(ctl, wake), init)
             for f in fds:
-                os.close(f)
-            ctl.sendall(pack_control(FORKED, {"session": doc.get("session"), "pid": pid}))
+                close(f)
+            if type(session) is int:
+                answer = forked_doc % (session, pid)
+                send(pack_header(len(answer) + 1, forked_kind) + answer)
+            else:
+                send(pack_control(FORKED, {"session": session, "pid": pid}))
         # Reap every child that ended, and tell the supervisor how.
-        while True:
+        while reap:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                pid, status, usage = wait4(-1, wnohang)
             except ChildProcessError:
                 break
             if pid == 0:
@@ -567,20 +642,15 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             if spare is not None and pid == spare[0]:
                 spare[1].close()  # the spare died before its session: make another
                 spare = None
-            ctl.sendall(pack_control(EXITED, {
-                "pid": pid,
-                "status": status,
-                "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
-                "max_rss_kb": usage.ru_maxrss,
-            }))
+            send(pack_exited(pid, status, (usage.ru_utime + usage.ru_stime) * 1000.0,
+                             usage.ru_maxrss))
         # The next spare is forked off the sessions' path: once the zygote is idle (a FORK
         # that finds no spare forks at once).
-        if spare is None and forking_ahead and not readable:
+        if spare is None and forking_ahead and not events:
             try:
                 spare = _spare(ctl, wake)
             except OSError:
                 spare = None
-
 
 if __name__ == "__main__":
     sys.exit(main())

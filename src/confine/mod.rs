@@ -18,6 +18,9 @@
 //! 5. rlimits — lowering needs no privilege; then the personality (no address-space
 //!    randomisation, when the policy pins the layout), which needs none either but which
 //!    container seccomp profiles refuse (best-effort unless `address-layout` is required).
+//!    Under `serve --merge-pages`, the zygote is opted into same-page merging here too
+//!    (`prctl(PR_SET_MEMORY_MERGE, 1)`, kept across the exec, inherited by its forks): the
+//!    guest's filter refuses that call to the guest itself.
 //! 6. capabilities — bounding, ambient, then effective/permitted/inheritable.
 //! 7. no_new_privs — required by Landlock and seccomp without CAP_SYS_ADMIN.
 //! 8. Landlock — restrict_self with the ruleset the parent built, then close it.
@@ -64,6 +67,9 @@ pub struct ChildSpec<'a> {
     pub no_aslr: bool,
     /// `require` names `address-layout`: a refused `personality` stops the start.
     pub no_aslr_required: bool,
+    /// `serve --merge-pages`: opt into same-page merging before the exec (best-effort: a
+    /// failure goes to the parent as a degraded `Step::MemoryMerge`).
+    pub merge_pages: bool,
     pub last_cap: u32,
     pub capabilities_required: bool,
     pub no_new_privs_required: bool,
@@ -164,6 +170,14 @@ pub fn apply(spec: &mut ChildSpec<'_>) -> ! {
         && let Err(e) = sys::disable_address_randomization()
     {
         degrade(chan, Step::Personality, e, spec.no_aslr_required);
+    }
+
+    // ...and same-page merging for the zygote of `serve --merge-pages`, which its filter would
+    // refuse it after the exec (the opt-in is the operator's, never the guest's).
+    if spec.merge_pages
+        && let Err(e) = sys::set_memory_merge()
+    {
+        degrade(chan, Step::MemoryMerge, e, false);
     }
 
     // 6. Capabilities.

@@ -39,6 +39,9 @@ pub enum Step {
     /// Parent-side: the exec stop that patches the guest's vDSO (answers/vdso.rs).
     Vdso = 17,
     Personality = 18,
+    /// `serve --merge-pages`: the zygote opted into same-page merging before its exec. Not a
+    /// confinement layer: a failure is the operator log's (`merging::notice`), not a report's.
+    MemoryMerge = 19,
 }
 
 impl Step {
@@ -63,6 +66,7 @@ impl Step {
             16 => MountNs,
             17 => Vdso,
             18 => Personality,
+            19 => MemoryMerge,
             _ => return None,
         })
     }
@@ -89,6 +93,9 @@ impl Step {
             Step::MountNs => "mounting a private /proc in a mount namespace",
             Step::Personality => {
                 "switching address-space randomisation off (address-layout: personality(ADDR_NO_RANDOMIZE) for [process] address_randomization = \"deny\"; the container's seccomp profile must allow personality(0x40000), see docs/containers.md)"
+            }
+            Step::MemoryMerge => {
+                "opting the zygote into same-page merging (prctl(PR_SET_MEMORY_MERGE, 1) before its exec)"
             }
             Step::Vdso => {
                 "tracing the command across its exec to patch its vDSO (needed by [time] clock and [random] getrandom other than \"allow\": ptrace must be allowed by the container's seccomp profile and Yama)"

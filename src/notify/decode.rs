@@ -744,13 +744,27 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
                 .map_or_else(|| format!("code {code:#x}"), |n| format!("{n} ({code:#x})"));
             format!("{shown}, {:#x}", a[1])
         }
+        Args::Prctl => {
+            let shown = syscalls::prctl_name(a[0]).map_or_else(
+                || format!("option {}", a[0] as i32),
+                |n| format!("{n} ({})", a[0] as i32),
+            );
+            format!("{shown}, {:#x}", a[1])
+        }
+        Args::Madvise => {
+            let shown = syscalls::madvise_name(a[2])
+                .map_or_else(|| format!("advice {}", a[2] as i32), str::to_string);
+            format!("{:#x}, {} bytes, {shown}", a[0], a[1])
+        }
     };
     Decoded {
         category,
         syscall,
         args,
         rule,
-        always_deny: d.always_deny,
+        // An opt-in to same-page merging is refused whatever `on_violation` says, also where
+        // the policy's own deny list sent the call.
+        always_deny: d.always_deny || merge_opt_in(name, a),
         // A denied timed futex wait times out at once: the C library takes any other error
         // from it as a broken futex facility and aborts the process.
         errno: if d.check == Check::TimedWait && matches!(d.name, "futex" | "futex_waitv") {
@@ -759,6 +773,16 @@ fn decode_unbounded(n: &Notif, mem: &dyn GuestMemory, decisions: &Decisions) -> 
             libc::EPERM
         },
         hint,
+    }
+}
+
+/// Whether a call opts its caller into same-page merging (`syscalls::ArgRule::PrctlNoMergeOptIn`,
+/// `MadviseNoMergeable`).
+fn merge_opt_in(name: &str, a: &[u64; 6]) -> bool {
+    match name {
+        "prctl" => a[0] & 0xffff_ffff == syscalls::PR_SET_MEMORY_MERGE && a[1] != 0,
+        "madvise" => a[2] & 0xffff_ffff == syscalls::MADV_MERGEABLE,
+        _ => false,
     }
 }
 

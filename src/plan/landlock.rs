@@ -135,7 +135,14 @@ pub fn build(
     let mut created = ruleset.create()?;
     let mut proc_rules = Vec::new();
     let mut add = |path: &PathBuf, access: BitFlags<AccessFs>| -> Result<(), LandlockError> {
-        let access = if is_dir(path) {
+        let fd = PathFd::new(path).map_err(|source| LandlockError::Path {
+            path: path.clone(),
+            source,
+        })?;
+        // Asked of the descriptor just opened, not of the path again (a second walk of it).
+        let access = if nix::sys::stat::fstat(&fd)
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+        {
             access
         } else {
             access & file_access
@@ -145,10 +152,6 @@ pub fn build(
         {
             proc_rules.push((c, access.bits()));
         }
-        let fd = PathFd::new(path).map_err(|source| LandlockError::Path {
-            path: path.clone(),
-            source,
-        })?;
         created.as_mut().add_rule(PathBeneath::new(fd, access))?;
         Ok(())
     };

@@ -214,6 +214,9 @@ pub struct Plan {
     /// `wfjail learn`: the grants of the policy as written (before everything was made
     /// readable for the learning run), read and write.
     pub base_grants: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
+    /// `serve --merge-pages`: the child opts into same-page merging before its exec (a
+    /// zygote's; set by its start, never by a policy).
+    pub merge_pages: bool,
     /// Arguments of the command that name files the guest may not read (a script given to
     /// an interpreter outside the grants): named in the report if the guest fails.
     pub unreadable_args: Vec<PathBuf>,
@@ -333,7 +336,7 @@ fn venv_config(command: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(cfg).ok().filter(|c| c.is_file())
 }
 
-fn exe_dirs_also(command: &Path, canonical: &Path) -> Vec<String> {
+fn exe_dirs_also(command: &Path, canonical: &Path, venv_cfg: Option<&Path>) -> Vec<String> {
     let mut dirs = Vec::new();
     let dir = std::path::absolute(command)
         .ok()
@@ -343,7 +346,7 @@ fn exe_dirs_also(command: &Path, canonical: &Path) -> Vec<String> {
     {
         dirs.push(real.display().to_string());
     }
-    if let Some(cfg) = venv_config(command).and_then(|c| std::fs::read_to_string(c).ok()) {
+    if let Some(cfg) = venv_cfg.and_then(|c| std::fs::read_to_string(c).ok()) {
         for line in cfg.lines() {
             if let Some((key, value)) = line.split_once('=')
                 && key.trim() == "home"
@@ -479,6 +482,8 @@ fn grants_of(
     command: &Path,
     canonical_cmd: &Path,
 ) -> Result<Grants, PlanError> {
+    // Looked up once: it is both a directory `${exe_dir}` stands for and a grant.
+    let venv_cfg = venv_config(command);
     let ctx = VarContext {
         cwd: std::env::current_dir()
             .ok()
@@ -489,7 +494,7 @@ fn grants_of(
         exe_dir: std::path::absolute(command)
             .ok()
             .and_then(|c| c.parent().map(|p| p.display().to_string())),
-        exe_dir_also: exe_dirs_also(command, canonical_cmd),
+        exe_dir_also: exe_dirs_also(command, canonical_cmd, venv_cfg.as_deref()),
     };
     let mut read = Vec::new();
     let mut write = Vec::new();
@@ -514,7 +519,7 @@ fn grants_of(
     }
     // A virtualenv's interpreter reads `pyvenv.cfg` before anything else (site.py): without
     // it, it cannot start at all. Reading it tells the guest nothing it does not run with.
-    if let Some(cfg) = venv_config(command)
+    if let Some(cfg) = venv_cfg
         && !read.contains(&cfg)
     {
         read.push(cfg);
@@ -557,6 +562,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     let command = resolve_command(cmd, &path_env)?;
     let canonical_cmd = std::fs::canonicalize(&command).unwrap_or_else(|_| command.clone());
     let interpreter = script_interpreter(&canonical_cmd);
+    crate::timing::mark("plan: command");
 
     let Grants {
         mut read,
@@ -564,6 +570,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         list,
         skipped,
     } = grants_of(policy, req, &command, &canonical_cmd)?;
+    crate::timing::mark("plan: grants");
     // The command (and a script's interpreter) must be readable, or exec fails with EACCES:
     // say so now, with the fix, instead of after a fork.
     let landlock_abi = crate::sys::landlock_abi();
@@ -575,9 +582,13 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         policy.on_violation == OnViolation::Warn && !req.learn && !req.session && !req.zygote;
     if landlock_abi.is_ok() && !req.learn && !warn_files {
         let granted: Vec<PathBuf> = read.iter().chain(&write).cloned().collect();
-        for exe in std::iter::once(&canonical_cmd).chain(interpreter.as_ref()) {
-            let exe = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.clone());
-            if !covered(&exe, &granted) {
+        // The command is canonical already (or could not be made so, which a second try
+        // would not change); a script's interpreter is made canonical here.
+        let interpreter_canonical = interpreter
+            .as_ref()
+            .map(|i| std::fs::canonicalize(i).unwrap_or_else(|_| i.clone()));
+        for exe in std::iter::once(&canonical_cmd).chain(interpreter_canonical.as_ref()) {
+            if !covered(exe, &granted) {
                 return Err(PlanError::NotGranted {
                     path: exe.display().to_string(),
                     dir: exe.parent().unwrap_or(Path::new("/")).display().to_string(),
@@ -606,6 +617,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
     };
     let env = guest_env(policy, &req.extra_env);
     let exec = ExecImage::new(&command, &req.argv, &env)?;
+    crate::timing::mark("plan: checks, env, exec image");
 
     // Landlock.
     let deny_tcp =
@@ -635,11 +647,15 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         }
     };
 
+    crate::timing::mark("plan: landlock");
     // Seccomp: both programs, so the child can fall back without calling us.
     let watch_reads = req.learn
         || warn_files
         || (req.zygote && policy.zygote.reads_after_preload == Toggle::Deny);
-    let seccomp_notify = bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?;
+    let seccomp_notify = match policy::prebuilt::notify_program(policy, req.zygote, watch_reads) {
+        Some(program) => program,
+        None => bpf::compile(policy, bpf::Mode::Notify, None, req.zygote, watch_reads)?,
+    };
     // The fall-back program only where the listener may be refused: compiling it was ~0.05 ms
     // of every run on a host where it is never used.
     let seccomp_fallback = if crate::sys::user_notification_certain() {
@@ -660,6 +676,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
             .map_or_else(Vec::new, bpf::self_pid_slots),
     );
 
+    crate::timing::mark("plan: seccomp");
     use nix::sys::resource::Resource;
     let l = &policy.limits;
     let wanted = [
@@ -732,6 +749,7 @@ pub fn build(policy: &Policy, req: &PlanRequest) -> Result<Plan, PlanError> {
         write,
         list,
         skipped,
+        merge_pages: false,
         unreadable_args,
         warn_files,
         base_grants,

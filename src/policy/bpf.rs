@@ -140,6 +140,26 @@ fn arg_rules(name: &'static str, r: ArgRule, zygote: bool) -> Result<Leaf, BpfEr
         ArgRule::ArchPrctlAllowlist => {
             Leaf::AllowIf(one_of(name, 0, syscalls::ARCH_PRCTL_ALLOWED)?)
         }
+        // Every option but the opt-in: another option, or PR_SET_MEMORY_MERGE with 0 (the
+        // kernel reads the option as an int, its argument as an unsigned long).
+        ArgRule::PrctlNoMergeOptIn => Leaf::AllowIf(vec![
+            rule(
+                vec![cond(0, Len::Dword, Op::Ne, syscalls::PR_SET_MEMORY_MERGE)],
+                name,
+            )?,
+            rule(
+                vec![
+                    cond(0, Len::Dword, Op::Eq, syscalls::PR_SET_MEMORY_MERGE),
+                    cond(1, Len::Qword, Op::Eq, 0),
+                ],
+                name,
+            )?,
+        ]),
+        // Every advice but MADV_MERGEABLE (an int to the kernel).
+        ArgRule::MadviseNoMergeable => Leaf::AllowIf(vec![rule(
+            vec![cond(2, Len::Dword, Op::Ne, syscalls::MADV_MERGEABLE)],
+            name,
+        )?]),
         ArgRule::FcntlAllowlist => Leaf::AllowElseSupervise {
             allow: one_of(name, 1, syscalls::FCNTL_ALLOWED)?,
             supervise: Some(one_of(name, 1, syscalls::FCNTL_LOCKS)?),
@@ -629,7 +649,8 @@ mod tests {
     fn default_policy_decisions() {
         let p = policy::load("default").unwrap();
         let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
-        assert!(prog.len() < 600, "program has {} instructions", prog.len());
+        // (613 with the same-page merging opt-in refused in prctl and madvise.)
+        assert!(prog.len() < 640, "program has {} instructions", prog.len());
         assert_eq!(run(&prog, "read", [0; 6]), RET_ALLOW);
         assert_eq!(run(&prog, "openat", [0; 6]), RET_ALLOW);
         assert_eq!(run(&prog, "socket", [2, 1, 0, 0, 0, 0]), RET_USER_NOTIF);
@@ -724,6 +745,47 @@ mod tests {
             evaluate(&prog, AUDIT_ARCH_X86_64, 10_000, [0; 6]),
             RET_USER_NOTIF
         );
+    }
+
+    #[test]
+    fn no_policy_lets_a_guest_opt_into_same_page_merging() {
+        let eperm = RET_ERRNO | libc::EPERM as u32;
+        for name in ["default", "strict", "permissive", "temporal-python"] {
+            let p = policy::load(name).unwrap();
+            for zygote in [false, true] {
+                let notify = compile(&p, Mode::Notify, None, zygote, false).unwrap();
+                let fallback = compile(&p, Mode::Fallback, None, zygote, false).unwrap();
+                for (prog, refused) in [(&notify, RET_USER_NOTIF), (&fallback, eperm)] {
+                    let case = format!("{name} zygote={zygote} refused={refused:#x}");
+                    // PR_SET_MEMORY_MERGE, 1 (or any non-zero value, high bits included).
+                    for on in [1, 2, 1 << 32] {
+                        assert_eq!(run(prog, "prctl", [67, on, 0, 0, 0, 0]), refused, "{case}");
+                    }
+                    // The option is an int: high bits do not hide it.
+                    assert_eq!(
+                        run(prog, "prctl", [(1 << 32) | 67, 1, 0, 0, 0, 0]),
+                        refused,
+                        "{case}"
+                    );
+                    assert_eq!(run(prog, "madvise", [0x1000, 4096, 12, 0, 0, 0]), refused);
+                    assert_eq!(
+                        run(prog, "madvise", [0x1000, 4096, (1 << 32) | 12, 0, 0, 0]),
+                        refused
+                    );
+                    // Opting out, asking, and every other option or advice run.
+                    assert_eq!(run(prog, "prctl", [67, 0, 0, 0, 0, 0]), RET_ALLOW);
+                    assert_eq!(run(prog, "prctl", [68, 0, 0, 0, 0, 0]), RET_ALLOW);
+                    assert_eq!(run(prog, "prctl", [15, 0x1000, 0, 0, 0, 0]), RET_ALLOW);
+                    for advice in [4, 13, 14, 25] {
+                        assert_eq!(
+                            run(prog, "madvise", [0x1000, 4096, advice, 0, 0, 0]),
+                            RET_ALLOW,
+                            "{case} advice {advice}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

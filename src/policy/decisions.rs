@@ -146,6 +146,9 @@ const SYSV_IPC: &[&str] = &[
 
 const IOCTL_HINT: &str = "only terminal queries (isatty, terminal size), FIONREAD, FIONBIO and FIOCLEX are allowed; other ioctls could change files, terminals or interfaces outside the sandbox";
 const ARCH_PRCTL_HINT: &str = "only the thread pointer, CPU feature and shadow-stack codes of arch_prctl are allowed; ARCH_MAP_VDSO would map a fresh vDSO that reads the real clock without a syscall (use workflow.now())";
+/// The hint of a refused opt-in to same-page merging (`prctl(PR_SET_MEMORY_MERGE)`,
+/// `madvise(MADV_MERGEABLE)`).
+pub const MERGE_HINT: &str = "same-page merging is the operator's choice (wfjail serve --merge-pages, JailedWorkflowRunner(merge_pages=True)); a guest cannot opt in: a merged page's copy-on-write timing is a side channel to every other opted-in process on the host";
 const MEMFD_HINT: &str = "memory files are not allowed in workflow code (they escape limits.memory); keep data in ordinary objects";
 const IPC_HINT: &str =
     "inter-process channels are not allowed in workflow code (prefork sessions would share them)";
@@ -256,6 +259,17 @@ fn decision_for(policy: &Policy, shape: Shape, name: &'static str) -> Decision {
             hint = Some(ARCH_PRCTL_HINT);
             "arch_prctl codes are an allowlist (thread pointer, CPU features, shadow stack; no ARCH_MAP_VDSO)".into()
         }
+        // The filter sends only the opt-in (the other options and advice run).
+        "prctl" if guarded => {
+            always_deny = true;
+            hint = Some(MERGE_HINT);
+            "a guest cannot opt into same-page merging (prctl(PR_SET_MEMORY_MERGE, 1)): serve --merge-pages opts a zygote in".into()
+        }
+        "madvise" if guarded => {
+            always_deny = true;
+            hint = Some(MERGE_HINT);
+            "a guest cannot opt into same-page merging (madvise(MADV_MERGEABLE)): serve --merge-pages opts a zygote in".into()
+        }
         "memfd_create" if guarded => {
             hint = Some(MEMFD_HINT);
             "memory files are denied: they are not counted by limits.memory".into()
@@ -310,6 +324,8 @@ fn decision_for(policy: &Policy, shape: Shape, name: &'static str) -> Decision {
         | Args::Memfd
         | Args::Mmap
         | Args::ArchPrctl
+        | Args::Prctl
+        | Args::Madvise
             if policy_denies =>
         {
             Args::Hex
@@ -390,6 +406,22 @@ mod tests {
             "syscalls.deny = [\"uname\"]"
         );
         assert_eq!(d.get(nr("getrandom")).unwrap().check, Check::Seeded);
+    }
+
+    #[test]
+    fn an_opt_in_to_same_page_merging_is_refused_under_every_on_violation() {
+        for name in ["default", "strict", "permissive", "temporal-python"] {
+            let p = crate::policy::load(name).unwrap();
+            let d = Decisions::compile(&p, Shape::default());
+            for call in ["prctl", "madvise"] {
+                let got = d.get(nr(call)).unwrap();
+                assert_eq!(got.check, Check::Violation, "{name} {call}");
+                assert!(got.always_deny, "{name} {call}: denied even under warn");
+                assert_eq!(got.category, Category::Privilege);
+                assert_eq!(got.hint, Some(MERGE_HINT));
+                assert!(got.rule.contains("same-page merging"), "{}", got.rule);
+            }
+        }
     }
 
     #[test]

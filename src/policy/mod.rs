@@ -10,6 +10,7 @@ pub mod bpf;
 pub mod decisions;
 mod error;
 mod model;
+pub mod prebuilt;
 pub mod rules;
 pub mod syscall_table;
 pub mod syscalls;
@@ -40,7 +41,7 @@ pub const BUILTINS: &[(&str, &str)] = &[
 pub const MAX_EXTENDS_DEPTH: usize = 8;
 
 /// A value and where it was written (serializes as the bare value).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct At<T> {
     pub value: T,
     pub at: Location,
@@ -57,7 +58,7 @@ pub type PathRule = At<PathTemplate>;
 
 /// A fully resolved policy: `extends` applied, defaults filled in, validated. Serializes in the
 /// policy-file format (so `wfjail policy show` output is itself a valid policy).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Policy {
     /// The built-in name or the file path it was loaded from.
     #[serde(skip)]
@@ -77,13 +78,13 @@ pub struct Policy {
     pub zygote: ZygoteRules,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ZygoteRules {
     pub reads_after_preload: Toggle,
     pub preload: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FilesystemRules {
     pub read: Vec<PathRule>,
     pub write: Vec<PathRule>,
@@ -92,12 +93,12 @@ pub struct FilesystemRules {
     pub list: Vec<PathRule>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NetworkRules {
     pub mode: NetworkMode,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProcessRules {
     pub threads: Toggle,
     pub subprocess: Toggle,
@@ -107,18 +108,18 @@ pub struct ProcessRules {
     pub cpu_count: Option<At<u64>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TimeRules {
     pub sleep: Toggle,
     pub clock: ClockMode,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RandomRules {
     pub getrandom: RandomMode,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SyscallRules {
     pub allow: Vec<At<SyscallName>>,
     pub deny: Vec<At<SyscallName>>,
@@ -133,7 +134,7 @@ impl SyscallRules {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Limits {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Dur>,
@@ -157,14 +158,14 @@ pub struct Limits {
     pub disk: Option<Size>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EnvRules {
     pub clear: bool,
     pub keep: Vec<String>,
     pub set: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct NamespaceRules {
     pub user: bool,
     pub net: bool,
@@ -429,6 +430,24 @@ pub fn load(spec: &str) -> Result<Policy, PolicyError> {
 
 /// [`load`] with the files read from `sources`.
 pub fn load_from(spec: &str, sources: &dyn Sources) -> Result<Policy, PolicyError> {
+    // A built-in on its own: built from Rust generated from its file (`prebuilt`), the
+    // same policy without parsing it again.
+    if !looks_like_path(spec)
+        && let Some(p) = prebuilt::get(spec)
+    {
+        return Ok(p);
+    }
+    load_parsed_from(spec, sources)
+}
+
+/// A built-in parsed from its TOML (what `prebuilt` is generated from and checked against).
+#[cfg(test)]
+fn load_parsed(name: &str) -> Result<Policy, PolicyError> {
+    load_parsed_from(name, &FileSystem)
+}
+
+/// [`load_from`], always parsing.
+fn load_parsed_from(spec: &str, sources: &dyn Sources) -> Result<Policy, PolicyError> {
     let origin = if looks_like_path(spec) {
         Origin::File(PathBuf::from(spec))
     } else if let Some((name, _)) = builtin(spec) {

@@ -182,6 +182,10 @@ pub enum Args {
     Mmap,
     /// `arch_prctl`: the code (a vDSO mapping makes it a `clock` violation).
     ArchPrctl,
+    /// `prctl`: the option and its first argument.
+    Prctl,
+    /// `madvise`: the range and the advice.
+    Madvise,
 }
 
 /// How a denied call of `name` shows its arguments.
@@ -218,6 +222,8 @@ pub fn args(name: &str) -> Args {
         "memfd_create" => Args::Memfd,
         "mmap" => Args::Mmap,
         "arch_prctl" => Args::ArchPrctl,
+        "prctl" => Args::Prctl,
+        "madvise" => Args::Madvise,
         _ => Args::Hex,
     }
 }
@@ -246,6 +252,9 @@ pub fn category(name: &str) -> Category {
         // ioctl and fcntl are allowed by request: the ones left reach the host (inode flags,
         // leases, terminal control, SIGIO routing), so they are denied even under `warn`.
         "kill" | "tkill" | "tgkill" | "prlimit64" | "ioctl" | "fcntl" => Privilege,
+        // Refused only to opt into same-page merging (a side channel to every other
+        // opted-in process on the host): denied even under `warn`.
+        "prctl" | "madvise" => Privilege,
         _ if always_denied(name) => Privilege,
         _ => Other,
     }
@@ -374,6 +383,15 @@ pub enum ArgRule {
     /// ask at start-up. `ARCH_MAP_VDSO_*` maps a fresh vDSO, whose clock functions read the
     /// real time without a syscall (undoing the exec stop's patch, `answers/vdso.rs`).
     ArchPrctlAllowlist,
+    /// `prctl` with any option but `PR_SET_MEMORY_MERGE` opting in ([`PR_SET_MEMORY_MERGE`]
+    /// with a non-zero argument): same-page merging is the operator's choice
+    /// (`serve --merge-pages` opts a zygote in before its filter). A guest that opted itself
+    /// in could time copy-on-write faults on merged pages against every other opted-in
+    /// process on the host. Opting out (argument 0) and asking (`PR_GET_MEMORY_MERGE`) run.
+    PrctlNoMergeOptIn,
+    /// `madvise` with any advice but [`MADV_MERGEABLE`] (the same opt-in, per range;
+    /// `MADV_UNMERGEABLE`, opting out, runs).
+    MadviseNoMergeable,
     /// A call that changes the file system. Landlock decides; the supervisor also sees it
     /// (user notification) so that a write outside the policy is reported with its path.
     /// Without notification it is simply allowed, and Landlock alone denies.
@@ -534,7 +552,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("pkey_mprotect", "memory mappings"),
     any("pkey_alloc", "memory protection keys"),
     any("pkey_free", "memory protection keys"),
-    any("madvise", "memory hints"),
+    Allowed {
+        name: "madvise",
+        rule: ArgRule::MadviseNoMergeable,
+        why: "memory hints (not MADV_MERGEABLE: same-page merging is the operator's choice)",
+    },
     any("mincore", "memory residency"),
     any("msync", "mapped files"),
     any("mseal", "glibc seals its mappings"),
@@ -668,7 +690,11 @@ pub const BASE_ALLOWLIST: &[Allowed] = &[
     any("set_tid_address", "libc start-up"),
     any("set_robust_list", "libc start-up"),
     any("rseq", "libc start-up"),
-    any("prctl", "process attributes (names, no_new_privs queries)"),
+    Allowed {
+        name: "prctl",
+        rule: ArgRule::PrctlNoMergeOptIn,
+        why: "process attributes (names, no_new_privs queries; not PR_SET_MEMORY_MERGE's opt-in)",
+    },
     any("futex", "locks (single-threaded runtimes still use them)"),
     any("futex_waitv", "locks"),
     any("futex_wake", "locks"),
@@ -746,6 +772,45 @@ pub fn arch_prctl_name(code: u64) -> Option<&'static str> {
         .chain(OTHERS)
         .find(|&&(c, _)| c == code)
         .map(|&(_, n)| n)
+}
+
+/// `prctl`'s same-page merging options (Linux 6.4): opting in (argument 1) is refused, opting
+/// out (0) and asking are not (`ArgRule::PrctlNoMergeOptIn`).
+pub const PR_SET_MEMORY_MERGE: u64 = 67;
+pub const PR_GET_MEMORY_MERGE: u64 = 68;
+
+/// `madvise`'s same-page merging advice: opting a range in is refused, opting it out is not
+/// (`ArgRule::MadviseNoMergeable`).
+pub const MADV_MERGEABLE: u64 = 12;
+pub const MADV_UNMERGEABLE: u64 = 13;
+
+/// The name of `prctl` option `option`, for reports (the few a report is likely to show).
+pub fn prctl_name(option: u64) -> Option<&'static str> {
+    Some(match option & 0xffff_ffff {
+        1 => "PR_SET_PDEATHSIG",
+        4 => "PR_SET_DUMPABLE",
+        15 => "PR_SET_NAME",
+        22 => "PR_SET_SECCOMP",
+        38 => "PR_SET_NO_NEW_PRIVS",
+        PR_SET_MEMORY_MERGE => "PR_SET_MEMORY_MERGE",
+        PR_GET_MEMORY_MERGE => "PR_GET_MEMORY_MERGE",
+        _ => return None,
+    })
+}
+
+/// The name of `madvise` advice `advice`, for reports.
+pub fn madvise_name(advice: u64) -> Option<&'static str> {
+    Some(match advice & 0xffff_ffff {
+        0 => "MADV_NORMAL",
+        4 => "MADV_DONTNEED",
+        8 => "MADV_FREE",
+        MADV_MERGEABLE => "MADV_MERGEABLE",
+        MADV_UNMERGEABLE => "MADV_UNMERGEABLE",
+        14 => "MADV_HUGEPAGE",
+        15 => "MADV_NOHUGEPAGE",
+        25 => "MADV_COLLAPSE",
+        _ => return None,
+    })
 }
 
 /// The `fcntl` commands a guest may make.

@@ -142,6 +142,7 @@ pub fn spawn(
             rlimits: &plan.rlimits,
             no_aslr: p.no_aslr,
             no_aslr_required: p.requires(Layer::AddressLayout),
+            merge_pages: p.merge_pages,
             last_cap: plan.last_cap,
             capabilities_required: p.requires(Layer::Capabilities),
             no_new_privs_required: p.requires(Layer::NoNewPrivs),

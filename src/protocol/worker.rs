@@ -167,6 +167,11 @@ pub struct Capacity {
     /// server that works; a count is a stall some session saw.
     #[serde(default)]
     pub waits_timed_out: std::collections::BTreeMap<String, u64>,
+    /// A zygote session's pinned pid, since the server started: `notified` (answered by the
+    /// router), `in_guest` (sessions whose C library answers it), `skipped_*` (sessions left
+    /// to the router, by reason).
+    #[serde(default)]
+    pub pid_answers: std::collections::BTreeMap<String, u64>,
 }
 
 /// The server's answer to OPEN.

@@ -56,6 +56,11 @@ pub struct Ready {
     pub control: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Same-page merging, when `--merge-pages` asked: `any` when the kernel says the zygote
+    /// is opted in (`PR_GET_MEMORY_MERGE`; the server opted it in before its exec), or
+    /// `off: why` (`crate::merging::notice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merging: Option<String>,
 }
 
 fn version_1() -> u64 {
@@ -242,6 +247,7 @@ mod tests {
                 session_domain: Some(SessionDomain::Abi(7)),
                 control: 2,
                 error: None,
+                merging: None,
             })
         );
         let forked = frame(FORKED, r#"{"session": 12, "pid": 5}"#);
@@ -438,6 +444,7 @@ mod tests {
                 session_domain: Some(SessionDomain::Refused("no".into())),
                 control: 2,
                 error: Some("preloading a: ImportError: x".into()),
+                merging: Some("any".into()),
             }),
             Control::Forked(Forked {
                 session: u64::MAX,

@@ -153,6 +153,15 @@ impl Metrics {
                 .collect(),
         );
         counter(
+            "wfjail_pid_answers_total",
+            "A zygote session's pinned pid: answered by the router (notified), sessions whose \
+             own C library answers it (in_guest), sessions left to the router (skipped_*).",
+            super::pid_answers::counts()
+                .into_iter()
+                .map(|(w, n)| (format!("{{answer=\"{w}\"}}"), n))
+                .collect(),
+        );
+        counter(
             "wfjail_call_errors_total",
             "Calls answered with ERROR.",
             vec![(String::new(), self.call_errors.load(Ordering::Relaxed))],

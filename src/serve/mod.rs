@@ -10,6 +10,7 @@ pub mod control;
 pub mod launch;
 pub mod metrics;
 pub mod phases;
+pub mod pid_answers;
 pub mod route;
 pub mod session;
 pub mod threads;
@@ -259,6 +260,9 @@ pub struct Determinism {
     /// child), made before or after the zygote's FORKED registered it as whether a spare was
     /// ready decides: fixed bytes under every policy, never a violation.
     pub begun: bool,
+    /// The router answered its pinned pid once and tried to have the guest answer it itself
+    /// (`answers/guest_pid.rs`): tried once per session.
+    pub pid_in_guest_tried: bool,
 }
 
 impl Determinism {
@@ -275,6 +279,7 @@ impl Determinism {
             inodes: Default::default(),
             armed: false,
             begun: false,
+            pid_in_guest_tried: false,
         }
     }
 }

@@ -71,6 +71,8 @@ pub struct ZygoteConfig {
     /// Modules imported before any fork.
     pub preload: Vec<String>,
     pub grants: Vec<ExtraGrant>,
+    /// Opt the zygote and its children into same-page merging (`--merge-pages`).
+    pub merge: bool,
 }
 
 /// Why a FORK gave no child.
@@ -117,6 +119,9 @@ pub struct Zygote {
     stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
     pub ready: std::sync::OnceLock<Ready>,
+    /// Where its C library's `getpid` and `gettid` start (its sessions' too), found at the
+    /// first session whose pinned pid the router answers; `None`: not found.
+    pid_entries: std::sync::OnceLock<Option<crate::answers::guest_pid::Entries>>,
 }
 
 impl Zygote {
@@ -226,13 +231,21 @@ impl Zygote {
     }
 
     fn session_for(&self, pid: u32) -> Option<Arc<SessionShared>> {
-        self.session_of(pid, None)
+        self.session_of(pid, None, None)
     }
 
     /// [`Zygote::session_for`], given the caller's own namespace process id when it is
     /// known already (`ns_tgid`, from [`TaskIds`]): a caller that is a session's process is
-    /// then found without reading `/proc`.
-    fn session_of(&self, pid: u32, ns_tgid: Option<i32>) -> Option<Arc<SessionShared>> {
+    /// then found without reading `/proc`. With `parent` too (its `PPid`, read in the same
+    /// look at its status, never one kept across a hold) the walk up its parents starts
+    /// there: a spare's calls (no session's yet, the zygote's child) cost one read of its
+    /// status, not two.
+    fn session_of(
+        &self,
+        pid: u32,
+        ns_tgid: Option<i32>,
+        parent: Option<u32>,
+    ) -> Option<Arc<SessionShared>> {
         if let Some(s) = self.by_pid.lock().unwrap().get(&pid) {
             return Some(s.clone());
         }
@@ -249,7 +262,16 @@ impl Zygote {
         // and a process a session forked (a policy allowing subprocesses) is the session's:
         // up its parents until a session's process, or the zygote.
         let mut task = pid;
-        for _ in 0..MAX_SESSION_DEPTH {
+        let mut steps = MAX_SESSION_DEPTH;
+        if let (Some(_), Some(parent)) = (ns_tgid, parent) {
+            // The walk's first step, done already: `pid` is no session's process.
+            if parent == self.pid as u32 || parent <= 1 {
+                return None;
+            }
+            task = parent;
+            steps -= 1;
+        }
+        for _ in 0..steps {
             let (ns, parent) = ns_tgid_and_parent(task)?;
             if ns == 1 {
                 // The zygote itself (or a thread of it): no session's, and its parent is
@@ -266,6 +288,36 @@ impl Zygote {
             task = parent;
         }
         None
+    }
+
+    /// Has the process that made `n` (an armed session's `getpid` or `gettid`, which the
+    /// router answers with [`SESSION_PID`]) answer its later ones itself, in its C library
+    /// (`answers/guest_pid.rs`), when it is its process's only task and the zygote's child
+    /// (the session's own process, not one it made): it waits on `n`, so no code of that
+    /// process runs while its text is rewritten. Anything else leaves it as it
+    /// was (the router answers its calls as before), counted.
+    fn pid_in_guest(&self, listener: BorrowedFd<'_>, n: &sys::Notif) {
+        use crate::answers::guest_pid::{self, Skip};
+        let pid = n.pid as libc::pid_t;
+        let outcome = match self.pid_entries.get_or_init(|| guest_pid::locate(self.pid)) {
+            None => Err(Skip::NoLibc),
+            Some(entries) => match sys::open_process_memory(pid) {
+                Err(_) => Err(Skip::Write),
+                // Still waiting on `n` after the open: the memory opened and the status read
+                // are the caller's (its pid cannot have been reused while it waits).
+                Ok(mem) => match guest_pid::alone(pid, self.pid) {
+                    Ok(true) if sys::notif_id_valid(listener, n.id) => {
+                        guest_pid::patch(&mem, *entries, SESSION_PID)
+                    }
+                    Ok(true) => return, // gone: nothing to count
+                    _ => Err(Skip::NotAlone),
+                },
+            },
+        };
+        match outcome {
+            Ok(()) => super::pid_answers::in_guest(),
+            Err(why) => super::pid_answers::skipped(why),
+        }
     }
 
     /// Answers every notification of the zygote's filter. `rules` are the sessions'; the
@@ -418,13 +470,17 @@ impl Zygote {
                     None => {
                         // One read of its status says whether it is a thread of the
                         // zygote's process and, if not, which process of the namespace.
-                        if ids.is_none() {
+                        // Read now (not kept from a hold, when the caller may have been
+                        // reparented since): its parent is as fresh as the walk's own read.
+                        let fresh = ids.is_none();
+                        if fresh {
                             *ids = TaskIds::of(n.pid);
                         }
                         if ids.is_some_and(|i| i.tgid == self.pid as u64) {
                             return route::Asker::ZygoteThread;
                         }
-                        self.session_of(n.pid, ids.map(|i| i.ns_tgid))
+                        let parent = ids.filter(|_| fresh).map(|i| i.ppid);
+                        self.session_of(n.pid, ids.map(|i| i.ns_tgid), parent)
                     }
                 };
                 if found.is_none() && may_hold && self.alive() && self.fork_in_flight() {
@@ -518,7 +574,13 @@ impl Zygote {
                     return true;
                 }
                 route::SessionRouted::Pid => {
+                    let first = !det.pid_in_guest_tried;
+                    det.pid_in_guest_tried = true;
                     drop((v, det));
+                    super::pid_answers::notified();
+                    if first {
+                        self.pid_in_guest(listener, n);
+                    }
                     let answer = notify::Answer::Value {
                         ret: SESSION_PID as i64,
                         writes: vec![],
@@ -655,6 +717,9 @@ const MAX_SESSION_DEPTH: usize = 64;
 struct TaskIds {
     tgid: u64,
     ns_tgid: i32,
+    /// The global pid of its parent process (`PPid`), as read: it can change while the call
+    /// is held (a reparented caller), so only a fresh read is used.
+    ppid: u32,
 }
 
 impl TaskIds {
@@ -663,6 +728,7 @@ impl TaskIds {
         Some(TaskIds {
             tgid: status.number("Tgid")?,
             ns_tgid: status.innermost("NStgid")? as i32,
+            ppid: status.innermost("PPid")? as u32,
         })
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["procfs", "timing", "echo", "workflow_time"],
     &["sys"],
-    &["guest_memory"],
+    &["guest_memory", "merging"],
     &["policy"],
     &["report"],
     &["protocol"],

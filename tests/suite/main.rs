@@ -60,6 +60,7 @@ mod run {
     mod hostile;
     mod isolation;
     mod notification_budget;
+    mod page_merging;
     mod violations;
 }
 mod serve {
@@ -67,7 +68,9 @@ mod serve {
     mod hugepages;
     mod lanes;
     mod limits;
+    mod merging;
     mod metrics;
+    mod pid_in_guest;
     mod preload;
     mod races;
     mod sessions;

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import logging
 import os
 import struct
 import sys
+import types
 import warnings
 from typing import Any, Callable
 
@@ -21,7 +23,7 @@ import temporalio.converter
 import temporalio.exceptions
 import temporalio.worker
 import temporalio.workflow
-from temporalio.api.common.v1 import Payloads
+from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 
@@ -272,17 +274,162 @@ def _warning_to_worker(message: Warning | str, category: type[Warning], filename
 
 def warm_up_from_env() -> None:
     """The zygote's warm-up (its preload list names ``WARM_UP``): ``warm_up`` of the classes
-    ``WARM_ENV`` names, if any."""
+    ``WARM_ENV`` names, if any (wfjail's own warm-up workflow runs either way)."""
     classes = os.environ.get(WARM_ENV)
-    if classes:
-        warm_up(classes.split(","))
+    warm_up(classes.split(",") if classes else [])
 
 
 def warm_up(paths: list[str]) -> None:
     """In the zygote, before it forks: build each workflow's instance a few times with
     made-up details, so that the code a child runs to build its own is already specialised
-    and its objects' pages already written here (a child then copies fewer pages)."""
-    info = temporalio.workflow.Info(
+    and its objects' pages already written here (a child then copies fewer pages); then run
+    wfjail's own workflow (``_WarmUp``, never the user's) through the SDK's common
+    activations (``warm_runs``)."""
+    info = _warm_info()
+    classes = []
+    for path in paths:
+        try:
+            cls = load(path)
+            classes.append(cls)
+            made = recipe(_warm_details(cls, info), [])
+            for _ in range(3):
+                # Closed here: a loop left to the garbage collector would be closed after the
+                # zygote has closed the descriptors it does not keep (its self-pipe among
+                # them), which Python reports as an ignored exception.
+                _build(made)[1].close()
+        except Exception:  # noqa: BLE001  (warming is an optimisation; children rebuild anyway)
+            pass
+    try:
+        warm_runs(_WARM_RUNS)
+        # What a run still writes of the code it runs (counters of instructions that did not
+        # specialise, and the like), and the workflows' own code (not run here): copies
+        # made one after another, so that a child's writes to them land on fewer pages.
+        written, ran = _written_code(lambda: warm_runs(1))
+        for cls in classes:
+            written.update(id(c) for c in _code_of(vars(cls).values()))
+        written.update(id(c) for c in _code_of(_wfjail_functions()))
+        _relocate_code(written, ran)
+        del ran  # (the originals it held)
+        warm_runs(_WARM_RUNS)  # the copies quickened and specialised in their turn
+    except Exception:  # noqa: BLE001  (as above)
+        pass
+
+
+def _code_of(objects: Any) -> list[types.CodeType]:
+    """The code objects of the functions among ``objects`` (also static and class methods
+    and properties' accessors), and those nested in them (in their constants)."""
+    found: dict[int, types.CodeType] = {}
+    stack: list[types.CodeType] = []
+    for obj in objects:
+        for fn in ((obj.fget, obj.fset, obj.fdel) if isinstance(obj, property)
+                   else (getattr(obj, "__func__", obj),)):
+            code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+            if code is not None and id(code) not in found:
+                found[id(code)] = code
+                stack.append(code)
+    while stack:
+        for const in stack.pop().co_consts:
+            if isinstance(const, types.CodeType) and id(const) not in found:
+                found[id(const)] = const
+                stack.append(const)
+    return list(found.values())
+
+
+def _wfjail_functions() -> list[Any]:
+    """The functions and classes' methods of wfjail's modules (the zygote's own among them,
+    run as ``__main__``): what a session child runs around the workflow's activations."""
+    from .. import guest as _guest, protocol  # noqa: F401  (the children's; loaded here first)
+
+    found: list[Any] = []
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    modules = [m for name, m in list(sys.modules.items())
+               if name == "wfjail" or name.startswith("wfjail.")]
+    if main is not None and getattr(spec, "name", None) == "wfjail.zygote":
+        modules.append(main)
+    for module in modules:
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) != module.__name__:
+                continue
+            found.append(value)
+            if isinstance(value, type):
+                found.extend(vars(value).values())
+    return found
+
+
+def _written_code(run: Callable[[], None]) -> tuple[set[int], dict[int, types.CodeType]]:
+    """The ids of the code objects whose bytecode (the specialising interpreter's inline
+    caches and counters, CPython 3.11+) a third ``run`` writes, and the code objects the
+    first one ran (a profile hook sees them)."""
+    ran: dict[int, types.CodeType] = {}
+
+    def seen(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            ran[id(frame.f_code)] = frame.f_code
+
+    adaptive = getattr(types.CodeType, "_co_code_adaptive", None)
+    if adaptive is None:  # (not CPython 3.11+: nothing to find)
+        return set(), ran
+    previous = sys.getprofile()
+    sys.setprofile(seen)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    run()  # (3.12+ takes the profile hook's instrumentation out of the code as it runs it)
+    before = {i: bytes(adaptive.__get__(c)) for i, c in ran.items()}
+    run()
+    return {i for i, c in ran.items() if bytes(adaptive.__get__(c)) != before[i]}, ran
+
+
+def _relocate_code(ids: set[int], ran: dict[int, types.CodeType]) -> int:
+    """Gives every function whose code object is in ``ids`` (or, among the code that ``ran``,
+    holds one in its constants, as a function that defines a closure does) a copy of it,
+    the copies made one after another while the originals are still alive (else each copy
+    took its original's place), so that they lie together. The number of functions
+    changed."""
+    copies: dict[int, types.CodeType] = {}
+    needs: dict[int, bool] = {}
+
+    def needed(code: types.CodeType) -> bool:
+        if id(code) not in needs:
+            needs[id(code)] = False  # (a cycle of constants cannot be, but ends here)
+            needs[id(code)] = id(code) in ids or (id(code) in ran and any(
+                isinstance(k, types.CodeType) and needed(k) for k in code.co_consts))
+        return needs[id(code)]
+
+    def copy(code: types.CodeType) -> types.CodeType:
+        if id(code) not in copies:
+            copies[id(code)] = code.replace(co_consts=tuple(
+                copy(k) if isinstance(k, types.CodeType) and needed(k) else k
+                for k in code.co_consts))
+        return copies[id(code)]
+
+    functions = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)
+                 and (id(f.__code__) in ids or id(f.__code__) in ran) and needed(f.__code__)]
+    originals = [f.__code__ for f in functions]
+    made = [copy(c) for c in originals]
+    for fn, code in zip(functions, made):
+        fn.__code__ = code
+    # The originals kept for the process's life: freed, they left holes in the zygote's pools
+    # and heap pages that each child's own allocations then filled, writing those pages.
+    _relocated_originals.extend(originals)
+    _relocated_originals.extend(c for i, c in ran.items() if i in copies)
+    return len(functions)
+
+
+# The code objects ``_relocate_code`` replaced (see there).
+_relocated_originals: list[types.CodeType] = []
+
+
+# How many times the zygote drives its warm-up workflow through a whole run: CPython 3.11's
+# code objects quicken after 8 calls (its warm-up counter) and an instruction specialises
+# after a few executions; more runs only cost the zygote's start.
+_WARM_RUNS = 16
+
+
+def _warm_info() -> temporalio.workflow.Info:
+    return temporalio.workflow.Info(
         attempt=1, continued_run_id=None, cron_schedule=None, execution_timeout=None,
         first_execution_run_id="warm", headers={}, namespace="warm",
         original_execution_run_id="warm", parent=None, root=None, raw_memo={},
@@ -292,26 +439,111 @@ def warm_up(paths: list[str]) -> None:
         task_queue="warm", task_timeout=datetime.timedelta(),
         typed_search_attributes=temporalio.common.TypedSearchAttributes.empty,
         workflow_id="warm", workflow_type="warm", priority=temporalio.common.Priority.default)
-    for path in paths:
+
+
+def _warm_details(cls: type, info: temporalio.workflow.Info,
+                  ) -> temporalio.worker.WorkflowInstanceDetails:
+    return temporalio.worker.WorkflowInstanceDetails(
+        payload_converter_factory=sdk.payload_converter_factory(
+            temporalio.converter.DataConverter()),
+        failure_converter_class=temporalio.converter.DefaultFailureConverter,
+        interceptor_classes=[], defn=sdk.definition(cls),
+        info=info, randomness_seed=0, extern_functions=local_extern_functions(),
+        disable_eager_activity_execution=False, worker_level_failure_exception_types=[],
+        patch_activation_callback=None, last_completion_result=Payloads(),
+        last_failure=None)
+
+
+@temporalio.workflow.defn(name="__wfjail_warm_up", sandboxed=False)
+class _WarmUp:
+    """wfjail's warm-up workflow (``warm_runs``): the SDK's common calls (an activity, a timer,
+    a signal, a query) and nothing else (no log record, no metric, no upcall). Defined here,
+    at the module's level as the SDK requires, in the zygote that imports this module."""
+
+    def __init__(self) -> None:
+        self.signals: list[str] = []
+
+    @temporalio.workflow.run
+    async def run(self, name: str) -> str:
+        result = await temporalio.workflow.execute_activity(
+            "__wfjail_warm_up", name, start_to_close_timeout=datetime.timedelta(seconds=10))
+        await temporalio.workflow.sleep(0.01)
+        return "%s %s %d" % (result, name, len(self.signals))
+
+    @temporalio.workflow.signal
+    def note(self, value: str) -> None:
+        self.signals.append(value)
+
+    @temporalio.workflow.query
+    def noted(self) -> int:
+        return len(self.signals)
+
+
+def warm_runs(runs: int) -> None:
+    """Drives ``runs`` runs of the warm-up workflow through the activations of a run like the
+    SDK's own (start and a signal → schedule the activity; the activity's result → start the
+    timer; a query; the timer → complete; eviction), each through ``_build``'s handler as a
+    session's, and leaves nothing of them behind: each run's loop is closed, its instance
+    evicted (its tasks ended), and the handler's per-activation state taken."""
+    from temporalio.bridge.proto.activity_result import ActivityResolution
+
+    cls = _WarmUp
+    info = _warm_info()
+    made = recipe(_warm_details(cls, info), [])
+    arg = temporalio.converter.default().payload_converter.to_payloads(["warm"])
+    name = sdk.definition(cls).name or "__wfjail_warm_up"
+    for n in range(runs):
+        activate, loop = _build(made)
         try:
-            cls = load(path)
-            det = temporalio.worker.WorkflowInstanceDetails(
-                payload_converter_factory=sdk.payload_converter_factory(
-                    temporalio.converter.DataConverter()),
-                failure_converter_class=temporalio.converter.DefaultFailureConverter,
-                interceptor_classes=[], defn=sdk.definition(cls),
-                info=info, randomness_seed=0, extern_functions=local_extern_functions(),
-                disable_eager_activity_execution=False, worker_level_failure_exception_types=[],
-                patch_activation_callback=None, last_completion_result=Payloads(),
-                last_failure=None)
-            made = recipe(det, [])
-            for _ in range(3):
-                # Closed here: a loop left to the garbage collector would be closed after the
-                # zygote has closed the descriptors it does not keep (its self-pipe among
-                # them), which Python reports as an ignored exception.
-                _build(made)[1].close()
-        except Exception:  # noqa: BLE001  (warming is an optimisation; children rebuild anyway)
-            pass
+            clock = 1_000_000_000 + n
+            history = 0
+
+            def act(**job: Any) -> None:
+                nonlocal clock, history
+                clock += 1
+                history += 4
+                a = WorkflowActivation(run_id=info.run_id, history_length=history,
+                                       history_size_bytes=history * 100)
+                a.timestamp.FromSeconds(clock)
+                a.jobs.add(**job)
+                _warm_check(activate(a.SerializeToString()))
+
+            start = WorkflowActivation(run_id=info.run_id, history_length=3)
+            start.timestamp.FromSeconds(clock)
+            init = start.jobs.add().initialize_workflow
+            init.workflow_type, init.workflow_id = name, info.workflow_id
+            init.arguments.extend(arg)
+            init.randomness_seed = n
+            init.first_execution_run_id = info.run_id
+            init.attempt = 1
+            start.jobs.add().signal_workflow.MergeFrom(_warm_signal(arg))
+            _warm_check(activate(start.SerializeToString()))
+            resolution = ActivityResolution()
+            resolution.completed.result.CopyFrom(arg[0])
+            act(resolve_activity={"seq": 1, "result": resolution})
+            act(query_workflow={"query_id": "warm", "query_type": "noted"})
+            act(signal_workflow=_warm_signal(arg))
+            act(fire_timer={"seq": 1})
+            act(remove_from_cache={"message": "warm", "reason": 10})
+        finally:
+            loop.close()
+    # What an activation leaves for the next (none after the last one's handler took it).
+    _take_metric_records()
+    take_calls()
+
+
+def _warm_check(answer: bytes) -> None:
+    """Raises if the warm-up's activation failed (a warm-up that fails warms a failure path,
+    and its tests would not see it)."""
+    (size,) = struct.unpack(">I", answer[:4])
+    if WorkflowActivationCompletion.FromString(answer[4:4 + size]).HasField("failed"):
+        raise RuntimeError("wfjail: the warm-up workflow's activation failed")
+
+
+def _warm_signal(arg: list[Payload]) -> Any:
+    from temporalio.bridge.proto.workflow_activation import SignalWorkflow
+
+    return SignalWorkflow(signal_name="note", input=arg, identity="warm", originating_event_id=5)
 
 
 def _extern_proxy(name: str) -> Callable[..., Any]:

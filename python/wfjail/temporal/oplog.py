@@ -51,6 +51,9 @@ MAX_PENDING_SESSIONS = 64
 MAX_END_VIOLATIONS = 8
 
 _SESSION_LINE = re.compile(rb"\[session (\d{1,19})\] ?")
+# The server's word on same-page merging at a zygote's start (``merge_pages=True``): logged,
+# INFO when on, WARNING when off (it says why), never only on stderr.
+_MERGING_LINE = re.compile(rb"wfjail: zygote \d+: same-page merging (on|off): ")
 
 
 class _Run:
@@ -120,6 +123,8 @@ class SessionLog:
         error = report.get("error")
         if isinstance(error, str) and error:
             words.append(escape(error, MAX_CHILD_MESSAGE))
+        elif not violations:
+            words.append(end_reason(report))
         for v in violations[:MAX_END_VIOLATIONS]:
             if isinstance(v, dict):
                 words.append("%s %s(%s) %s [%s]" % tuple(
@@ -133,6 +138,24 @@ class SessionLog:
                  "" if first else " (as an earlier session of the run)", extra={
                      **self.extra, "wfjail_status": escape(status, 64),
                      "wfjail_violations": min(len(violations), 10**6)})
+
+
+def end_reason(report: dict[str, Any]) -> str:
+    """Why a session ended, for a report that gives no ``error``: its signal, its exit code
+    or its stderr's last line (a guest killed by a signal has no words of its own), and
+    ``no reason given`` rather than nothing."""
+    parts = []
+    signal = report.get("signal")
+    if isinstance(signal, str) and signal:
+        parts.append("killed by %s" % escape(signal, 32))
+    code = report.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and (code != 0 or not parts):
+        parts.append("exit code %d" % code)
+    tail = report.get("stderr_tail")
+    if isinstance(tail, str) and tail.strip():
+        parts.append("its stderr ended: %s" % escape(tail.strip().splitlines()[-1],
+                                                      MAX_CHILD_MESSAGE))
+    return ", ".join(parts) or "no reason given (the report has no error, signal or exit code)"
 
 
 # What sessions ran without (layers the container or kernel refused, e.g. the pinned address
@@ -204,6 +227,11 @@ class _Registry:
                 self._cut[server] = cut
         if m is None and cut is not None:  # the rest of a session's long line
             self._session_line(cut, line)
+            return
+        merging = _MERGING_LINE.match(line) if m is None else None
+        if merging is not None:
+            _log.log(logging.INFO if merging.group(1) == b"on" else logging.WARNING, "%s",
+                     escape(line.decode("utf-8", "replace").rstrip("\r\n"), 1000))
             return
         if m is None:
             # The server's own words (`wfjail: zygote 0 restarted`, a zygote's `[zygote i]`

@@ -126,7 +126,8 @@ class Server:
 
     def __init__(self, wfjail: str | None, policy: str, *, socket: str | None,
                  classes: Sequence[str], preload: Sequence[str], max_sessions: int,
-                 zygotes: int | None, modules: Sequence[str] = ()) -> None:
+                 zygotes: int | None, modules: Sequence[str] = (),
+                 merge_pages: bool = False) -> None:
         if not wfjail:
             raise RuntimeError("wfjail: the `wfjail` binary is not on PATH; pass "
                                "JailedWorkflowRunner(wfjail=...)")
@@ -136,7 +137,7 @@ class Server:
         preload = (["temporalio.worker"] + main_script.preload(list(classes)) + [WARM_UP]
                    + list(preload))
         key = (wfjail, policy, ",".join(classes), ",".join(preload), ",".join(modules),
-               str(max_sessions), str(zygotes), socket or "")
+               str(max_sessions), str(zygotes), socket or "", str(merge_pages))
         _raise_if_failed_recently(key)
         self.tmp = tempfile.mkdtemp(prefix="wfjail-temporal-")
         sock = socket or os.path.join(self.tmp, "serve.sock")
@@ -147,6 +148,9 @@ class Server:
                 "--exit-with-parent"]
         if zygotes:
             argv += ["--zygotes", str(zygotes)]
+        if merge_pages:
+            # The zygote family only (wfjail.merging); serve says whether the host merges.
+            argv.append("--merge-pages")
         raise_fd_limit(max_sessions)
         global _starts
         with _failed_lock:
@@ -274,13 +278,14 @@ ServerKey = tuple[object, ...]
 
 def server_key(wfjail: str | None, policy: str, *, socket: str | None, classes: Sequence[str],
                preload: Sequence[str], max_sessions: int, zygotes: int | None,
-               modules: Sequence[str] = (), policy_text: str = "") -> ServerKey:
+               modules: Sequence[str] = (), policy_text: str = "",
+               merge_pages: bool = False) -> ServerKey:
     """The configuration a server of these arguments would have (``Server``);
     ``policy_text``: ``policy_digest(policy)`` as the runner first read it."""
     return (wfjail, absolute_policy(policy), policy_text, socket or "", tuple(preload),
             tuple(modules),
             tuple(main_script.preload(list(classes))), main_script.main_file() or "",
-            tuple(sys.path), sys.executable, max_sessions, zygotes)
+            tuple(sys.path), sys.executable, max_sessions, zygotes, merge_pages)
 
 
 class _Shared:

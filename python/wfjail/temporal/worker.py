@@ -156,6 +156,14 @@ class JailedWorkflowRunner(WorkflowRunner):
     process; but it sees the worker's state as it was when first pickled, and what it
     changes stays in the child); by default it runs in the worker, through an upcall,
     outside that context.
+    ``merge_pages``: opt the zygotes and the runs' processes (not the worker, not the
+    server) into the kernel's same-page merging (KSM): the pages alike in every cached run
+    are folded back into one once the host merges (``/sys/kernel/mm/ksm/run`` = 1, a
+    host-wide setting only root changes; ``wfjail check`` shows it). Off by default: it
+    costs the host ``ksmd`` CPU, and a merged page's copy-on-write timing is a side channel
+    between every process on the host that opted in (docs/temporal.md, "Same-page
+    merging"; docs/security.md). The operator log says at each zygote's start whether
+    merging is on, and why not.
 
     Its own metrics (sessions, violations, latency, each run's CPU time and peak memory,
     zygote restarts: ``metrics``) go on the worker's runtime meter, next to the SDK's; a
@@ -177,7 +185,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                  policies: Mapping[Any, str] | None = None,
                  reserved_metric_prefixes: Iterable[str] | None = None,
                  max_reply_bytes: int | None = None,
-                 patch_callback_in_child: bool = False) -> None:
+                 patch_callback_in_child: bool = False, merge_pages: bool = False) -> None:
         sdk.check_version()
         self._policy = policy
         self._max_reply_bytes = int(MAX_REPLY_BYTES if max_reply_bytes is None
@@ -196,6 +204,7 @@ class JailedWorkflowRunner(WorkflowRunner):
         self._zygotes = zygotes
         self._call_timeout = call_timeout
         self._sandboxed = bool(sandboxed)
+        self._merge_pages = bool(merge_pages)
         self._modules: list[str] = []
         self._classes: list[str] = []
         # The modules of what runs are rebuilt from besides the workflow classes (converters,
@@ -420,7 +429,7 @@ class JailedWorkflowRunner(WorkflowRunner):
                           classes=self._classes, preload=self._preload_of(),
                           modules=self._run_modules,
                           max_sessions=self._max_sessions, zygotes=self._zygotes,
-                          policy_text=text)
+                          policy_text=text, merge_pages=self._merge_pages)
 
     def _ensure_server(self, policy: str | None = None) -> Client:
         policy = policy or self._policy
@@ -437,7 +446,7 @@ class JailedWorkflowRunner(WorkflowRunner):
             server = acquire(key, lambda: Server(
                 self._wfjail, policy, socket=socket, classes=self._classes,
                 preload=preload, modules=self._run_modules, max_sessions=self._max_sessions,
-                zygotes=self._zygotes))
+                zygotes=self._zygotes, merge_pages=self._merge_pages))
             self._held[policy] = (key, server)
             return server.client
 
@@ -1461,7 +1470,8 @@ def _report_text(det: WorkflowInstanceDetails, report: dict[str, Any], exc: Base
         return _violations_text(det, report["violations"])
     return "wfjail: the confined run of workflow %s ended: %s: %s%s" % (
         det.info.workflow_type, escape(report.get("status", type(exc).__name__)),
-        escape(report.get("error") or exc, MAX_CHILD_MESSAGE), _hint(exc))
+        escape(report.get("error") or str(exc) or oplog.end_reason(report), MAX_CHILD_MESSAGE),
+        _hint(exc))
 
 
 def _hint(exc: BaseException) -> str:

@@ -109,14 +109,23 @@ def setup_venv(args):
 
 
 def our_processes():
-    """Processes that belong to this benchmark (by the scratch names in their command line)."""
+    """Processes that belong to this checkout's benchmark: working in its scratch directory
+    (the servers, zygotes and sessions run there), naming it (a path in it: not a venv beside
+    it such as target/bench/prefork-venv), or this checkout's script as a worker. Never by the workflow module's name alone: another checkout's benchmark, or any
+    program that preloads the same module, is not ours to kill."""
     found = []
     me = os.getpid()
+    work, script = str(WORK), str(SCRIPT)
     for e in os.listdir("/proc"):
         if not e.isdigit() or int(e) == me:
             continue
         c = cmdline(int(e))
-        if MODULE in c or str(WORK) in c or ("bench-prefork" in c and ("--_worker" in c or "--_idle" in c)):
+        try:
+            cwd = os.readlink(f"/proc/{e}/cwd")
+        except OSError:
+            cwd = ""
+        names_work = any(a == work or a.startswith(work + "/") for a in c.split(" "))
+        if cwd == work or names_work or (script in c and ("--_worker" in c or "--_idle" in c)):
             found.append((int(e), c))
     return found
 

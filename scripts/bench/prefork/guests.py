@@ -7,7 +7,7 @@ from common import Unavailable, last_line
 
 from . import WORK, clean_env, run_quiet
 
-MODULE = "bench_prefork_wf"  # the workflow module; unique, so our processes can be found
+MODULE = "bench_prefork_wf"  # the workflow module the zygote preloads
 HANDLER = MODULE + ":handle"
 REQUEST = b'{"order_id": "A-1001", "items": 3}'
 EXPECTED = b"Checkout:1:%d" % len(REQUEST)  # "1": every session starts from fresh state

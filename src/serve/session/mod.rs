@@ -216,6 +216,7 @@ fn capacity(server: &Server) -> Capacity {
         policy: server.policy.name.clone(),
         zygote_restarts: server.metrics.zygote_restarts(),
         waits_timed_out: super::waits::counts(),
+        pid_answers: super::pid_answers::counts(),
     }
 }
 

@@ -47,6 +47,12 @@ impl Zygote {
                 ];
                 // Each session child's whole life (the zygote takes none: it lives as long as
                 // the server); a call's own budget (limits.cpu) is measured by its session.
+                // Same-page merging for the zygote family, not for this server: its pre-exec
+                // child opts in (`plan.merge_pages` below); the zygote only says in READY what
+                // the kernel tells it (python/wfjail/merging.py).
+                if cfg.merge {
+                    env.push(("WFJAIL_MERGE_PAGES".into(), "any".into()));
+                }
                 if let Some(c) = policy.limits.session_cpu {
                     env.push((
                         "WFJAIL_CPU_LIMIT".into(),
@@ -58,7 +64,9 @@ impl Zygote {
             zygote: true,
             learn: false,
         };
-        let plan = plan::build(&policy, &req)?;
+        let mut plan = plan::build(&policy, &req)?;
+        // Before the filter, which refuses the call to the guest (`policy::syscalls`).
+        plan.merge_pages = cfg.merge;
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -81,7 +89,7 @@ impl Zygote {
         drop((null, theirs, log));
         let pid = spawned.pid;
         let base = crate::supervise::assemble::LayersBase::of(&spawned);
-        let (listener, degraded) = match await_exec(spawned.chan, pid, plan.rules.vdso) {
+        let (listener, mut degraded) = match await_exec(spawned.chan, pid, plan.rules.vdso) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::pidfd_send_signal(spawned.pidfd.as_fd(), libc::SIGKILL);
@@ -89,6 +97,12 @@ impl Zygote {
                 return Err(e.into());
             }
         };
+        // The opt-in's failure is the operator log's (below), not a confinement layer's.
+        let merge_refused = degraded
+            .iter()
+            .find(|(s, _)| *s == crate::process::channel::Step::MemoryMerge)
+            .map(|&(_, e)| e);
+        degraded.retain(|(s, _)| *s != crate::process::channel::Step::MemoryMerge);
         let layers =
             crate::supervise::assemble::layers(&plan, &base, &degraded, listener.is_some());
         let Spawned { pidfd, .. } = spawned;
@@ -115,6 +129,7 @@ impl Zygote {
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
+            pid_entries: std::sync::OnceLock::new(),
         });
         {
             let z = zygote.clone();
@@ -160,6 +175,21 @@ impl Zygote {
         if let Err(e) = ready {
             zygote.kill();
             return Err(e);
+        }
+        if cfg.merge || zygote.ready.get().is_some_and(|r| r.merging.is_some()) {
+            // Always said (not only without -q): an operator who asked for merging learns
+            // whether it is on, and why not, at each zygote's start.
+            use crate::merging::OptIn;
+            let opt_in = match (cfg.merge, merge_refused) {
+                (false, _) => OptIn::NotAsked,
+                (true, None) => OptIn::Set,
+                (true, Some(e)) => OptIn::Refused(e),
+            };
+            let took = zygote.ready.get().and_then(|r| r.merging.as_deref());
+            let stat = crate::merging::ProcessKsm::of(zygote.pid);
+            let (_, text) =
+                crate::merging::notice(opt_in, took, stat.as_ref(), &crate::merging::Host::read());
+            eprintln!("wfjail: zygote {index}: same-page merging {text}");
         }
         Ok(zygote)
     }

@@ -256,8 +256,31 @@ fn check_reports_every_layer() {
         "no-new-privs",
         "address-layout",
         "cgroups",
+        "page-merging",
     ] {
         o.check(rows.iter().any(|row| row["layer"] == layer), layer);
+    }
+    // Same-page merging, as the host has it (only read here: a host-wide setting).
+    let m = &r["merging"];
+    let run = std::fs::read_to_string("/sys/kernel/mm/ksm/run").ok();
+    o.check(m["present"] == run.is_some(), "merging.present");
+    if let Some(run) = run {
+        o.check(
+            m["run"] == run.trim().parse::<u64>().unwrap()
+                && m["pages_to_scan"].is_u64()
+                && m["sleep_millisecs"].is_u64()
+                && m["pages_per_second"].is_u64()
+                && m["prctl"].is_string(),
+            "merging: run, rate and prctl",
+        );
+        let row = rows
+            .iter()
+            .find(|row| row["layer"] == "page-merging")
+            .unwrap();
+        o.check(
+            row["available"] == (run.trim() == "1" && m["prctl"] == "yes"),
+            "page-merging row",
+        );
     }
     let t = wfjail(&["check", "-p", "strict"]);
     t.check(
