@@ -646,6 +646,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // libc's ioctl numbers: c_ulong on glibc, c_int on musl
     fn default_policy_decisions() {
         let p = policy::load("default").unwrap();
         let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
@@ -694,11 +695,11 @@ mod tests {
         );
         // ioctl: TIOCSTI is not allowed.
         assert_eq!(
-            run(&prog, "ioctl", [0, libc::TCGETS, 0, 0, 0, 0]),
+            run(&prog, "ioctl", [0, libc::TCGETS as u64, 0, 0, 0, 0]),
             RET_ALLOW
         );
         assert_eq!(
-            run(&prog, "ioctl", [0, libc::TIOCSTI, 0, 0, 0, 0]),
+            run(&prog, "ioctl", [0, libc::TIOCSTI as u64, 0, 0, 0, 0]),
             RET_USER_NOTIF
         );
         // seccomp: no listener.
@@ -897,6 +898,7 @@ mod tests {
     const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // libc's ioctl numbers: c_ulong on glibc, c_int on musl
     fn ioctl_is_an_allowlist() {
         let p = policy::load("default").unwrap();
         for mode in [Mode::Notify, Mode::Fallback] {
@@ -920,13 +922,13 @@ mod tests {
                 );
             }
             for req in [
-                libc::TIOCSTI,
-                libc::TCSETS,
-                libc::FIOASYNC,
+                libc::TIOCSTI as u64,
+                libc::TCSETS as u64,
+                libc::FIOASYNC as u64,
                 0x4008_6602, // FS_IOC_SETFLAGS
                 0x401c_5820, // FS_IOC_FSSETXATTR
                 0x8008_6601, // FS_IOC_GETFLAGS
-                libc::SIOCGIFCONF,
+                libc::SIOCGIFCONF as u64,
                 0x4004_9409, // FICLONE
             ] {
                 assert_eq!(
@@ -938,18 +940,18 @@ mod tests {
         }
         // The table agrees with the C headers where libc has them.
         for (v, n) in [
-            (libc::TCGETS, "TCGETS"),
-            (libc::TCGETS2, "TCGETS2"),
-            (libc::TIOCGPGRP, "TIOCGPGRP"),
-            (libc::TIOCGWINSZ, "TIOCGWINSZ"),
-            (libc::FIONREAD, "FIONREAD"),
-            (libc::FIONBIO, "FIONBIO"),
-            (libc::FIONCLEX, "FIONCLEX"),
-            (libc::FIOCLEX, "FIOCLEX"),
-            (libc::TIOCSTI, "TIOCSTI"),
-            (libc::FIOASYNC, "FIOASYNC"),
-            (libc::SIOCGIFCONF, "SIOCGIFCONF"),
-            (libc::TIOCSPGRP, "TIOCSPGRP"),
+            (libc::TCGETS as u64, "TCGETS"),
+            (libc::TCGETS2 as u64, "TCGETS2"),
+            (libc::TIOCGPGRP as u64, "TIOCGPGRP"),
+            (libc::TIOCGWINSZ as u64, "TIOCGWINSZ"),
+            (libc::FIONREAD as u64, "FIONREAD"),
+            (libc::FIONBIO as u64, "FIONBIO"),
+            (libc::FIONCLEX as u64, "FIONCLEX"),
+            (libc::FIOCLEX as u64, "FIOCLEX"),
+            (libc::TIOCSTI as u64, "TIOCSTI"),
+            (libc::FIOASYNC as u64, "FIOASYNC"),
+            (libc::SIOCGIFCONF as u64, "SIOCGIFCONF"),
+            (libc::TIOCSPGRP as u64, "TIOCSPGRP"),
         ] {
             assert_eq!(syscalls::ioctl_name(v), Some(n));
         }
