@@ -8,6 +8,8 @@
 # docs/containers.md (`wfjail check` inside the container says the same for that host).
 
 FROM rust:1-bookworm AS build
+# The build's target (.cargo/config.toml): a static musl binary; the image has only glibc's.
+RUN rustup target add x86_64-unknown-linux-musl
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-venv \
  && rm -rf /var/lib/apt/lists/* \

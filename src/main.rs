@@ -11,6 +11,11 @@ use wfjail::policy;
 use wfjail::report::Status;
 use wfjail::run::{RunOptions, run};
 
+/// musl's allocator is slower than glibc's on wfjail's short start-up (docs/benchmarks.md).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static GLOBAL: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() -> ExitCode {
     let start = std::time::Instant::now();
     // A one-shot run's usual command line is read without building clap's command tree

@@ -382,15 +382,7 @@ pub fn set_rlimit(resource: libc::c_int, soft: u64, hard: u64) -> SysResult<()> 
         rlim_max: hard,
     };
     // SAFETY: `lim` is a valid rlimit64 for the duration of the call; old value not requested.
-    check_int(unsafe {
-        libc::prlimit64(
-            0,
-            resource as libc::__rlimit_resource_t,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    })
-    .map(drop)
+    check_int(unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) }).map(drop)
 }
 
 /// Child-safe. Drops every capability: bounding set (0..=last_cap), ambient set, then
@@ -522,14 +514,14 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> SysResult<()> {
     msg.msg_iovlen = 1;
     // SAFETY: taking the address of a union field we initialised.
     msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
-    msg.msg_controllen = space;
+    msg.msg_controllen = space as _;
     // SAFETY: msg_control points at `space` <= 32 writable bytes, so CMSG_FIRSTHDR is non-null
     // and the header plus one int fit.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
     }
     loop {
@@ -563,7 +555,7 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, 
     msg.msg_iovlen = 1;
     // SAFETY: address of a union field we initialised.
     msg.msg_control = unsafe { control.buf.as_mut_ptr() }.cast();
-    msg.msg_controllen = 64;
+    msg.msg_controllen = 64 as _;
     let n = loop {
         // SAFETY: msg and its buffers are live and writable for the call.
         let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
@@ -1040,6 +1032,7 @@ pub fn refused_by_outer_filter() -> &'static [&'static str] {
         let me = libc::c_long::from(getpid());
         let io_uring_enabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
             .map_or(true, |v| v.trim() == "0");
+        #[allow(clippy::unnecessary_cast)] // PTRACE_PEEKUSER: c_uint on glibc, c_int on musl
         let probes: [(&'static str, libc::c_long, [libc::c_long; 5], bool); 13] = [
             ("unshare", libc::SYS_unshare, [0; 5], true),
             ("setns", libc::SYS_setns, [-1, 0, 0, 0, 0], true),
@@ -1332,65 +1325,103 @@ pub fn thread_count() -> Option<usize> {
 // ---------------------------------------------------------------------------------------------
 // File metadata as the kernel lays it out (the supervisor answers a guest's fd-based stat)
 
+/// The sizes of the kernel's x86_64 structs that answers write into a guest's memory (what
+/// the kernel itself copies out for the call). Never `size_of::<libc::T>()`: the libc
+/// crate's types are the C library's, not the kernel's, and wfjail may be built with either
+/// (musl's `rusage` carries a 128-byte reserved tail, 272 bytes; its `sysinfo` 256, 368
+/// bytes): an answer must not depend on which. `sys::tests` checks each against the kernel.
+pub mod kernel_abi {
+    /// `struct stat` (`fstat`, `newfstatat`).
+    pub const STAT: usize = 144;
+    /// `struct statx`.
+    pub const STATX: usize = 256;
+    /// `struct statfs` (`statfs`, `fstatfs`).
+    pub const STATFS: usize = 120;
+    /// `struct rusage` (`getrusage`).
+    pub const RUSAGE: usize = 144;
+    /// `struct tms` (`times`).
+    pub const TMS: usize = 32;
+    /// `struct sysinfo`.
+    pub const SYSINFO: usize = 112;
+    /// `struct timespec` (`clock_gettime`) and `struct timeval` (`gettimeofday`).
+    pub const TIMESPEC: usize = 16;
+    /// `struct timezone` (`gettimeofday`).
+    pub const TIMEZONE: usize = 8;
+}
+
+/// Opens `path` `O_PATH | O_CLOEXEC` (a handle that opens nothing: no pipe end, no device).
+/// Not through `std::fs::OpenOptions::custom_flags`: std masks custom flags with the C
+/// library's `O_ACCMODE`, which is `03 | O_PATH` on musl, so a musl build silently opened the
+/// file for reading instead (and a socket's `/proc/PID/fd/N` failed with ENXIO).
+pub fn open_path(path: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is NUL-terminated; flags are constants.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor we just opened and own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The first `N` bytes of what the kernel writes to the buffer `call` is given (its return
+/// value: negative on failure, with errno set). The buffer is [`KERNEL_OUT_MAX`] bytes, more
+/// than any of [`kernel_abi`]'s structs, so that memory safety does not rest on their sizes
+/// (which `sys::tests` checks against the kernel).
+fn kernel_out<const N: usize>(call: impl FnOnce(*mut u8) -> libc::c_long) -> io::Result<[u8; N]> {
+    const { assert!(N <= KERNEL_OUT_MAX) };
+    let mut buf = [0u8; KERNEL_OUT_MAX];
+    if call(buf.as_mut_ptr()) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(buf[..N].try_into().expect("N <= KERNEL_OUT_MAX"))
+}
+
+/// The scratch buffer of [`kernel_out`].
+const KERNEL_OUT_MAX: usize = 512;
+
 /// `struct stat` of `fd` as raw bytes (`newfstatat(fd, "", AT_EMPTY_PATH)`): what the kernel
 /// copies to a guest's `fstat` buffer.
-pub fn fstat_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; 144]> {
-    const _: () = assert!(std::mem::size_of::<libc::stat>() == 144);
-    let mut buf = [0u8; 144];
-    // SAFETY: the kernel writes one `struct stat` (144 bytes on x86_64, checked above) into
-    // our buffer of that size; the path is an empty C string.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_newfstatat,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(buf)
-    }
+pub fn fstat_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; kernel_abi::STAT]> {
+    kernel_out(|buf| {
+        // SAFETY: the kernel writes one `struct stat` (144 bytes) into `buf`, which has room
+        // for KERNEL_OUT_MAX; the path is an empty C string.
+        unsafe {
+            libc::syscall(
+                libc::SYS_newfstatat,
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                buf,
+                libc::AT_EMPTY_PATH,
+            )
+        }
+    })
 }
 
 /// `struct statx` of `fd` as raw bytes (`statx(fd, "", AT_EMPTY_PATH | sync, mask)`).
-pub fn statx_raw(fd: BorrowedFd<'_>, sync: u32, mask: u32) -> io::Result<[u8; 256]> {
-    const _: () = assert!(std::mem::size_of::<libc::statx>() == 256);
-    let mut buf = [0u8; 256];
-    // SAFETY: the kernel writes one `struct statx` (256 bytes, checked above) into our buffer
-    // of that size; the path is an empty C string; the flags and mask are plain integers.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_statx,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as u32 | (sync & libc::AT_STATX_SYNC_TYPE as u32),
-            mask,
-            buf.as_mut_ptr(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(buf)
-    }
+pub fn statx_raw(fd: BorrowedFd<'_>, sync: u32, mask: u32) -> io::Result<[u8; kernel_abi::STATX]> {
+    kernel_out(|buf| {
+        // SAFETY: the kernel writes one `struct statx` (256 bytes) into `buf`, which has room
+        // for KERNEL_OUT_MAX; the path is an empty C string; the flags and mask are plain
+        // integers.
+        unsafe {
+            libc::syscall(
+                libc::SYS_statx,
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as u32 | (sync & libc::AT_STATX_SYNC_TYPE as u32),
+                mask,
+                buf,
+            )
+        }
+    })
 }
 
 /// `struct statfs` of `fd` as raw bytes (`fstatfs`): what the kernel copies to a guest's
 /// `statfs`/`fstatfs` buffer.
-pub fn fstatfs_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; 120]> {
-    const _: () = assert!(std::mem::size_of::<libc::statfs>() == 120);
-    let mut buf = [0u8; 120];
-    // SAFETY: the kernel writes one `struct statfs` (120 bytes on x86_64, checked above) into
-    // our buffer of that size.
-    let r = unsafe { libc::syscall(libc::SYS_fstatfs, fd.as_raw_fd(), buf.as_mut_ptr()) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(buf)
-    }
+pub fn fstatfs_raw(fd: BorrowedFd<'_>) -> io::Result<[u8; kernel_abi::STATFS]> {
+    // SAFETY: the kernel writes one `struct statfs` (120 bytes) into `buf`, which has room
+    // for KERNEL_OUT_MAX.
+    kernel_out(|buf| unsafe { libc::syscall(libc::SYS_fstatfs, fd.as_raw_fd(), buf) })
 }
 
 /// Runs `probe` in a fresh child created with `flags`; returns the errno it failed with.
@@ -1420,5 +1451,116 @@ pub fn probe_in_child(
                 Err(nix::errno::Errno::ECHILD)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many bytes the kernel writes to the buffer that syscall `nr` gets as argument
+    /// `out` (of `args`, the others as given): the buffer is filled with two different
+    /// patterns in turn, and every byte the kernel writes differs from at least one of them,
+    /// so the furthest byte changed in either run ends the struct.
+    fn written(nr: libc::c_long, mut args: [usize; 5], out: usize) -> usize {
+        [0xa5u8, 0x5a]
+            .iter()
+            .map(|&fill| {
+                let mut buf = [fill; KERNEL_OUT_MAX];
+                args[out] = buf.as_mut_ptr() as usize;
+                let [a, b, c, d, e] = args;
+                // SAFETY: every call made here writes one struct of at most KERNEL_OUT_MAX
+                // bytes to argument `out`, which points at `buf`; the other arguments are
+                // numbers, empty C strings or NULL.
+                let r = unsafe { libc::syscall(nr, a, b, c, d, e) };
+                assert!(r >= 0, "syscall {nr}: {}", io::Error::last_os_error());
+                buf.iter().rposition(|&b| b != fill).map_or(0, |i| i + 1)
+            })
+            .max()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_struct_an_answer_writes_has_the_size_the_kernel_writes() {
+        let dir = std::fs::File::open("/").unwrap();
+        let (fd, empty) = (dir.as_raw_fd() as usize, c"".as_ptr() as usize);
+        let at_empty = libc::AT_EMPTY_PATH as usize;
+        let cases = [
+            (
+                "stat",
+                libc::SYS_newfstatat,
+                [fd, empty, 0, at_empty, 0],
+                2,
+                kernel_abi::STAT,
+            ),
+            (
+                "statx",
+                libc::SYS_statx,
+                [fd, empty, at_empty, libc::STATX_ALL as usize, 0],
+                4,
+                kernel_abi::STATX,
+            ),
+            (
+                "statfs",
+                libc::SYS_fstatfs,
+                [fd, 0, 0, 0, 0],
+                1,
+                kernel_abi::STATFS,
+            ),
+            (
+                "rusage",
+                libc::SYS_getrusage,
+                [0, 0, 0, 0, 0],
+                1,
+                kernel_abi::RUSAGE,
+            ),
+            ("tms", libc::SYS_times, [0; 5], 0, kernel_abi::TMS),
+            ("sysinfo", libc::SYS_sysinfo, [0; 5], 0, kernel_abi::SYSINFO),
+            (
+                "timespec",
+                libc::SYS_clock_gettime,
+                [0; 5],
+                1,
+                kernel_abi::TIMESPEC,
+            ),
+            (
+                "timeval",
+                libc::SYS_gettimeofday,
+                [0; 5],
+                0,
+                kernel_abi::TIMESPEC,
+            ),
+            (
+                "timezone",
+                libc::SYS_gettimeofday,
+                [0; 5],
+                1,
+                kernel_abi::TIMEZONE,
+            ),
+        ];
+        for (what, nr, args, out, size) in cases {
+            assert_eq!(written(nr, args, out), size, "struct {what}");
+        }
+        // The C library's own types are not the kernel's on musl (what this module avoids).
+        if cfg!(target_env = "musl") {
+            assert_ne!(size_of::<libc::rusage>(), kernel_abi::RUSAGE);
+            assert_ne!(size_of::<libc::sysinfo>(), kernel_abi::SYSINFO);
+        }
+    }
+
+    #[test]
+    fn open_path_opens_a_sockets_proc_link_without_opening_the_socket() {
+        use std::os::unix::net::UnixStream;
+        let (a, _b) = UnixStream::pair().unwrap();
+        let link = std::ffi::CString::new(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
+        // Opening the socket itself fails with ENXIO: only O_PATH reaches it.
+        let fd = open_path(&link).expect("O_PATH reaches a socket");
+        let flags = fcntl_getfl(fd.as_raw_fd());
+        assert_ne!(flags & libc::O_PATH, 0, "opened O_PATH ({flags:#o})");
+    }
+
+    fn fcntl_getfl(fd: RawFd) -> libc::c_int {
+        // SAFETY: F_GETFL on a descriptor we own reads its flags and changes nothing.
+        unsafe { libc::fcntl(fd, libc::F_GETFL) }
     }
 }

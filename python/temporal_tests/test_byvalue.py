@@ -2,7 +2,7 @@
 (cloudpickle), and Temporal's contrib plugins, which make their workflow interceptor classes
 so, run under JailedWorkflowRunner: against a real dev server (test_jailed_runner.py's).
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail target/test-venv/bin/python \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail target/test-venv/bin/python \\
         -m unittest discover -s python/temporal_tests -p test_byvalue.py
 """
 

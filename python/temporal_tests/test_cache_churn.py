@@ -4,7 +4,7 @@ and over, at the documented sizing ``max_sessions`` = ``max_cached_workflows`` +
 workflow tasks, so that opens meet BUSY while evicted runs' closes are in flight) fails no
 workflow task.
 
-    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -p 'test_cache_churn.py'
 """
 

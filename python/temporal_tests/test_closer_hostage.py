@@ -3,7 +3,7 @@
 answers a CLOSE, must not hold the other runs' closes, and so their slots and every new
 open, hostage: each close runs on a thread of its own and waits at most CLOSE_WAIT.
 
-    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k closer_hostage
 """
 

@@ -4,7 +4,7 @@ and fails to start, with the reason, when it cannot get one; the first workflow 
 ready worker starts no server; many cached runs at once fit the worker's descriptor limit.
 Against a real dev server.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k ColdStart
 """
 

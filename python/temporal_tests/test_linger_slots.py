@@ -4,7 +4,7 @@ it abandons. Honest runs beside never-exiting ones, at the documented sizing (do
 ``max_sessions`` = ``max_cached_workflows`` + concurrent workflow tasks), with a cache of two
 so that runs are evicted (and their sessions closed) all the time: no honest task fails.
 
-    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=$PWD/target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -p 'test_linger_slots.py'
 """
 

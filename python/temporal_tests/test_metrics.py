@@ -4,7 +4,7 @@ workflows that complete, that wfjail denies, that are evicted, that find no free
 a zygote killed under them; the endpoint scraped with urllib, names, labels and values
 asserted. On a real dev server:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Metrics
 """
 

@@ -4,7 +4,7 @@ attempt, session, pid: in ``extra`` and in the message), escaped, not logged aga
 retried task replays it in a new session; and a WARNING with the report's status and
 violations when a session ends badly. On a real dev server:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Oplog
 """
 

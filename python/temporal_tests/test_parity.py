@@ -3,7 +3,7 @@ stack trace in the history, external storage contexts, check_determinism with th
 data converter, a refused read that names the policy. On a real dev server, as
 test_jailed_runner.py:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k parity
 """
 

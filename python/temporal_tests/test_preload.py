@@ -4,7 +4,7 @@ error fails the worker's start and is logged once, and a worker made again at on
 new server); a
 workflow class defined in the script the worker runs.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Preload
 """
 

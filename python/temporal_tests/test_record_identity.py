@@ -4,7 +4,7 @@ keys the SDK, OpenTelemetry or log pipelines correlate on, or pass for another r
 text, file or line. Each forgery is made by a hostile workflow (``identity_workflows``) in
 its confined child, on a real dev server:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests \\
         -p test_record_identity.py
 """

@@ -3,7 +3,7 @@ process (issue 18): through the worker's ``warnings`` machinery during the activ
 as records of the same-named loggers with the SDK's ``extra``, one line per record; and what
 a hostile child sends of them is bounded and escaped. On a real dev server:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Records
 """
 

@@ -2,7 +2,7 @@
 (test_jailed_runner.py's): a span claiming another run's trace, a server shared by runners of
 different policies. Each asserts the safe outcome exactly.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail target/test-venv/bin/python \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail target/test-venv/bin/python \\
         -m unittest discover -s python/temporal_tests -p test_red_team.py
 """
 

@@ -3,7 +3,7 @@ Worker's constructor (not by the first workflow task), shared by runners of the 
 configuration made one after the other, stopped by ``close()`` only when no other runner
 holds it, and a runner of another configuration gets a server of its own.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Sharing
 """
 

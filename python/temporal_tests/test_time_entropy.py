@@ -3,7 +3,7 @@
 replayed: every value must be the same in the replay (issue 16). Run like
 test_jailed_runner.py:
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k time_entropy
 """
 

@@ -2,7 +2,7 @@
 attacks its worker from inside its confined child (``hostile_workflows``); the worker keeps
 its log and the operator's view its own, and goes on serving.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -k Hostile
 """
 

@@ -5,7 +5,7 @@ workflow under the runner's default policy cannot read any of them, and the refu
 the policy and the path, in the task's failure and in the worker's log. The samples' own
 workflow (an activity imported from activities.py) still runs.
 
-    WFJAIL_BIN=target/x86_64-unknown-linux-gnu/debug/wfjail \\
+    WFJAIL_BIN=target/x86_64-unknown-linux-musl/debug/wfjail \\
         target/test-venv/bin/python -m unittest discover -s python/temporal_tests -p test_worker_secrets.py
 """
 

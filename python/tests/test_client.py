@@ -968,7 +968,7 @@ class AsyncClientTests(BrokenAnswerTests, ServerTestCase):
 # --- the real binary -------------------------------------------------------------------------
 
 def wfjail_binary():
-    found = [p for p in (os.path.join(REPO, "target", "x86_64-unknown-linux-gnu", build, "wfjail")
+    found = [p for p in (os.path.join(REPO, "target", "x86_64-unknown-linux-musl", build, "wfjail")
                          for build in ("debug", "release")) if os.access(p, os.X_OK)]
     return max(found, key=os.path.getmtime) if found else None
 
@@ -1015,7 +1015,7 @@ class EndToEndTests(unittest.TestCase):
     def test_real_serve_zygote_session(self):
         binary = wfjail_binary()
         if binary is None:
-            self.skipTest("no wfjail binary in target/x86_64-unknown-linux-gnu/{debug,release}: "
+            self.skipTest("no wfjail binary in target/x86_64-unknown-linux-musl/{debug,release}: "
                           "run `cargo build` first")
         scratch = tempfile.mkdtemp(prefix="wfjail-client-e2e-")
         self.addCleanup(shutil.rmtree, scratch, True)

@@ -69,7 +69,7 @@ def build_wfjail(args, prog):
     if args.wfjail:
         return args.wfjail
     if args.no_build:
-        found = [p for p in (REPO / "target" / "x86_64-unknown-linux-gnu" / "release" / "wfjail",
+        found = [p for p in (REPO / "target" / "x86_64-unknown-linux-musl" / "release" / "wfjail",
                              REPO / "target" / "release" / "wfjail") if p.exists()]
         if not found:
             raise Unavailable("no release build of wfjail in target/ (--no-build)")

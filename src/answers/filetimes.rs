@@ -102,13 +102,17 @@ pub fn answer(
         u32::from_ne_bytes(raw[24..28].try_into().expect("4 bytes"))
     };
     let kind = mode & libc::S_IFMT;
-    let fs = nix::sys::statfs::fstatfs(&file).map(|s| s.filesystem_type().0);
-    let on_proc = fs == Ok(PROC_SUPER_MAGIC);
+    // f_type, the first word of the kernel's struct statfs (not libc's type for it, which
+    // differs between C libraries).
+    let fs = crate::sys::fstatfs_raw(file.as_fd())
+        .map(|st| i64::from_ne_bytes(st[0..8].try_into().expect("8 bytes")))
+        .ok();
+    let on_proc = fs == Some(PROC_SUPER_MAGIC);
     if (kind == libc::S_IFREG || kind == libc::S_IFDIR) && !on_proc {
         return Answer::Continue;
     }
     set_times(&mut raw, statx.is_some(), now);
-    if matches!(fs, Ok(PIPEFS_MAGIC | SOCKFS_MAGIC | ANON_INODE_FS_MAGIC)) {
+    if matches!(fs, Some(PIPEFS_MAGIC | SOCKFS_MAGIC | ANON_INODE_FS_MAGIC)) {
         set_inode(&mut raw, statx.is_some(), inodes);
     }
     Answer::Value {
@@ -228,14 +232,10 @@ pub fn set_times(raw: &mut [u8], statx: bool, now: i64) {
     }
 }
 
+/// `path` opened `O_PATH` (`crate::sys::open_path`: std's `custom_flags` loses `O_PATH` on
+/// musl); `None` when it cannot be.
 fn open_path(path: &str) -> Option<OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)
-        .ok()
-        .map(OwnedFd::from)
+    crate::sys::open_path(&std::ffi::CString::new(path).ok()?).ok()
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::plan::Plan;
 use crate::policy::OnViolation;
 use crate::policy::decisions::{Check, Decisions};
 use crate::report::{Action, Violation};
-use crate::sys::{self, Notif, NotifBuf};
+use crate::sys::{self, Notif, NotifBuf, kernel_abi};
 
 pub use crate::answers::answer::{Answer, HeldFd, allow, refuse, respond};
 use crate::answers::entropy::Entropy;
@@ -454,7 +454,7 @@ pub fn clock_answer(name: &str, args: &[u64; 6], now: i64) -> Answer {
                 writes.push((args[0], pair(secs, nanos / 1000)));
             }
             if args[1] != 0 {
-                writes.push((args[1], vec![0u8; 8]));
+                writes.push((args[1], vec![0u8; kernel_abi::TIMEZONE]));
             }
             Answer::Value { ret: 0, writes }
         }
@@ -481,13 +481,13 @@ pub fn usage_answer(name: &str, args: &[u64; 6], mono: i64) -> Answer {
         "getrusage" if args[1] == 0 => Answer::Errno(libc::EFAULT),
         "getrusage" => Answer::Value {
             ret: 0,
-            writes: vec![(args[1], vec![0u8; std::mem::size_of::<libc::rusage>()])],
+            writes: vec![(args[1], vec![0u8; kernel_abi::RUSAGE])],
         },
         // times(struct tms *): no CPU time; returns clock ticks (100 Hz) since "boot".
         "times" => Answer::Value {
             ret: mono / 10_000_000,
             writes: if args[0] != 0 {
-                vec![(args[0], vec![0u8; std::mem::size_of::<libc::tms>()])]
+                vec![(args[0], vec![0u8; kernel_abi::TMS])]
             } else {
                 vec![]
             },
@@ -495,7 +495,7 @@ pub fn usage_answer(name: &str, args: &[u64; 6], mono: i64) -> Answer {
         "sysinfo" if args[0] == 0 => Answer::Errno(libc::EFAULT),
         _ => {
             let (ram, swap) = memory_totals();
-            let mut info = vec![0u8; std::mem::size_of::<libc::sysinfo>()];
+            let mut info = vec![0u8; kernel_abi::SYSINFO];
             let mut put = |at: usize, v: u64| info[at..at + 8].copy_from_slice(&v.to_ne_bytes());
             put(0, (mono / 1_000_000_000) as u64); // uptime; loads stay 0
             put(32, ram); // totalram
@@ -522,4 +522,34 @@ fn memory_totals() -> (u64, u64) {
             .map_or(0, |k| k * 1024)
     };
     (kib("MemTotal:"), kib("SwapTotal:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lengths of what `a` writes, in order.
+    fn lengths(a: Answer) -> Vec<usize> {
+        match a {
+            Answer::Value { writes, .. } => writes.iter().map(|(_, b)| b.len()).collect(),
+            other => panic!("not a value: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn usage_and_clock_answers_write_the_kernels_struct_sizes_whatever_the_c_library() {
+        let args = [0, 0x1000, 0x2000, 0, 0, 0];
+        assert_eq!(lengths(usage_answer("getrusage", &args, 0)), [144]);
+        assert_eq!(
+            lengths(usage_answer("times", &[0x1000, 0, 0, 0, 0, 0], 0)),
+            [32]
+        );
+        assert_eq!(
+            lengths(usage_answer("sysinfo", &[0x1000, 0, 0, 0, 0, 0], 0)),
+            [112]
+        );
+        assert_eq!(lengths(clock_answer("clock_gettime", &args, 0)), [16]);
+        let both = [0x1000, 0x2000, 0, 0, 0, 0];
+        assert_eq!(lengths(clock_answer("gettimeofday", &both, 0)), [16, 8]);
+    }
 }

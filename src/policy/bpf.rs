@@ -407,6 +407,21 @@ pub fn compile(
     zygote: bool,
     watch_reads: bool,
 ) -> Result<Vec<libc::sock_filter>, BpfError> {
+    compile_with(policy, mode, initial_exec, zygote, watch_reads, emit_rules)
+}
+
+/// How a leaf's argument rules are laid out ([`emit_rules`]; the tests' reference layout).
+type EmitRules = fn(&[SeccompRule], u32, &mut Vec<libc::sock_filter>);
+
+/// [`compile`] with the argument rules laid out by `emit`.
+fn compile_with(
+    policy: &Policy,
+    mode: Mode,
+    initial_exec: Option<u64>,
+    zygote: bool,
+    watch_reads: bool,
+    emit: EmitRules,
+) -> Result<Vec<libc::sock_filter>, BpfError> {
     let decisions = leaves(policy, mode, initial_exec, zygote, watch_reads)?;
     let highest = super::syscall_table::X86_64.last().map_or(0, |&(_, n)| n);
     // Ranges over 0..=highest+1; the last one extends to the x32 bit.
@@ -450,7 +465,7 @@ pub fn compile(
         jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
         stmt(BPF_RET_K, foreign),
     ];
-    emit_tree(policy, mode, &ranges, &mut prog)?;
+    emit_tree(policy, mode, &ranges, &mut prog, emit)?;
     if prog.len() > 4096 {
         return Err(BpfError::TooLarge(prog.len()));
     }
@@ -464,15 +479,16 @@ fn emit_tree(
     mode: Mode,
     ranges: &[Range],
     out: &mut Vec<libc::sock_filter>,
+    emit: EmitRules,
 ) -> Result<(), BpfError> {
     if ranges.len() == 1 {
-        return emit_leaf(policy, mode, &ranges[0], out);
+        return emit_leaf(policy, mode, &ranges[0], out, emit);
     }
     let mid = ranges.len() / 2;
     let k = ranges[mid].start;
     let at = out.len();
     out.push(jump(BPF_JMP_JGE_K, k, 0, 0)); // patched once the left subtree's size is known
-    emit_tree(policy, mode, &ranges[..mid], out)?;
+    emit_tree(policy, mode, &ranges[..mid], out, emit)?;
     let left = out.len() - at - 1;
     match u8::try_from(left) {
         Ok(skip) => out[at].jt = skip, // >= k: jump over the left subtree
@@ -482,7 +498,7 @@ fn emit_tree(
             out.insert(at + 1, stmt(BPF_JMP_JA, left as u32));
         }
     }
-    emit_tree(policy, mode, &ranges[mid..], out)
+    emit_tree(policy, mode, &ranges[mid..], out, emit)
 }
 
 fn emit_leaf(
@@ -490,6 +506,7 @@ fn emit_leaf(
     mode: Mode,
     range: &Range,
     out: &mut Vec<libc::sock_filter>,
+    emit_rules: EmitRules,
 ) -> Result<(), BpfError> {
     let violation = violation_action(policy, mode, range.single);
     match range.leaf {
@@ -529,8 +546,90 @@ fn emit_leaf(
 }
 
 /// Each rule followed by `RET on_match`: a seccompiler rule falls through when it matches and
-/// jumps past the instruction that follows it when it does not.
+/// jumps past the instruction that follows it when it does not. Shorter than seccompiler lays
+/// it out (the kernel converts and JIT-compiles every instruction at each install): its two
+/// leading jumps (enter the rule; leave it, for a layout that jumps into rules from elsewhere)
+/// are dropped, since here nothing jumps but forward and within, and a run of one-value rules
+/// on the same argument word (`one_of`: the ioctl, fcntl, prctl... allowlists) becomes one
+/// load, one comparison per value and one shared `RET on_match`. `tests` hold the result to
+/// [`emit_rules_plain`]'s decisions.
 fn emit_rules(rules: &[SeccompRule], on_match: u32, out: &mut Vec<libc::sock_filter>) {
+    let codes: Vec<Vec<libc::sock_filter>> = rules.iter().map(rule_code).collect();
+    let mut i = 0;
+    while i < codes.len() {
+        // The longest run from `i` of rules that are `LD word; JEQ value (0, 1)` on one word.
+        let word = one_value(&codes[i]).map(|(off, _)| off);
+        let run = match word {
+            Some(off) => codes[i..]
+                .iter()
+                .take(MAX_ONE_VALUE_RUN)
+                .take_while(|c| one_value(c).is_some_and(|(o, _)| o == off))
+                .count(),
+            None => 0,
+        };
+        if run < 2 {
+            out.extend_from_slice(&codes[i]);
+            out.push(stmt(BPF_RET_K, on_match));
+            i += 1;
+            continue;
+        }
+        out.push(codes[i][0]); // LD word
+        for (n, c) in codes[i..i + run].iter().enumerate() {
+            let (_, value) = one_value(c).expect("checked above");
+            let last = n + 1 == run;
+            // A match jumps to the shared RET after the last comparison; the last one's
+            // mismatch jumps over it, to what follows (as each rule's did).
+            let (jt, jf) = if last {
+                (0, 1)
+            } else {
+                ((run - n - 1) as u8, 0)
+            };
+            out.push(jump(BPF_JMP_JEQ_K, value, jt, jf));
+        }
+        out.push(stmt(BPF_RET_K, on_match));
+        i += run;
+    }
+}
+
+/// The most one-value rules merged into one run (a conditional jump reaches 255 ahead).
+const MAX_ONE_VALUE_RUN: usize = 200;
+
+/// A seccompiler rule's instructions without its two leading jumps (see [`emit_rules`]).
+fn rule_code(r: &SeccompRule) -> Vec<libc::sock_filter> {
+    let code: seccompiler::BpfProgram = r.clone().into();
+    let mut code: Vec<libc::sock_filter> = code
+        .into_iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let entry_exit = code.len() > 2
+        && (code[0].code, code[0].k) == (BPF_JMP_JA, 1)
+        && code[1].code == BPF_JMP_JA;
+    if entry_exit {
+        code.drain(..2);
+    }
+    code
+}
+
+/// `(offset, value)` when `code` is exactly `LD [offset]; JEQ value, 0, 1` (a one-condition
+/// rule: an argument's word equals a value).
+fn one_value(code: &[libc::sock_filter]) -> Option<(u32, u32)> {
+    match code {
+        [ld, eq] if ld.code == BPF_LD_W_ABS && (eq.code, eq.jt, eq.jf) == (BPF_JMP_JEQ_K, 0, 1) => {
+            Some((ld.k, eq.k))
+        }
+        _ => None,
+    }
+}
+
+/// seccompiler's layout of [`emit_rules`]: each rule as it compiles it, then `RET on_match`.
+/// The reference the shorter layout is tested against.
+#[cfg(test)]
+fn emit_rules_plain(rules: &[SeccompRule], on_match: u32, out: &mut Vec<libc::sock_filter>) {
     for r in rules {
         let code: seccompiler::BpfProgram = r.clone().into();
         out.extend(code.into_iter().map(|i| libc::sock_filter {
@@ -646,6 +745,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // libc's ioctl numbers: c_ulong on glibc, c_int on musl
     fn default_policy_decisions() {
         let p = policy::load("default").unwrap();
         let prog = compile(&p, Mode::Notify, None, false, false).unwrap();
@@ -694,11 +794,11 @@ mod tests {
         );
         // ioctl: TIOCSTI is not allowed.
         assert_eq!(
-            run(&prog, "ioctl", [0, libc::TCGETS, 0, 0, 0, 0]),
+            run(&prog, "ioctl", [0, libc::TCGETS as u64, 0, 0, 0, 0]),
             RET_ALLOW
         );
         assert_eq!(
-            run(&prog, "ioctl", [0, libc::TIOCSTI, 0, 0, 0, 0]),
+            run(&prog, "ioctl", [0, libc::TIOCSTI as u64, 0, 0, 0, 0]),
             RET_USER_NOTIF
         );
         // seccomp: no listener.
@@ -810,6 +910,83 @@ mod tests {
         }
     }
 
+    /// The shorter layout of argument rules ([`emit_rules`]) decides every call as
+    /// seccompiler's own ([`emit_rules_plain`]) does: every built-in policy, both modes, plain
+    /// and prefork, every syscall number (and the x32 and foreign-ABI paths), and for the
+    /// numbers with argument rules each argument set to each constant either program compares
+    /// with (as is, in the high word, with bits around it) plus mixed vectors of them.
+    #[test]
+    fn the_shorter_rule_layout_decides_every_call_as_seccompilers() {
+        let mut shorter = 0;
+        for &(name, _) in policy::BUILTINS {
+            let p = policy::load(name).unwrap();
+            for (mode, zygote, watch) in [
+                (Mode::Notify, false, false),
+                (Mode::Notify, true, false),
+                (Mode::Notify, true, true),
+                (Mode::Fallback, false, false),
+                (Mode::Fallback, true, false),
+            ] {
+                let exec = (mode == Mode::Fallback).then_some(0x7f00_1234_5678);
+                let new = compile(&p, mode, exec, zygote, watch).unwrap();
+                let plain = compile_with(&p, mode, exec, zygote, watch, emit_rules_plain).unwrap();
+                assert!(new.len() <= plain.len(), "{name} {mode:?}");
+                if mode == Mode::Notify && !zygote {
+                    shorter += plain.len() - new.len();
+                }
+                let mut values: Vec<u64> = vec![0, 1, u64::MAX, 0xffff_ffff, 1 << 32];
+                for i in new.iter().chain(&plain) {
+                    let k = u64::from(i.k);
+                    values.extend([k, k << 32, k | 1 << 32, k ^ 1, k | 0x80, !k & 0xffff_ffff]);
+                }
+                if let Some(p) = exec {
+                    values.extend([p, p ^ 1, p & 0xffff_ffff, p >> 32]);
+                }
+                values.sort_unstable();
+                values.dedup();
+                let ruled = leaves(&p, mode, exec, zygote, watch).unwrap();
+                let decide = |arch: u32, nr: u32, args: [u64; 6]| {
+                    let (a, b) = (
+                        evaluate(&new, arch, nr, args),
+                        evaluate(&plain, arch, nr, args),
+                    );
+                    assert_eq!(a, b, "{name} {mode:?} zygote {zygote}: nr {nr} {args:x?}");
+                };
+                decide(0x4000_0003, 1, [0; 6]); // i386
+                decide(AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 1, [0; 6]);
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+                for nr in 0..600u32 {
+                    decide(AUDIT_ARCH_X86_64, nr, [0; 6]);
+                    let with_rules = !matches!(
+                        ruled.get(&nr),
+                        None | Some(Leaf::Allow | Leaf::Enosys | Leaf::Violation | Leaf::Watch)
+                    );
+                    if !with_rules {
+                        continue;
+                    }
+                    for arg in 0..6 {
+                        for &v in &values {
+                            let mut args = [0; 6];
+                            args[arg] = v;
+                            decide(AUDIT_ARCH_X86_64, nr, args);
+                        }
+                    }
+                    for _ in 0..256 {
+                        let mut args = [0; 6];
+                        for a in &mut args {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            *a = values[(seed % values.len() as u64) as usize];
+                        }
+                        decide(AUDIT_ARCH_X86_64, nr, args);
+                    }
+                }
+            }
+        }
+        assert!(shorter > 0, "the shorter layout saves nothing");
+    }
+
     #[test]
     fn fallback_tree_with_long_jumps_decides_every_number() {
         // In fallback mode each denied syscall is its own range: the tree is big enough that
@@ -897,6 +1074,7 @@ mod tests {
     const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // libc's ioctl numbers: c_ulong on glibc, c_int on musl
     fn ioctl_is_an_allowlist() {
         let p = policy::load("default").unwrap();
         for mode in [Mode::Notify, Mode::Fallback] {
@@ -920,13 +1098,13 @@ mod tests {
                 );
             }
             for req in [
-                libc::TIOCSTI,
-                libc::TCSETS,
-                libc::FIOASYNC,
+                libc::TIOCSTI as u64,
+                libc::TCSETS as u64,
+                libc::FIOASYNC as u64,
                 0x4008_6602, // FS_IOC_SETFLAGS
                 0x401c_5820, // FS_IOC_FSSETXATTR
                 0x8008_6601, // FS_IOC_GETFLAGS
-                libc::SIOCGIFCONF,
+                libc::SIOCGIFCONF as u64,
                 0x4004_9409, // FICLONE
             ] {
                 assert_eq!(
@@ -938,18 +1116,18 @@ mod tests {
         }
         // The table agrees with the C headers where libc has them.
         for (v, n) in [
-            (libc::TCGETS, "TCGETS"),
-            (libc::TCGETS2, "TCGETS2"),
-            (libc::TIOCGPGRP, "TIOCGPGRP"),
-            (libc::TIOCGWINSZ, "TIOCGWINSZ"),
-            (libc::FIONREAD, "FIONREAD"),
-            (libc::FIONBIO, "FIONBIO"),
-            (libc::FIONCLEX, "FIONCLEX"),
-            (libc::FIOCLEX, "FIOCLEX"),
-            (libc::TIOCSTI, "TIOCSTI"),
-            (libc::FIOASYNC, "FIOASYNC"),
-            (libc::SIOCGIFCONF, "SIOCGIFCONF"),
-            (libc::TIOCSPGRP, "TIOCSPGRP"),
+            (libc::TCGETS as u64, "TCGETS"),
+            (libc::TCGETS2 as u64, "TCGETS2"),
+            (libc::TIOCGPGRP as u64, "TIOCGPGRP"),
+            (libc::TIOCGWINSZ as u64, "TIOCGWINSZ"),
+            (libc::FIONREAD as u64, "FIONREAD"),
+            (libc::FIONBIO as u64, "FIONBIO"),
+            (libc::FIONCLEX as u64, "FIONCLEX"),
+            (libc::FIOCLEX as u64, "FIOCLEX"),
+            (libc::TIOCSTI as u64, "TIOCSTI"),
+            (libc::FIOASYNC as u64, "FIOASYNC"),
+            (libc::SIOCGIFCONF as u64, "SIOCGIFCONF"),
+            (libc::TIOCSPGRP as u64, "TIOCSPGRP"),
         ] {
             assert_eq!(syscalls::ioctl_name(v), Some(n));
         }

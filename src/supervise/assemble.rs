@@ -374,7 +374,8 @@ impl Applied {
 }
 
 /// The value of rlimit `resource` the child applies (the policy's, or a lower inherited one).
-pub fn applied_rlimit(plan: &Plan, resource: u32) -> Option<u64> {
+pub fn applied_rlimit(plan: &Plan, resource: impl TryInto<u32>) -> Option<u64> {
+    let resource: u32 = resource.try_into().ok()?;
     plan.rlimits
         .iter()
         .find(|(r, _)| *r as u32 == resource)
