@@ -73,6 +73,18 @@ def private_kib(pid):
     return kb["Private_Clean"] + kb["Private_Dirty"]
 
 
+async def wait_settled(runner):
+    """Until every zygote of ``runner``'s server has said SETTLED (its work after READY, the
+    heap's marking and collapse, is done): an event, read from the server's STATUS."""
+    for policy, server in runner._servers.items():
+        status = server.client.status
+        while True:
+            doc = await asyncio.to_thread(status)
+            if doc["zygotes_settled"] >= doc["zygotes"]:
+                break
+            await asyncio.sleep(0.05)
+
+
 def mortal_policy(directory):
     """A policy file: temporal-python with the zygote's heap left mortal (the opt-out)."""
     path = os.path.join(directory, "mortal.toml")
@@ -97,6 +109,16 @@ class ImmortalZygoteTests(DevServerTestCase):
             async with Worker(client, task_queue=queue, workflows=[I.SharedRefcount, W.Counter],
                               activities=[], workflow_runner=runner,
                               max_cached_workflows=held + 10):
+                # A run forked before its zygote settled completes too, on a heap marked in
+                # part (the zygote marks it after READY, between forks).
+                early = await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),
+                                                    task_queue=queue)
+                await early.signal(W.Counter.add, 1)
+                self.assertEqual(await early.execute_update(W.Counter.finish), 1)
+                self.assertEqual(await early.result(), 1)
+                # The zygotes' marking is done (SETTLED, counted by STATUS): the runs below
+                # are forked from the marked heap.
+                await wait_settled(runner)
                 result = await client.execute_workflow(
                     I.SharedRefcount.run, id=str(uuid.uuid4()), task_queue=queue)
                 handles = [await client.start_workflow(W.Counter.run, id=str(uuid.uuid4()),

@@ -1,7 +1,8 @@
 """The zygote's loop (python -m wfjail.zygote), run unconfined against a fake supervisor: its
-control channel packet by packet (READY, FORK -> FORKED, a child's exit -> EXITED), the
+control channel packet by packet (READY, SETTLED, FORK -> FORKED, a child's exit -> EXITED), the
 spare's hand-over (the FORK's JSON and descriptors forwarded as received) and the inline
-fork, and what it does with packets it does not take. No timing is asserted: a missing
+fork, what it does with packets it does not take, and its heap settled after READY between
+forks (SETTLED, then a spare of the settled heap). No timing is asserted: a missing
 answer fails after a generous bound (a hung test, not a slow one)."""
 
 import array
@@ -34,12 +35,14 @@ def recv_control(sock):
 
 class ZygoteLoopTests(unittest.TestCase):
     ARGS: "list[str]" = []
+    # Nothing to settle after READY (SETTLED follows it at once), unless a test says so.
+    SETTLE_ENV = {"WFJAIL_HUGEPAGES": "0", "WFJAIL_IMMORTAL": "0"}
 
     def setUp(self):
         self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, WFJAIL_ZYGOTE_FD=str(theirs.fileno()),
                    PYTHONPATH=os.pathsep.join((os.path.dirname(HERE), HERE)),
-                   WFJAIL_HUGEPAGES="0")
+                   **self.SETTLE_ENV)
         env.pop("WFJAIL_CPU_LIMIT", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "wfjail.zygote", *self.ARGS],
                                      env=env, pass_fds=[theirs.fileno()],
@@ -49,6 +52,19 @@ class ZygoteLoopTests(unittest.TestCase):
         kind, self.ready = recv_control(self.ours)
         self.assertEqual(kind, ControlKind.READY)
         self.exited = {}
+        self.settled = None
+        if not set(self.SETTLE_ENV.values()) - {"0"}:
+            kind, self.settled = recv_control(self.ours)
+            self.assertEqual(kind, ControlKind.SETTLED)
+
+    def note(self, kind, doc):
+        """An EXITED or a SETTLED that came while we waited for something else."""
+        if kind == ControlKind.SETTLED:
+            self.assertIsNone(self.settled, "SETTLED comes once")
+            self.settled = doc
+            return
+        self.assertEqual(kind, ControlKind.EXITED)
+        self.exited[doc["pid"]] = doc
 
     def tearDown(self):
         for s in self.sessions:
@@ -81,8 +97,7 @@ class ZygoteLoopTests(unittest.TestCase):
             kind, answer = recv_control(self.ours)
             if kind == ControlKind.FORKED:
                 return answer, mine
-            self.assertEqual(kind, ControlKind.EXITED)
-            self.exited[answer["pid"]] = answer
+            self.note(kind, answer)
 
     def first_frame(self, sock):
         """The child's answer to our HELLO (wfjail speaks first)."""
@@ -96,10 +111,13 @@ class ZygoteLoopTests(unittest.TestCase):
 
     def wait_exited(self, pid):
         while pid not in self.exited:
-            kind, doc = recv_control(self.ours)
-            self.assertEqual(kind, ControlKind.EXITED)
-            self.exited[doc["pid"]] = doc
+            self.note(*recv_control(self.ours))
         return self.exited[pid]
+
+    def wait_settled(self):
+        while self.settled is None:
+            self.note(*recv_control(self.ours))
+        return self.settled
 
     def test_every_fork_is_answered_and_every_child_reaped(self):
         # Back to back (the next FORK finds no spare: an inline fork) and after an answer
@@ -222,6 +240,38 @@ class ZygoteWithAnAtForkCallbackTests(ZygoteLoopTests):
         seen = self.forked(1)
         if seen is not None:
             self.assertIn("at-fork callback", seen["fork_path"])
+
+
+
+class SettlingZygoteLoopTests(ZygoteLoopTests):
+    """The same loop with its work after READY on (the heap marked immortal on 3.12+, its
+    ranges collapsed into huge pages where the kernel does): a session forked before SETTLED
+    and one after both answer, and the spare forked before it is replaced."""
+
+    SETTLE_ENV = {"WFJAIL_HUGEPAGES": "1", "WFJAIL_IMMORTAL": "1"}
+
+    def session(self, n):
+        forked, sock = self.fork({"session": n, "handler": "operator:methodcaller",
+                                  "init": "upper"})
+        self.assertNotIn("error", forked)
+        frame = self.first_frame(sock)
+        self.assertIn(frame[0], (P.HELLO, P.ERROR))  # ERROR: no Landlock domain here
+        if frame[0] == P.HELLO:
+            P.write_frame(sock.fileno(), P.REQUEST, b"hi")
+            self.assertEqual(P.read_frame(sock.fileno()), (P.RESULT, b"HI"))
+        return forked["pid"]
+
+    def test_a_session_before_and_one_after_it_settles(self):
+        self.assertEqual(self.ready["immortal"] if sys.version_info >= (3, 12) else "after READY",
+                         "after READY")
+        before = self.session(1)
+        settled = self.wait_settled()
+        self.assertEqual(set(settled), {"immortal", "hugepages"})
+        if sys.version_info >= (3, 12):
+            self.assertIsInstance(settled["immortal"], int, settled)
+            self.assertGreater(settled["immortal"], 1000, settled)
+        after = self.session(2)
+        self.assertNotEqual(before, after)
 
 
 if __name__ == "__main__":

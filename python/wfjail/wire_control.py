@@ -22,6 +22,7 @@ class ControlKind(IntEnumBody):
     READY = 0x32
     FORKED = 0x33
     EXITED = 0x34
+    SETTLED = 0x35
 
 
 def pack_control(kind: ControlKind, doc: "Any") -> bytes:

@@ -3,10 +3,14 @@
     python -m wfjail.zygote --preload temporalio,my_workflows
 
 It imports what it is told to (and calls each ``module:function`` it is told to: a
-warm-up), makes the preloaded heap immortal on Python 3.12 and 3.13 (``wfjail.immortal``:
-children that take references to it do not write its pages) and freezes the garbage
-collector (so that children share the preloaded objects copy-on-write instead of touching
-them), says READY, and then serves one child per session on request. It keeps one child
+warm-up), freezes the garbage collector (so that children share the preloaded objects
+copy-on-write instead of touching them), says READY, and then serves one child per session
+on request. After READY, off the first session's path, it makes the preloaded heap immortal
+on Python 3.12 and 3.13 (``wfjail.immortal``: children that take references to it do not
+write its pages) and collapses it into huge pages (``wfjail.hugepages``), a slice at a time
+between the forks it serves, then says SETTLED: the children forked before have a heap
+marked in part (they copy more of its pages as they write them), those after the settled
+one. It keeps one child
 forked ahead (a spare, waiting for its session on a socket pair), so that opening a session
 does not wait for a fork; the next spare is forked after the answer. A child runs ``wfjail.guest.run`` with the session's handler
 on the session socket it was handed, and exits when the session ends. Only the zygote may
@@ -25,11 +29,14 @@ Control channel (fd ``WFJAIL_ZYGOTE_FD``, a SOCK_SEQPACKET socket, one frame per
                                         (the session socket, the session's output pipe)
     zygote -> supervisor  READY   0x32  JSON {"pid": p, "preloaded": [...], "python": "3.11.2",
                                               "session_domain": 7, "control": 2,
-                                              "immortal": 205930 (objects) or why not,
+                                              "immortal": "after READY" or why not,
+                                              "hugepages": "after READY" or why not,
                                               "merging": "any" / "off: why"
                                               (only when WFJAIL_MERGE_PAGES asks)}
                           FORKED  0x33  JSON {"session": n, "pid": p} or {"session": n, "error": "..."}
                           EXITED  0x34  JSON {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
+                          SETTLED 0x35  JSON {"immortal": 205930 (objects) or why not,
+                                              "hugepages": KiB collapsed or why not}
 
 Pids are the zygote's own (it is PID 1 of its namespace); the supervisor maps them.
 
@@ -64,7 +71,7 @@ import sys
 import _socket
 
 from .immortal import ENV as immortal_env
-from .immortal import immortalize
+from .immortal import Marking
 from .immortal import wanted as wants_immortal
 from . import hugepages
 from . import merging
@@ -74,17 +81,34 @@ from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exite
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+    from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
 
     Handler = Callable[[bytes], Any]
     Spare = Tuple[int, _socket.socket]
 
 FORK, READY = ControlKind.FORK, ControlKind.READY
-FORKED, EXITED = ControlKind.FORKED, ControlKind.EXITED
+FORKED, EXITED, SETTLED = ControlKind.FORKED, ControlKind.EXITED, ControlKind.SETTLED
 # The next spare is forked once the zygote has had nothing to do for this long: not while a
 # session's child starts or exits, which a fork would compete with for the CPUs
 # (docs/benchmarks.md, "Prefork latency").
 SPARE_IDLE = 0.001
+# After READY the zygote marks its heap immortal and collapses it into huge pages
+# (``_settle``), a slice at a time between the FORKs it serves: it begins once the first
+# session has been forked and the zygote has had nothing to do for SETTLE_IDLE, or after
+# SETTLE_AFTER without a FORK, or after SETTLE_FORKS forks (a burst that never leaves it
+# idle), so that the first workflow's child does not share the CPUs with it.
+SETTLE_IDLE = 0.05
+SETTLE_AFTER = 1.0
+SETTLE_FORKS = 16
+# The environment variable naming the preload list's warm-ups ("module:function") that the
+# zygote runs after READY, before its marking, instead of before READY: off the first
+# session's path; the runs forked before it are correct, only less warmed (they copy more
+# pages). The runner names its own when the worker's environment has WFJAIL_ZYGOTE_LATE=1
+# (wfjail.temporal.server): measured, its children then fault more per workflow than with
+# the warm-up before READY (docs/benchmarks.md, "Issue 29: cold start").
+LATE_ENV = "WFJAIL_ZYGOTE_LATE"
+# Objects marked per slice (a few ms), between two looks at the control socket.
+MARK_SLICE = 2000
 # The largest control packet the zygote takes (a FORK's JSON, its init value included).
 CONTROL_MAX = 65536
 
@@ -443,6 +467,57 @@ def _kept_open(device: int) -> "Optional[str]":
     return None
 
 
+def _settle(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
+            immortal: "Union[int, str]", huge: "Union[int, str]",
+            late: "Optional[List[Tuple[str, Callable[[], Any]]]]" = None,
+            objects: "Optional[List[object]]" = None,
+            ) -> "Optional[Generator[None, None, Dict[str, Union[int, str]]]]":
+    """The zygote's work after READY, a slice per step (a generator: ``_serve`` steps it
+    while no FORK waits), returning SETTLED's document: the heap marked immortal
+    (``wfjail.immortal``: objects marked, or why not), then collapsed into huge pages
+    (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do (SETTLED
+    then follows READY). First, the warm-ups deferred to it (``late``, LATE_ENV): each
+    called once (one that raises is said on stderr, the zygote serves on), what they made
+    collected, added to ``objects`` (the list the marking and the collapse take) and frozen."""
+    if marking is None and collapsing is None and not late:
+        return None
+    return _settling(marking, collapsing, immortal, huge, late or [], objects)
+
+
+def _settling(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
+              immortal: "Union[int, str]", huge: "Union[int, str]",
+              late: "List[Tuple[str, Callable[[], Any]]]",
+              objects: "Optional[List[object]]",
+              ) -> "Generator[None, None, Dict[str, Union[int, str]]]":
+    for name, warm in late:
+        try:
+            warm()
+        except Exception:  # warming is an optimisation: the sessions run without it
+            import traceback
+            print("wfjail.zygote: the warm-up %s after READY failed:" % name, file=sys.stderr)
+            traceback.print_exc()
+        yield
+    if late:
+        gc.collect()
+        if objects is not None:
+            objects.extend(gc.get_objects())
+        gc.freeze()
+        yield
+    if marking is not None:
+        while not marking.step(MARK_SLICE):
+            yield
+        immortal = marking.marked
+    if collapsing is not None:
+        while True:
+            try:
+                next(collapsing)
+            except StopIteration as done:
+                huge = done.value
+                break
+            yield
+    return {"immortal": immortal, "hugepages": huge}
+
+
 def _fork() -> int:
     """A fork (``os.fork()``, or the C library's ``fork`` where ``_choose_fork`` found it
     safe), retried: the fork waits for the supervisor (seccomp user notification), and a
@@ -621,9 +696,15 @@ def main(argv: "Optional[List[str]]" = None) -> int:
 
     scratch = _use_scratch()
     preloaded, error = [], None
+    # Warm-ups named in LATE_ENV run after READY (``_settling``), before the marking: their
+    # module is imported here (an import that fails fails the start), their call is not.
+    late_names = set(filter(None, os.environ.get(LATE_ENV, "").split(",")))
+    late: "List[Tuple[str, Callable[[], Any]]]" = []
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
-            if ":" in name:
+            if name in late_names:
+                late.append((name, _resolve(name)))
+            elif ":" in name:
                 _resolve(name)()  # "module:function": imported, then called (a warm-up)
             else:
                 importlib.import_module(name)
@@ -647,19 +728,29 @@ def main(argv: "Optional[List[str]]" = None) -> int:
 
     gc.collect()
     # Python >= 3.12: the preloaded heap immortal, so that children reading it do not write
-    # its pages (wfjail.immortal). A number of objects marked, or why none were.
+    # its pages (wfjail.immortal); then the heap in 2 MiB pages: each fork copies, and each
+    # exit drops, far fewer page-table entries (wfjail.hugepages). Both are done after READY
+    # (``_settle``), off the first session's path; SETTLED says how they went.
     immortal: "Union[int, str]" = "off (--no-immortal or %s=0)" % immortal_env
-    if not args.no_immortal and wants_immortal(os.environ):
-        immortal = immortalize()
-        if isinstance(immortal, str) and sys.version_info >= (3, 12):
-            print("wfjail.zygote: the preloaded heap stays mortal: %s" % immortal,
-                  file=sys.stderr)
-    # The heap in 2 MiB pages: each fork copies, and each exit drops, far fewer page-table
-    # entries (wfjail.hugepages). How many KiB were collapsed, or why none were. Its ranges
-    # are found from the objects' addresses, before the freeze hides them from the collector.
     huge: "Union[int, str]" = "off (--no-hugepages or %s=0)" % hugepages.ENV
+    marking: "Optional[Marking]" = None
+    collapsing = None
+    # The objects, taken before the freeze hides them from the collector (its ranges are
+    # found from their addresses).
+    objects = gc.get_objects()
+    if not args.no_immortal and wants_immortal(os.environ):
+        made = Marking.of(objects)
+        if isinstance(made, str):
+            immortal = made
+            if sys.version_info >= (3, 12):
+                print("wfjail.zygote: the preloaded heap stays mortal: %s" % made,
+                      file=sys.stderr)
+        else:
+            marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
-        huge = hugepages.collapse(id(o) for o in gc.get_objects())
+        collapsing, huge = hugepages.collapsing(id(o) for o in objects), "after READY"
+    settle = _settle(marking, collapsing, immortal, huge, late, objects)
+    del objects
     # Same-page merging for this zygote and its children, when the server asks
     # (wfjail.merging): the server opted this process in before its exec; what the kernel
     # says of it, or why it is off. The server says whether the host merges.
@@ -683,15 +774,22 @@ def main(argv: "Optional[List[str]]" = None) -> int:
     ctl.sendall(pack_control(READY, ready))
     if error:
         return 1
+    if settle is None:  # nothing to do after READY: settled already
+        ctl.sendall(pack_control(SETTLED, {"immortal": immortal, "hugepages": huge}))
     sys.stdout.flush()
     sys.stderr.flush()
 
-    return _serve(ctl, wake, not args.no_spare)
+    return _serve(ctl, wake, not args.no_spare, settle)
 
 
-def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> int:
+def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool,
+           settle: "Optional[Generator[None, None, Dict[str, Union[int, str]]]]" = None,
+           ) -> int:
     """The zygote's loop, until the supervisor is gone: FORK -> a child (the spare, or a fork)
-    and FORKED; SIGCHLD -> reap, EXITED; idle for SPARE_IDLE without a spare -> the next one.
+    and FORKED; SIGCHLD -> reap, EXITED; idle for SPARE_IDLE without a spare -> the next one;
+    ``settle`` (``_settle``), stepped a slice at a time while nothing else waits once it
+    began (SETTLE_IDLE, SETTLE_AFTER, SETTLE_FORKS), then SETTLED, and the spare forked
+    before it ended is replaced by one of the settled heap.
 
     Every page the zygote writes after a fork is copied once, since the spare and the
     sessions share it: the loop touches as little as it can. What it uses is made here,
@@ -721,9 +819,19 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
     forked_doc = b'{"session": %d, "pid": %d}'
     idle_ms = max(1, round(SPARE_IDLE * 1000))
     _choose_fork()
+    settling, settle_began, forks = settle, False, 0
+    settle_wait_ms = max(1, round(SETTLE_AFTER * 1000))
     spare = _spare(ctl, wake) if forking_ahead else None
     while True:
-        events = poll(idle_ms if (spare is None and forking_ahead) else None)
+        if settling is not None and settle_began:
+            timeout: "Optional[int]" = 0
+        elif spare is None and forking_ahead:
+            timeout = idle_ms
+        elif settling is not None:
+            timeout = settle_wait_ms
+        else:
+            timeout = None
+        events = poll(timeout)
         reap = not events
         for fd, _ in events:
             if fd == wake_fd:
@@ -787,6 +895,11 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
                 send(pack_header(len(answer) + 1, forked_kind) + answer)
             else:
                 send(pack_control(FORKED, {"session": session, "pid": pid}))
+            if settling is not None:
+                # After the first fork: once idle for SETTLE_IDLE; after a burst: now.
+                forks += 1
+                settle_wait_ms = max(1, round(SETTLE_IDLE * 1000))
+                settle_began = settle_began or forks >= SETTLE_FORKS
         # Reap every child that ended, and tell the supervisor how.
         while reap:
             try:
@@ -807,6 +920,19 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool) -> 
                 spare = _spare(ctl, wake)
             except OSError:
                 spare = None
+        elif settling is not None and not events:
+            # Idle with a spare ready (or none wanted): the next slice of the settling.
+            settle_began = True
+            try:
+                next(settling)
+            except StopIteration as done:
+                settling = None
+                send(pack_control(SETTLED, done.value))
+                if spare is not None:
+                    # Forked from the heap before it settled: its end (EOF) is reaped
+                    # like any child's, and the next spare is forked from the settled heap.
+                    spare[1].close()
+                    spare = None
 
 if __name__ == "__main__":
     sys.exit(main())

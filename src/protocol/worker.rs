@@ -172,6 +172,15 @@ pub struct Capacity {
     /// to the router, by reason).
     #[serde(default)]
     pub pid_answers: std::collections::BTreeMap<String, u64>,
+    /// Zygotes of a zygote server (`--zygotes`), those running (ready: the server serves
+    /// once the first is, and starts the others after), and those whose work after READY
+    /// is done (SETTLED: their heap marked immortal and in huge pages).
+    #[serde(default)]
+    pub zygotes: usize,
+    #[serde(default)]
+    pub zygotes_ready: usize,
+    #[serde(default)]
+    pub zygotes_settled: usize,
 }
 
 /// The server's answer to OPEN.

@@ -11,6 +11,8 @@
 //!                                  "error": "..." (preloading failed)}
 //!                   FORKED  0x33  {"session": n, "pid": p} or {"session": n, "error": "..."}
 //!                   EXITED  0x34  {"pid": p, "status": wait-status, "cpu_ms": f, "max_rss_kb": n}
+//!                   SETTLED 0x35  {"immortal": n | "why not", "hugepages": KiB | "why not"}
+//!                                 (its heap marked and collapsed, after READY, between forks)
 //! ```
 //!
 //! Pids are the zygote's own (it is PID 1 of its namespace). Fields the zygote adds beyond
@@ -23,6 +25,7 @@ pub const FORK: u8 = 0x31;
 pub const READY: u8 = 0x32;
 pub const FORKED: u8 = 0x33;
 pub const EXITED: u8 = 0x34;
+pub const SETTLED: u8 = 0x35;
 
 /// The control channel's version (python/wfjail/zygote.py `CONTROL_VERSION`); a zygote
 /// whose READY says another (or none: version 1) is refused with what to install.
@@ -126,12 +129,23 @@ pub struct Exited {
     pub max_rss_kb: u64,
 }
 
+/// The zygote's work after READY is done (its heap marked immortal, collapsed into huge
+/// pages): what each gave, said as the zygote says it (a number, or why not).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settled {
+    #[serde(default)]
+    pub immortal: serde_json::Value,
+    #[serde(default)]
+    pub hugepages: serde_json::Value,
+}
+
 /// A message from the zygote.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Control {
     Ready(Ready),
     Forked(Forked),
     Exited(Exited),
+    Settled(Settled),
 }
 
 impl Control {
@@ -141,6 +155,7 @@ impl Control {
             Control::Ready(_) => READY,
             Control::Forked(_) => FORKED,
             Control::Exited(_) => EXITED,
+            Control::Settled(_) => SETTLED,
         }
     }
 
@@ -150,6 +165,7 @@ impl Control {
             Control::Ready(m) => packet(READY, m),
             Control::Forked(m) => packet(FORKED, m),
             Control::Exited(m) => packet(EXITED, m),
+            Control::Settled(m) => packet(SETTLED, m),
         }
     }
 }
@@ -185,6 +201,7 @@ pub fn name(kind: u8) -> &'static str {
         READY => "READY",
         FORKED => "FORKED",
         EXITED => "EXITED",
+        SETTLED => "SETTLED",
         _ => "unknown",
     }
 }
@@ -211,6 +228,9 @@ pub fn parse(packet: &[u8]) -> Result<Control, ControlError> {
             .map_err(malformed),
         EXITED => serde_json::from_slice(json)
             .map(Control::Exited)
+            .map_err(malformed),
+        SETTLED => serde_json::from_slice(json)
+            .map(Control::Settled)
             .map_err(malformed),
         k => Err(ControlError::UnexpectedKind(k)),
     }

@@ -503,37 +503,17 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
             let _ = nix::unistd::write(&*w, &[i as u8]);
         })
     };
+    // Zygote 0 is started here: the server serves once it is ready. The others start once it
+    // has settled, on a thread of their own (`start_the_other_zygotes`), so that a server of
+    // N zygotes is ready as soon as one has preloaded, not N preloads later; sessions go to
+    // those ready.
     let pool = match &opts.zygote {
         Some((cfg, count)) => {
-            let mut list = Vec::new();
-            for i in 0..(*count).max(1) {
-                let z = Zygote::start(i, policy.clone(), cfg, on_death.clone())
-                    .map_err(|source| ServeError::Zygote { index: i, source })?;
-                if opts.echo {
-                    eprintln!(
-                        "wfjail: zygote {i} ready (pid {}): {}",
-                        z.pid,
-                        z.ready
-                            .get()
-                            .and_then(|r| serde_json::to_string(r).ok())
-                            .unwrap_or_default()
-                    );
-                    // As `run`'s summary line does: what the sessions will run without.
-                    if i == 0 && !z.layers.degraded.is_empty() {
-                        let names: Vec<&str> = z
-                            .layers
-                            .degraded
-                            .iter()
-                            .map(|d| d.split(':').next().unwrap_or(d))
-                            .collect();
-                        eprintln!(
-                            "wfjail: sessions run without {} (each session's report says why under layers.degraded; see `wfjail check`)",
-                            names.join(", ")
-                        );
-                    }
-                }
-                list.push(Some(z));
-            }
+            let z = Zygote::start(0, policy.clone(), cfg, on_death.clone())
+                .map_err(|source| ServeError::Zygote { index: 0, source })?;
+            announce_zygote(&z, opts.echo);
+            let mut list = vec![Some(z)];
+            list.resize((*count).max(1), None);
             Some(Pool {
                 config: cfg.clone(),
                 zygotes: Mutex::new(list),
@@ -554,6 +534,7 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         next_id: AtomicU64::new(0),
         children: Mutex::new(std::collections::HashMap::new()),
     });
+    start_the_other_zygotes(&server, &on_death);
 
     // Its directory opened once: every write is beneath it, by a name of its own.
     let metrics_file = opts.metrics.as_ref().and_then(|path| {
@@ -748,6 +729,85 @@ pub fn serve(policy: Policy, opts: ServeOptions) -> Result<i32, ServeError> {
         eprintln!("{}", server.metrics.summary());
     }
     Ok(status)
+}
+
+/// How long the other zygotes' start waits for zygote 0 to settle (one of an older package
+/// never says SETTLED; one with a heap of millions of objects takes seconds).
+const SETTLED_WAIT: Duration = Duration::from_secs(10);
+
+/// Says that zygote `z` is ready (`-v`), and, for the first, what its sessions run without.
+fn announce_zygote(z: &Zygote, echo: bool) {
+    if !echo {
+        return;
+    }
+    eprintln!(
+        "wfjail: zygote {} ready (pid {}): {}",
+        z.index,
+        z.pid,
+        z.ready
+            .get()
+            .and_then(|r| serde_json::to_string(r).ok())
+            .unwrap_or_default()
+    );
+    // As `run`'s summary line does: what the sessions will run without.
+    if z.index == 0 && !z.layers.degraded.is_empty() {
+        let names: Vec<&str> = z
+            .layers
+            .degraded
+            .iter()
+            .map(|d| d.split(':').next().unwrap_or(d))
+            .collect();
+        eprintln!(
+            "wfjail: sessions run without {} (each session's report says why under layers.degraded; see `wfjail check`)",
+            names.join(", ")
+        );
+    }
+}
+
+/// Starts zygotes 1.. of the pool, one after the other, once zygote 0 has settled (its heap
+/// marked and collapsed after its first sessions: SETTLED), so that neither competes with
+/// the first sessions for the CPUs; on a thread that then lives as long as the server (a
+/// zygote's parent-death signal is tied to the thread that started it). One that cannot
+/// start is said and its slot left empty: the others serve.
+fn start_the_other_zygotes(server: &Arc<Server>, on_death: &Arc<dyn Fn(usize) + Send + Sync>) {
+    let Some(pool) = &server.pool else { return };
+    let count = pool.zygotes.lock().unwrap().len();
+    if count < 2 {
+        return;
+    }
+    let (server, on_death) = (server.clone(), on_death.clone());
+    let spawned = std::thread::Builder::new()
+        .name("wfjail-zygotes".into())
+        .spawn(move || {
+            let Some(pool) = &server.pool else { return };
+            let first = pool.zygotes.lock().unwrap().first().cloned().flatten();
+            if let Some(z) = first {
+                z.wait_settled(SETTLED_WAIT);
+            }
+            for i in 1..count {
+                match Zygote::start(i, server.policy.clone(), &pool.config, on_death.clone()) {
+                    Ok(z) => {
+                        announce_zygote(&z, server.echo);
+                        // A restart of this slot (its zygote died as it became ready) that
+                        // came first keeps its own.
+                        if let Some(slot) = pool.zygotes.lock().unwrap().get_mut(i)
+                            && slot.is_none()
+                        {
+                            *slot = Some(z);
+                        }
+                    }
+                    Err(e) => eprintln!("wfjail: zygote {i} could not be started: {e}"),
+                }
+            }
+            loop {
+                std::thread::park();
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!(
+            "wfjail: cannot start a thread for zygotes 1 to {count}: {e}; zygote 0 serves alone"
+        );
+    }
 }
 
 /// Replaces dead zygote `i` (from the main thread, so that the new zygote's parent-death

@@ -119,6 +119,10 @@ pub struct Zygote {
     stopping: AtomicBool,
     /// What the zygote reported when ready (preloaded modules, Python version).
     pub ready: std::sync::OnceLock<Ready>,
+    /// What the zygote reported when its work after READY was done (SETTLED).
+    pub settled: std::sync::OnceLock<control::Settled>,
+    /// Notified when `settled` is set or the zygote dies ([`Zygote::wait_settled`]).
+    settling: (Mutex<()>, std::sync::Condvar),
     /// Where its C library's `getpid` and `gettid` start (its sessions' too), found at the
     /// first session whose pinned pid the router answers; `None`: not found.
     pid_entries: std::sync::OnceLock<Option<crate::answers::guest_pid::Entries>>,
@@ -223,6 +227,27 @@ impl Zygote {
     /// would not make it a session's.
     fn fork_in_flight(&self) -> bool {
         !self.pending.lock().unwrap().is_empty()
+    }
+
+    /// Waits until the zygote has said SETTLED, or died, or `limit` passed (a zygote of an
+    /// older package never says it). Whether it settled.
+    pub fn wait_settled(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut guard = self.settling.0.lock().unwrap();
+        while self.settled.get().is_none() && self.alive() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            guard = self.settling.1.wait_timeout(guard, left).unwrap().0;
+        }
+        self.settled.get().is_some()
+    }
+
+    /// Wakes [`Zygote::wait_settled`].
+    fn settling_changed(&self) {
+        let _guard = self.settling.0.lock().unwrap();
+        self.settling.1.notify_all();
     }
 
     /// Something a held call waits on changed: wake the router.

@@ -490,6 +490,21 @@ class JailedWorkflowRunner(WorkflowRunner):
             except RuntimeError as e:
                 raise ServerNotReady(policy, str(e)) from None
 
+    async def settled(self, poll: float = 0.05) -> None:
+        """After ``ready()``: waits, off the event loop, until every zygote of the runner's
+        servers runs and has settled (its heap marked immortal and collapsed into huge pages
+        after READY, between the first forks: SETTLED, counted by the server's STATUS). Runs
+        forked before cost more memory (docs/temporal.md, "When the zygote settles"); a
+        benchmark of the steady state waits for this first. A server of an older binary,
+        which does not count them, is taken as settled."""
+        await self.ready()
+        for server in list(self._servers.values()):
+            while True:
+                doc = await asyncio.to_thread(server.client.status)
+                if doc.get("zygotes_settled", 0) >= doc.get("zygotes", 0):
+                    break
+                await asyncio.sleep(poll)
+
     @property
     def _servers(self) -> dict[str, Server]:
         """policy -> the server this runner holds for it."""

@@ -28,6 +28,13 @@ class Target:
         self.client = Client(socket_path)
         self.aclient = AsyncClient(socket_path)
         self.serve_pid = serve_pid
+        # Every zygote started and settled (serve starts zygotes 1.. once zygote 0 has marked
+        # its heap after READY, SETTLED): no cell measures a zygote's start or marking.
+        while True:
+            doc = self.client.status()
+            if doc.get("zygotes_settled", 0) >= doc.get("zygotes", 0):
+                break
+            time.sleep(0.05)
         self.zygotes = [p for p in children_of(serve_pid) if "wfjail.zygote" in cmdline(p)]
 
     def snapshot(self):

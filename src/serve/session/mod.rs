@@ -201,6 +201,15 @@ pub fn run(mut client: WorkerConn, server: Arc<Server>) {
 
 /// The server's capacity, for STATUS and BUSY.
 fn capacity(server: &Server) -> Capacity {
+    let (zygotes, zygotes_ready, zygotes_settled) = server.pool.as_ref().map_or((0, 0, 0), |p| {
+        let list = p.zygotes.lock().unwrap();
+        let running = || list.iter().flatten().filter(|z| z.alive());
+        (
+            list.len(),
+            running().count(),
+            running().filter(|z| z.settled.get().is_some()).count(),
+        )
+    });
     Capacity {
         capacity: server.slots.capacity(),
         open: server.slots.open(),
@@ -215,6 +224,9 @@ fn capacity(server: &Server) -> Capacity {
         zygote_restarts: server.metrics.zygote_restarts(),
         waits_timed_out: super::waits::counts(),
         pid_answers: super::pid_answers::counts(),
+        zygotes,
+        zygotes_ready,
+        zygotes_settled,
     }
 }
 

@@ -1,5 +1,5 @@
 //! The zygote's control reader: READY, FORKED and EXITED from the zygote, each handed to the
-//! session it concerns.
+//! session it concerns; SETTLED kept for STATUS.
 
 use super::*;
 
@@ -45,6 +45,10 @@ impl Zygote {
                     self.registration_changed();
                     let _ = tx.send(reply);
                 }
+                Ok(Control::Settled(settled)) => {
+                    let _ = self.settled.set(settled);
+                    self.settling_changed();
+                }
                 Ok(Control::Exited(exited)) => {
                     let Some(shared) = self.by_ns_pid.lock().unwrap().remove(&exited.pid) else {
                         continue;
@@ -63,6 +67,7 @@ impl Zygote {
         }
         // The zygote is gone: so are its children.
         self.alive.store(false, Ordering::SeqCst);
+        self.settling_changed();
         let status = sys::wait4(self.pid).map(|r| r.status).ok();
         let expected = self.stopping.load(Ordering::SeqCst) || self.ready.get().is_none();
         if !expected {

@@ -129,6 +129,8 @@ impl Zygote {
             alive: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
+            settled: std::sync::OnceLock::new(),
+            settling: Default::default(),
             pid_entries: std::sync::OnceLock::new(),
         });
         {

@@ -1,5 +1,5 @@
-//! The zygote's heap in 2 MiB pages (`python/wfjail/hugepages.py`): collapsed once, before it
-//! forks, so that each fork copies and each exit drops fewer page-table entries; under the
+//! The zygote's heap in 2 MiB pages (`python/wfjail/hugepages.py`): collapsed once, after its
+//! READY (then SETTLED), so that each fork copies and each exit drops fewer page-table entries; under the
 //! policy's `[env]` `WFJAIL_HUGEPAGES = "0"` it stays in 4 KiB pages. Sessions answer either
 //! way. (A kernel without `MADV_COLLAPSE` or with THP `never` fails this unless
 //! `WFJAIL_ALLOW_NO_THP=1` says that is expected there.)
@@ -14,9 +14,12 @@ def size(req):
     return str(len(DATA)).encode()
 "#;
 
-/// The zygote's AnonHugePages (KiB) before any session, then a session's answer.
+/// The zygote's AnonHugePages (KiB) once it has settled (its heap collapsed after READY,
+/// SETTLED: STATUS counts it), before any session, then a session's answer.
 const WORKER: &str = r#"
 c = Client()
+while c.status()["zygotes_settled"] < 1:
+    time.sleep(0.02)
 serve = os.getppid()
 def children(pid):
     with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
