@@ -5,9 +5,11 @@ import sys
 
 
 def factory(init):
-    frame, seen = sys._getframe(1), None
-    while frame is not None:
-        if frame.f_code.co_name == "_spare":
-            seen = frame.f_locals.get("msg")
-        frame = frame.f_back
+    # The child's stack was unwound from where it was forked (wfjail.zygote._Forked): the
+    # spare's frame is in the traceback the zygote keeps.
+    tb, seen = sys.modules["__main__"]._unwound.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_spare":
+            seen = tb.tb_frame.f_locals.get("msg")
+        tb = tb.tb_next
     return lambda request: repr(seen).encode()

@@ -198,7 +198,19 @@ def _forget_collector_history() -> None:
     objects since its freeze, this child's start) joins the frozen heap, and freezing zeroes
     the counts (Python 3.11 to 3.13). A collection here did the same but cost the child
     ~0.3 ms of CPU (it writes the zygote's pages); cycles made before the first call are
-    then left to the child's exit."""
+    then left to the child's exit.
+
+    First, every frame of the child's stack gets its frame object (CPython makes one
+    lazily, a tracked allocation, the first time a frame is looked at: a traceback through
+    it, ``f_back``, ``sys._getframe``): which of the frames below the session's the zygote
+    had looked at depends on what it did (an exception caught in its loop, the end of its
+    settling), and a walk of the stack after the freeze (``traceback.extract_stack``, the
+    runner's audit hook at a workflow's first socket) then counted one allocation more in
+    some children than in others. Made here, before the freeze, none is made after it in
+    any child. The stack itself is the same in every child (``_Forked``)."""
+    frame: "Any" = sys._getframe()
+    while frame is not None:
+        frame = frame.f_back
     gc.freeze()
 
 
@@ -213,6 +225,39 @@ def _begin_session() -> None:
         os.getrandom(0)
     except OSError:
         pass  # allowed outright, the kernel answered; never refused by a working supervisor
+
+
+class _Forked(BaseException):
+    """Raised in a session child where it was forked (in ``_spare`` or in ``_serve``'s loop),
+    caught by ``run``, which then runs the session (``_child``): every child's stack, and
+    all its workflow code can read of it (the frames, their lines, their number, what a walk
+    of them allocates), is the same, whichever path forked it and whatever the zygote was
+    doing. The unwound frames are kept (``_unwound``, its traceback): nothing they hold is
+    freed in the child (their locals are the zygote's objects: freeing them would write the
+    shared pages, and the settling's list of the heap holds every object)."""
+
+    def __init__(self, session_fd: int, out_fd: int, handler_spec: str,
+                 refused: "Optional[str]", init: "Optional[Tuple[Any]]") -> None:
+        super().__init__()
+        self.session = (session_fd, out_fd, handler_spec, refused, init)
+
+
+# In a session child: the ``_Forked`` that unwound it (and, through its traceback, the
+# zygote's frames it left).
+_unwound: "Optional[_Forked]" = None
+
+
+def run(argv: "Optional[List[str]]" = None) -> int:
+    """The zygote (``main``), and in each session child, once unwound to here, its
+    session (``_child``, which never returns)."""
+    global _unwound
+    try:
+        return main(argv)
+    except _Forked as forked:
+        _unwound = forked
+    # Outside the ``except``: the session does not run with an exception being handled.
+    _child(*_unwound.session)
+    os._exit(1)  # not reached: _child ends the process
 
 
 def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[str]" = None,
@@ -303,7 +348,7 @@ def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
             os._exit(0)  # the zygote is gone, or sent nonsense
         doc = json.loads(msg.decode("utf-8"))
         init = (doc["init"],) if "init" in doc else None
-        _child(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
+        raise _Forked(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
     theirs.close()
     return pid, ours
 
@@ -730,8 +775,8 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool,
                     continue
                 if pid == 0:
                     init = (doc["init"],) if "init" in doc else None
-                    _child(fds[0], fds[1], str(doc.get("handler", "")),
-                           _leave_zygote(ctl, wake), init)
+                    raise _Forked(fds[0], fds[1], str(doc.get("handler", "")),
+                                  _leave_zygote(ctl, wake), init)
             for f in fds:
                 close(f)
             if type(session) is int:
@@ -779,4 +824,4 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool,
                     spare = None
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
