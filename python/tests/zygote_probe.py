@@ -13,3 +13,25 @@ def factory(init):
             seen = tb.tb_frame.f_locals.get("msg")
         tb = tb.tb_next
     return lambda request: repr(seen).encode()
+
+
+def reads(request):
+    """What a session's code can read of the interpreter, as its answer (JSON): the
+    collector's counts after a walk of the whole stack (which makes the frame objects not
+    made yet, and allocates what the free lists may or may not hold: the runner's audit hook
+    walks it at a workflow's first socket), the stack itself, and the reference count of an
+    object the zygote preloaded. test_zygote_loop asks it of children forked at every point
+    of a zygote's life, of three zygotes: the same answer from each (issue 27's guarantee;
+    issue 29's settling after READY broke it)."""
+    import gc
+    import json
+    import os
+    import traceback
+
+    stack = traceback.extract_stack()
+    count = list(gc.get_count())
+    return json.dumps({
+        "gc.get_count()": count,
+        "stack": [[os.path.basename(f.filename), f.name, f.lineno] for f in stack],
+        "sys.getrefcount(json._default_decoder)": sys.getrefcount(json._default_decoder),
+    }).encode()

@@ -196,9 +196,9 @@ def _forget_collector_history() -> None:
     """Start the collector's counts (``gc.get_count()``) from nothing in every session,
     whatever the zygote's loop allocated before the fork: what is tracked now (the zygote's
     objects since its freeze, this child's start) joins the frozen heap, and freezing zeroes
-    the counts (Python 3.11 to 3.13). A collection here did the same but cost the child
-    ~0.3 ms of CPU (it writes the zygote's pages); cycles made before the first call are
-    then left to the child's exit.
+    the counts (Python 3.11 to 3.13). A collection before the freeze did the same but cost
+    the child ~0.3 ms of CPU (it walked, and wrote, the zygote's pages); cycles made before
+    the first call are then left to the child's exit.
 
     First, every frame of the child's stack gets its frame object (CPython makes one
     lazily, a tracked allocation, the first time a frame is looked at: a traceback through
@@ -212,6 +212,13 @@ def _forget_collector_history() -> None:
     while frame is not None:
         frame = frame.f_back
     gc.freeze()
+    # A collection of nothing (the freeze left the generations empty: no object of the
+    # zygote's is walked), for what a full one does besides: it empties the free lists
+    # (tuples, lists, dicts, floats...). An object taken from a free list is not counted
+    # as an allocation, nor one put back as a deallocation, so the counts after the freeze
+    # followed what the lists held at the fork: what the zygote last freed (its loop, its
+    # settling's slices), which differed between children.
+    gc.collect()
 
 
 def _begin_session() -> None:
@@ -638,8 +645,11 @@ def main(argv: "Optional[List[str]]" = None) -> int:
         else:
             marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
-        collapsing, huge = hugepages.collapsing(id(o) for o in objects), "after READY"
-    settle = _settle(marking, collapsing, immortal, huge, late, objects)
+        collapsing, huge = hugepages.collapsing(map(id, objects)), "after READY"
+    # Only the marking (3.12+, the objects it marks) and a late warm-up (adding what it made
+    # to them) hold the objects after READY: what the settling holds is alive in the
+    # children forked before it ends, and freed in those after.
+    settle = _settle(marking, collapsing, immortal, huge, late, objects if late else None)
     del objects
     # Same-page merging for this zygote and its children, when the server asks
     # (wfjail.merging): the server opted this process in before its exec; what the kernel
