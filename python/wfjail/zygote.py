@@ -97,13 +97,6 @@ SPARE_IDLE = 0.001
 SETTLE_IDLE = 0.05
 SETTLE_AFTER = 1.0
 SETTLE_FORKS = 16
-# The environment variable naming the preload list's warm-ups ("module:function") that the
-# zygote runs after READY, before its marking, instead of before READY: off the first
-# session's path; the runs forked before it are correct, only less warmed (they copy more
-# pages). The runner names its own when the worker's environment has WFJAIL_ZYGOTE_LATE=1
-# (wfjail.temporal.server): measured, its children then fault more per workflow than with
-# the warm-up before READY (docs/benchmarks.md, "Issue 29: cold start").
-LATE_ENV = "WFJAIL_ZYGOTE_LATE"
 # Objects marked per slice (a few ms), between two looks at the control socket.
 MARK_SLICE = 2000
 # The largest control packet the zygote takes (a FORK's JSON, its init value included).
@@ -510,40 +503,23 @@ def _kept_open(device: int) -> "Optional[str]":
 
 def _settle(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
             immortal: "Union[int, str]", huge: "Union[int, str]",
-            late: "Optional[List[Tuple[str, Callable[[], Any]]]]" = None,
-            objects: "Optional[List[object]]" = None,
             ) -> "Optional[Generator[None, None, Dict[str, Union[int, str]]]]":
     """The zygote's work after READY, a slice per step (a generator: ``_serve`` steps it
     while no FORK waits), returning SETTLED's document: the heap marked immortal
     (``wfjail.immortal``: objects marked, or why not), then collapsed into huge pages
     (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do (SETTLED
-    then follows READY). First, the warm-ups deferred to it (``late``, LATE_ENV): each
-    called once (one that raises is said on stderr, the zygote serves on), what they made
-    collected, added to ``objects`` (the list the marking and the collapse take) and frozen."""
-    if marking is None and collapsing is None and not late:
+    then follows READY). No warm-up is deferred to it: what a warm-up makes (caches, lazily
+    built objects) would be missing in the children forked before it ran, and their code
+    would read another interpreter than the later children's (measured: a run forked before
+    it and its replay after read another ``gc.get_count()``)."""
+    if marking is None and collapsing is None:
         return None
-    return _settling(marking, collapsing, immortal, huge, late or [], objects)
+    return _settling(marking, collapsing, immortal, huge)
 
 
 def _settling(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
               immortal: "Union[int, str]", huge: "Union[int, str]",
-              late: "List[Tuple[str, Callable[[], Any]]]",
-              objects: "Optional[List[object]]",
               ) -> "Generator[None, None, Dict[str, Union[int, str]]]":
-    for name, warm in late:
-        try:
-            warm()
-        except Exception:  # warming is an optimisation: the sessions run without it
-            import traceback
-            print("wfjail.zygote: the warm-up %s after READY failed:" % name, file=sys.stderr)
-            traceback.print_exc()
-        yield
-    if late:
-        gc.collect()
-        if objects is not None:
-            objects.extend(gc.get_objects())
-        gc.freeze()
-        yield
     if marking is not None:
         while not marking.step(MARK_SLICE):
             yield
@@ -593,15 +569,9 @@ def main(argv: "Optional[List[str]]" = None) -> int:
 
     scratch = _use_scratch()
     preloaded, error = [], None
-    # Warm-ups named in LATE_ENV run after READY (``_settling``), before the marking: their
-    # module is imported here (an import that fails fails the start), their call is not.
-    late_names = set(filter(None, os.environ.get(LATE_ENV, "").split(",")))
-    late: "List[Tuple[str, Callable[[], Any]]]" = []
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
-            if name in late_names:
-                late.append((name, _resolve(name)))
-            elif ":" in name:
+            if ":" in name:
                 _resolve(name)()  # "module:function": imported, then called (a warm-up)
             else:
                 importlib.import_module(name)
@@ -646,10 +616,9 @@ def main(argv: "Optional[List[str]]" = None) -> int:
             marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
         collapsing, huge = hugepages.collapsing(map(id, objects)), "after READY"
-    # Only the marking (3.12+, the objects it marks) and a late warm-up (adding what it made
-    # to them) hold the objects after READY: what the settling holds is alive in the
-    # children forked before it ends, and freed in those after.
-    settle = _settle(marking, collapsing, immortal, huge, late, objects if late else None)
+    # Only the marking (3.12+: the objects it marks) holds the objects after READY: what the
+    # settling holds is alive in the children forked before it ends, freed in those after.
+    settle = _settle(marking, collapsing, immortal, huge)
     del objects
     # Same-page merging for this zygote and its children, when the server asks
     # (wfjail.merging): the server opted this process in before its exec; what the kernel
