@@ -18,7 +18,6 @@ allocate a whole 2 MiB page. The zygote itself grows by the holes filled in
 a refusal leaves the heap as it was and says why. The policy turns it off with
 ``WFJAIL_HUGEPAGES=0`` in its ``[env]``; ``python -m wfjail.zygote --no-hugepages`` too."""
 
-import array
 import ctypes
 import errno
 import os
@@ -96,18 +95,19 @@ def collapse(addresses: "Iterable[int]") -> "Union[int, str]":
 def collapsing(addresses: "Iterable[int]") -> "Generator[None, None, Union[int, str]]":
     """``collapse``, a range at a time: a generator that yields after each ``madvise`` and
     returns what ``collapse`` does. What it needs is taken here, at once (the zygote calls
-    it before READY and steps it after, between forks): the THP setting, ``addresses`` as
-    an array of integers (no reference to the objects themselves: held after READY, they
-    would be alive in the children forked before the collapse ends and freed in those after,
-    a difference their code could read: reference counts, the collector's counts), and the
-    libc calls (ctypes' function pointers and array type: made here, not between forks).
-    Its steps then only compute on integers and call ``mincore`` and ``madvise``."""
+    it before READY and steps it after, between forks): the THP setting and the libc calls
+    (ctypes' function pointers and array type: made here, not between forks, where the
+    children forked before would lack what those after have). ``addresses`` is walked at
+    the first step: the zygote passes an array of integers, unless its marking holds the
+    objects anyway (no reference to them may be held after READY only for the collapse:
+    alive in the children forked before it ends, freed in those after, a difference their
+    code could read). Its steps then only compute on integers and call ``mincore`` and
+    ``madvise``."""
     try:
         with open(THP_ENABLED) as f:
             never = "[never]" in f.read()
     except OSError:
         never = False  # not readable here: madvise says
-    taken = array.array("Q", addresses)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -116,7 +116,7 @@ def collapsing(addresses: "Iterable[int]") -> "Generator[None, None, Union[int, 
         libc.mincore.restype = ctypes.c_int
     except (OSError, AttributeError) as exc:
         return _refused("no madvise: %s" % exc)
-    return _collapsing(taken, never, libc, (ctypes.c_ubyte * (HUGE // 4096))())
+    return _collapsing(addresses, never, libc, (ctypes.c_ubyte * (HUGE // 4096))())
 
 
 def _refused(why: str) -> "Generator[None, None, Union[int, str]]":
@@ -124,7 +124,7 @@ def _refused(why: str) -> "Generator[None, None, Union[int, str]]":
     yield  # a generator
 
 
-def _collapsing(addresses: "array.array[int]", never: bool, libc: "ctypes.CDLL",
+def _collapsing(addresses: "Iterable[int]", never: bool, libc: "ctypes.CDLL",
                 vec: "ctypes.Array[ctypes.c_ubyte]",
                 ) -> "Generator[None, None, Union[int, str]]":
     # The ranges are found at the first step (after READY): a walk of the addresses (~20 ms

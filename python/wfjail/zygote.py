@@ -56,6 +56,7 @@ Each session child writes its stdout and stderr to a pipe of its own session.
 """
 
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
+import array
 import gc
 import importlib
 import json
@@ -78,7 +79,8 @@ from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exite
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
+    from typing import (Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional,
+                        Tuple, Union)
 
     Handler = Callable[[bytes], Any]
     Spare = Tuple[int, _socket.socket]
@@ -615,7 +617,12 @@ def main(argv: "Optional[List[str]]" = None) -> int:
         else:
             marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
-        collapsing, huge = hugepages.collapsing(map(id, objects)), "after READY"
+        # The addresses, walked at the collapse's first step: of the objects when the
+        # marking holds them anyway until they are immortal (3.12+: then holding them changes
+        # nothing a child reads), else taken here (an array: no reference to them after READY).
+        addresses: "Iterable[int]" = (
+            (id(o) for o in objects) if marking is not None else array.array("Q", map(id, objects)))
+        collapsing, huge = hugepages.collapsing(addresses), "after READY"
     # Only the marking (3.12+: the objects it marks) holds the objects after READY: what the
     # settling holds is alive in the children forked before it ends, freed in those after.
     settle = _settle(marking, collapsing, immortal, huge)
