@@ -94,25 +94,20 @@ def collapse(addresses: "Iterable[int]") -> "Union[int, str]":
 
 def collapsing(addresses: "Iterable[int]") -> "Generator[None, None, Union[int, str]]":
     """``collapse``, a range at a time: a generator that yields after each ``madvise`` and
-    returns what ``collapse`` does. Reads the THP setting at once, ``addresses`` at the first
-    step (the zygote makes it before READY, and steps it after: its ranges may be shared with children by then, which
-    keep their 4 KiB pages while the zygote's become huge)."""
+    returns what ``collapse`` does. What it needs is taken here, at once (the zygote calls
+    it before READY and steps it after, between forks): the THP setting and the libc calls
+    (ctypes' function pointers and array type: made here, not between forks, where the
+    children forked before would lack what those after have). ``addresses`` is walked at
+    the first step: the zygote passes an array of integers, unless its marking holds the
+    objects anyway (no reference to them may be held after READY only for the collapse:
+    alive in the children forked before it ends, freed in those after, a difference their
+    code could read). Its steps then only compute on integers and call ``mincore`` and
+    ``madvise``."""
     try:
         with open(THP_ENABLED) as f:
             never = "[never]" in f.read()
     except OSError:
         never = False  # not readable here: madvise says
-    return _collapsing(addresses, never)
-
-
-def _collapsing(addresses: "Iterable[int]", never: bool,
-                ) -> "Generator[None, None, Union[int, str]]":
-    # The ranges are found at the first step (after READY): the objects' addresses, a walk
-    # of them all (~20 ms on 3.12).
-    starts = huge_ranges(addresses)
-    yield
-    if never:
-        return "transparent huge pages are off here (%s: never)" % THP_ENABLED
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -120,8 +115,24 @@ def _collapsing(addresses: "Iterable[int]", never: bool,
         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         libc.mincore.restype = ctypes.c_int
     except (OSError, AttributeError) as exc:
-        return "no madvise: %s" % exc
-    vec = (ctypes.c_ubyte * (HUGE // 4096))()
+        return _refused("no madvise: %s" % exc)
+    return _collapsing(addresses, never, libc, (ctypes.c_ubyte * (HUGE // 4096))())
+
+
+def _refused(why: str) -> "Generator[None, None, Union[int, str]]":
+    return why
+    yield  # a generator
+
+
+def _collapsing(addresses: "Iterable[int]", never: bool, libc: "ctypes.CDLL",
+                vec: "ctypes.Array[ctypes.c_ubyte]",
+                ) -> "Generator[None, None, Union[int, str]]":
+    # The ranges are found at the first step (after READY): a walk of the addresses (~20 ms
+    # on 3.12).
+    starts = huge_ranges(addresses)
+    yield
+    if never:
+        return "transparent huge pages are off here (%s: never)" % THP_ENABLED
     # Pages in memory of each range looked at (None: not mapped), asked of mincore once.
     resident: "Dict[int, Optional[int]]" = {}
 

@@ -58,6 +58,7 @@ Each session child writes its stdout and stderr to a pipe of its own session.
 
 import _random
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of signal)
+import array
 import errno
 import gc
 import importlib
@@ -81,7 +82,8 @@ from .wire_control import CONTROL_VERSION, ControlKind, pack_control, pack_exite
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
-    from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, Union
+    from typing import (Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional,
+                        Tuple, Union)
 
     Handler = Callable[[bytes], Any]
     Spare = Tuple[int, _socket.socket]
@@ -100,13 +102,6 @@ SPARE_IDLE = 0.001
 SETTLE_IDLE = 0.05
 SETTLE_AFTER = 1.0
 SETTLE_FORKS = 16
-# The environment variable naming the preload list's warm-ups ("module:function") that the
-# zygote runs after READY, before its marking, instead of before READY: off the first
-# session's path; the runs forked before it are correct, only less warmed (they copy more
-# pages). The runner names its own when the worker's environment has WFJAIL_ZYGOTE_LATE=1
-# (wfjail.temporal.server): measured, its children then fault more per workflow than with
-# the warm-up before READY (docs/benchmarks.md, "Issue 29: cold start").
-LATE_ENV = "WFJAIL_ZYGOTE_LATE"
 # Objects marked per slice (a few ms), between two looks at the control socket.
 MARK_SLICE = 2000
 # The largest control packet the zygote takes (a FORK's JSON, its init value included).
@@ -207,10 +202,29 @@ def _forget_collector_history() -> None:
     """Start the collector's counts (``gc.get_count()``) from nothing in every session,
     whatever the zygote's loop allocated before the fork: what is tracked now (the zygote's
     objects since its freeze, this child's start) joins the frozen heap, and freezing zeroes
-    the counts (Python 3.11 to 3.13). A collection here did the same but cost the child
-    ~0.3 ms of CPU (it writes the zygote's pages); cycles made before the first call are
-    then left to the child's exit."""
+    the counts (Python 3.11 to 3.13). A collection before the freeze did the same but cost
+    the child ~0.3 ms of CPU (it walked, and wrote, the zygote's pages); cycles made before
+    the first call are then left to the child's exit.
+
+    First, every frame of the child's stack gets its frame object (CPython makes one
+    lazily, a tracked allocation, the first time a frame is looked at: a traceback through
+    it, ``f_back``, ``sys._getframe``): which of the frames below the session's the zygote
+    had looked at depends on what it did (an exception caught in its loop, the end of its
+    settling), and a walk of the stack after the freeze (``traceback.extract_stack``, the
+    runner's audit hook at a workflow's first socket) then counted one allocation more in
+    some children than in others. Made here, before the freeze, none is made after it in
+    any child. The stack itself is the same in every child (``_Forked``)."""
+    frame: "Any" = sys._getframe()
+    while frame is not None:
+        frame = frame.f_back
     gc.freeze()
+    # A collection of nothing (the freeze left the generations empty: no object of the
+    # zygote's is walked), for what a full one does besides: it empties the free lists
+    # (tuples, lists, dicts, floats...). An object taken from a free list is not counted
+    # as an allocation, nor one put back as a deallocation, so the counts after the freeze
+    # followed what the lists held at the fork: what the zygote last freed (its loop, its
+    # settling's slices), which differed between children.
+    gc.collect()
 
 
 def _begin_session() -> None:
@@ -224,6 +238,39 @@ def _begin_session() -> None:
         os.getrandom(0)
     except OSError:
         pass  # allowed outright, the kernel answered; never refused by a working supervisor
+
+
+class _Forked(BaseException):
+    """Raised in a session child where it was forked (in ``_spare`` or in ``_serve``'s loop),
+    caught by ``run``, which then runs the session (``_child``): every child's stack, and
+    all its workflow code can read of it (the frames, their lines, their number, what a walk
+    of them allocates), is the same, whichever path forked it and whatever the zygote was
+    doing. The unwound frames are kept (``_unwound``, its traceback): nothing they hold is
+    freed in the child (their locals are the zygote's objects: freeing them would write the
+    shared pages, and the settling's list of the heap holds every object)."""
+
+    def __init__(self, session_fd: int, out_fd: int, handler_spec: str,
+                 refused: "Optional[str]", init: "Optional[Tuple[Any]]") -> None:
+        super().__init__()
+        self.session = (session_fd, out_fd, handler_spec, refused, init)
+
+
+# In a session child: the ``_Forked`` that unwound it (and, through its traceback, the
+# zygote's frames it left).
+_unwound: "Optional[_Forked]" = None
+
+
+def run(argv: "Optional[List[str]]" = None) -> int:
+    """The zygote (``main``), and in each session child, once unwound to here, its
+    session (``_child``, which never returns)."""
+    global _unwound
+    try:
+        return main(argv)
+    except _Forked as forked:
+        _unwound = forked
+    # Outside the ``except``: the session does not run with an exception being handled.
+    _child(*_unwound.session)
+    os._exit(1)  # not reached: _child ends the process
 
 
 def _child(session_fd: int, out_fd: int, handler_spec: str, refused: "Optional[str]" = None,
@@ -314,7 +361,7 @@ def _spare(ctl: socket.socket, wake: "Tuple[int, int]") -> "Spare":
             os._exit(0)  # the zygote is gone, or sent nonsense
         doc = json.loads(msg.decode("utf-8"))
         init = (doc["init"],) if "init" in doc else None
-        _child(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
+        raise _Forked(fds[0], fds[1], str(doc.get("handler", "")), refused, init)
     theirs.close()
     return pid, ours
 
@@ -469,40 +516,23 @@ def _kept_open(device: int) -> "Optional[str]":
 
 def _settle(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
             immortal: "Union[int, str]", huge: "Union[int, str]",
-            late: "Optional[List[Tuple[str, Callable[[], Any]]]]" = None,
-            objects: "Optional[List[object]]" = None,
             ) -> "Optional[Generator[None, None, Dict[str, Union[int, str]]]]":
     """The zygote's work after READY, a slice per step (a generator: ``_serve`` steps it
     while no FORK waits), returning SETTLED's document: the heap marked immortal
     (``wfjail.immortal``: objects marked, or why not), then collapsed into huge pages
     (``wfjail.hugepages``: KiB, or why not). None when there is nothing to do (SETTLED
-    then follows READY). First, the warm-ups deferred to it (``late``, LATE_ENV): each
-    called once (one that raises is said on stderr, the zygote serves on), what they made
-    collected, added to ``objects`` (the list the marking and the collapse take) and frozen."""
-    if marking is None and collapsing is None and not late:
+    then follows READY). No warm-up is deferred to it: what a warm-up makes (caches, lazily
+    built objects) would be missing in the children forked before it ran, and their code
+    would read another interpreter than the later children's (measured: a run forked before
+    it and its replay after read another ``gc.get_count()``)."""
+    if marking is None and collapsing is None:
         return None
-    return _settling(marking, collapsing, immortal, huge, late or [], objects)
+    return _settling(marking, collapsing, immortal, huge)
 
 
 def _settling(marking: "Optional[Marking]", collapsing: "Optional[Iterator[None]]",
               immortal: "Union[int, str]", huge: "Union[int, str]",
-              late: "List[Tuple[str, Callable[[], Any]]]",
-              objects: "Optional[List[object]]",
               ) -> "Generator[None, None, Dict[str, Union[int, str]]]":
-    for name, warm in late:
-        try:
-            warm()
-        except Exception:  # warming is an optimisation: the sessions run without it
-            import traceback
-            print("wfjail.zygote: the warm-up %s after READY failed:" % name, file=sys.stderr)
-            traceback.print_exc()
-        yield
-    if late:
-        gc.collect()
-        if objects is not None:
-            objects.extend(gc.get_objects())
-        gc.freeze()
-        yield
     if marking is not None:
         while not marking.step(MARK_SLICE):
             yield
@@ -696,15 +726,9 @@ def main(argv: "Optional[List[str]]" = None) -> int:
 
     scratch = _use_scratch()
     preloaded, error = [], None
-    # Warm-ups named in LATE_ENV run after READY (``_settling``), before the marking: their
-    # module is imported here (an import that fails fails the start), their call is not.
-    late_names = set(filter(None, os.environ.get(LATE_ENV, "").split(",")))
-    late: "List[Tuple[str, Callable[[], Any]]]" = []
     for name in filter(None, (m.strip() for m in args.preload.split(","))):
         try:
-            if name in late_names:
-                late.append((name, _resolve(name)))
-            elif ":" in name:
+            if ":" in name:
                 _resolve(name)()  # "module:function": imported, then called (a warm-up)
             else:
                 importlib.import_module(name)
@@ -748,8 +772,15 @@ def main(argv: "Optional[List[str]]" = None) -> int:
         else:
             marking, immortal = made, "after READY"
     if not args.no_hugepages and hugepages.wanted(os.environ):
-        collapsing, huge = hugepages.collapsing(id(o) for o in objects), "after READY"
-    settle = _settle(marking, collapsing, immortal, huge, late, objects)
+        # The addresses, walked at the collapse's first step: of the objects when the
+        # marking holds them anyway until they are immortal (3.12+: then holding them changes
+        # nothing a child reads), else taken here (an array: no reference to them after READY).
+        addresses: "Iterable[int]" = (
+            (id(o) for o in objects) if marking is not None else array.array("Q", map(id, objects)))
+        collapsing, huge = hugepages.collapsing(addresses), "after READY"
+    # Only the marking (3.12+: the objects it marks) holds the objects after READY: what the
+    # settling holds is alive in the children forked before it ends, freed in those after.
+    settle = _settle(marking, collapsing, immortal, huge)
     del objects
     # Same-page merging for this zygote and its children, when the server asks
     # (wfjail.merging): the server opted this process in before its exec; what the kernel
@@ -886,8 +917,8 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool,
                     continue
                 if pid == 0:
                     init = (doc["init"],) if "init" in doc else None
-                    _child(fds[0], fds[1], str(doc.get("handler", "")),
-                           _leave_zygote(ctl, wake), init)
+                    raise _Forked(fds[0], fds[1], str(doc.get("handler", "")),
+                                  _leave_zygote(ctl, wake), init)
             for f in fds:
                 close(f)
             if type(session) is int:
@@ -935,4 +966,4 @@ def _serve(ctl: socket.socket, wake: "Tuple[int, int]", forking_ahead: bool,
                     spare = None
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -25,7 +25,6 @@ from typing import IO, Any, Callable, Sequence
 from ..client import Client, Session
 from ..errors import ProtocolError
 from . import main_script, oplog, reads
-from ..zygote import LATE_ENV
 from .child import WARM_ENV, WARM_UP
 from .stack import escape
 
@@ -452,11 +451,6 @@ def policy_file(tmp: str, policy: str, classes: Sequence[str], preload: Sequence
     names the workflow ``classes`` for the zygote's warm-up."""
     path = reads.import_path()
     env = {"PYTHONPATH": os.pathsep.join(path), WARM_ENV: ",".join(classes)}
-    if os.environ.get(LATE_ENV) == "1":
-        # The warm-up after the zygote's READY, before its marking (wfjail.zygote, LATE_ENV):
-        # off the first workflow's path (~0.07 s), at a price per workflow (docs/benchmarks.md,
-        # "Issue 29: cold start"): off unless the worker's environment asks.
-        env[LATE_ENV] = WARM_UP
     script = main_script.main_file()
     if script:  # classes defined in the worker's script are imported from it
         env[main_script.MAIN_ENV] = script

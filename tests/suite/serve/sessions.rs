@@ -433,6 +433,10 @@ def ours():
     return n
 with Client().session(handler=MOD + ":mutate") as s:   # warm: zygotes and spares exist
     s.call(b"x")
+# Every zygote running and settled (the others start once zygote 0 has settled, and each
+# replaces its spare at SETTLED): the processes counted as the base are all there.
+while Client().status().get("zygotes_settled", 0) < Client().status()["zygotes"]:
+    time.sleep(0.05)
 time.sleep(0.3)
 base = ours()
 conn = socket.socket(socket.AF_UNIX); conn.connect(os.environ["WFJAIL_SOCKET"])
