@@ -104,12 +104,16 @@ fn a_sessions_pinned_pid_is_answered_in_its_c_library_after_the_first() {
 const THREADED: &str = r#"
 import ctypes, json, os, threading
 libc = ctypes.CDLL(None)
+# A sem_t of value 0: sem_wait on it blocks in a futex wait until the process ends. (Not
+# pause(): the policy refuses it as a sleep, and the thread then ended at once, sometimes
+# before the first pinned read, which found the process alone.)
+sem = ctypes.create_string_buffer(32)
 def probe(req):
     # A thread the C library starts (CPython's own thread start reads the native id of the
-    # starting thread first, while it is alone): it waits in pause() until the process ends.
-    # The session's first pinned read is then made with two threads.
+    # starting thread first, while it is alone): it waits in sem_wait until the process
+    # ends. The session's first pinned read is then made with two threads.
     tid = ctypes.c_ulong()
-    assert libc.pthread_create(ctypes.byref(tid), None, libc.pause, None) == 0
+    assert libc.pthread_create(ctypes.byref(tid), None, libc.sem_wait, sem) == 0
     got = {os.getpid() for _ in range(50)} | {threading.get_native_id()}
     got |= {libc.getpid() for _ in range(50)}
     return json.dumps(sorted(got)).encode()
