@@ -1,5 +1,5 @@
 //! The zygote control channel (`serve::control::parse`): one SOCK_SEQPACKET packet from the
-//! zygote (READY, FORKED, EXITED), parsed into its typed message or refused.
+//! zygote (READY, FORKED, EXITED, SETTLED), parsed into its typed message or refused.
 //!
 //! Checked: no panic; a packet is accepted only if its length prefix counts exactly the rest
 //! of the packet and its kind is one the zygote sends; an accepted message has the packet's
@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wfjail::serve::control::{EXITED, FORKED, READY, parse};
+use wfjail::serve::control::{EXITED, FORKED, READY, SETTLED, parse};
 
 fuzz_target!(|data: &[u8]| {
     let framed = data.len() >= 5
@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(msg) => {
             assert!(framed);
             assert_eq!(msg.kind(), data[4]);
-            assert!([READY, FORKED, EXITED].contains(&msg.kind()));
+            assert!([READY, FORKED, EXITED, SETTLED].contains(&msg.kind()));
             let again = parse(&msg.to_packet()).expect("a message parses from its own packet");
             assert_eq!(again, msg);
         }

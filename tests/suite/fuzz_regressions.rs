@@ -82,3 +82,21 @@ fn a_file_path_that_looks_like_a_builtin_is_shown_as_a_path() {
         assert!(!e.to_string().starts_with("builtin:sub"), "{e}");
     }
 }
+
+/// fuzz/regressions/zygote_control/settled-as-json-array (found by `zygote_control` in the
+/// bounded run of `scripts/test`): the zygote's SETTLED (0x35, issue 29) was missing from the
+/// fuzz target's list of the kinds a zygote sends, so an accepted SETTLED failed the target.
+/// Its payload as a JSON array (`[1, 3]`, serde's sequence form of the struct) is accepted,
+/// and the message parses back to itself from its own packet.
+#[test]
+fn a_settled_frame_parses_back_from_its_own_packet() {
+    use wfjail::serve::control::{SETTLED, parse};
+
+    let input = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/regressions/zygote_control/settled-as-json-array"
+    ));
+    let msg = parse(input).unwrap();
+    assert_eq!(msg.kind(), SETTLED);
+    assert_eq!(parse(&msg.to_packet()).unwrap(), msg);
+}
