@@ -72,11 +72,19 @@ def _kill_session_children(server_pid):
     """SIGKILLs the zygotes' children (session children and spares) of a `wfjail serve`;
     returns how many."""
     def children(pid):
+        # Every thread's: serve starts zygotes after the first from another thread.
+        out = []
         try:
-            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-                return [int(c) for c in f.read().split()]
+            tasks = os.listdir("/proc/%d/task" % pid)
         except OSError:
             return []
+        for task in tasks:
+            try:
+                with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                    out += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+        return out
 
     killed = 0
     for zygote in children(server_pid):
