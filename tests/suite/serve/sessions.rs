@@ -1060,6 +1060,12 @@ def stat(pid):
 holder = subprocess.Popen(["sh", "-c", '"$@" >/dev/null 2>serve.log & echo $!; read x', "sh"] + ARGS,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0)
 server = int(holder.stdout.readline())
+try:
+    exec(BODY)
+except BaseException as e:  # the test ends the server either way: say which, and why
+    print(json.dumps({"server": server, "error": repr(e)}))
+"#;
+    let body = r#"
 for _ in range(600):
     try:
         Client().status()
@@ -1093,7 +1099,9 @@ print(json.dumps({"server": server, "server_ids": stat(server)[1:], "holder": ho
     let path = s.path("runner.py");
     std::fs::write(
         &path,
-        format!("{prelude}\nos.environ['WFJAIL_SOCKET'] = {sock:?}\nARGS = {args:?}\n{runner}"),
+        format!(
+            "{prelude}\nos.environ['WFJAIL_SOCKET'] = {sock:?}\nARGS = {args:?}\nBODY = {body:?}\n{runner}"
+        ),
     )
     .unwrap();
     let out = Command::new(PY)
