@@ -171,15 +171,20 @@ def _reseed() -> None:
         try:
             inst = mod._inst
             if mod.seed == inst.seed and type(inst) is mod.Random:
-                # What ``Random.seed()`` does, its Python half skipped: a child that ran it
-                # wrote ~30 pages more (docs/benchmarks.md, "Issue 28: the fork, session 18").
-                _random.Random.seed(inst, None)
-                if inst.gauss_next is not None:
-                    inst.gauss_next = None
+                _seed_c_half(inst)
             else:
                 mod.seed()
         except Exception:
             pass
+
+
+def _seed_c_half(inst: "Any") -> None:
+    """What ``Random.seed()`` does to a ``random.Random``, its Python half skipped (a child
+    that ran it wrote ~30 pages more: docs/benchmarks.md, "Issue 28: the fork, session 18");
+    ``gauss_next`` written only when set (a write is a copied page)."""
+    _random.Random.seed(inst, None)
+    if inst.gauss_next is not None:
+        inst.gauss_next = None
 
 
 def _reseeding(handler: "Handler") -> "Handler":
@@ -673,7 +678,7 @@ def _choose_fork() -> str:
         return fork_path
     random = sys.modules.get("random")
     if random is not None:
-        _reseed_at_fork = (_random.Random.seed, random._inst)
+        _reseed_at_fork = random._inst
     events = sys.modules.get("asyncio.events")
     if events is not None and hasattr(events, "on_fork"):
         # What its at-fork callback does in a child (Python 3.12+), done once here: the zygote
@@ -686,19 +691,16 @@ def _choose_fork() -> str:
     return fork_path
 
 
-# ``random``'s reseed at a fork through the C library: its C ``seed`` and the instance.
-_reseed_at_fork: "Optional[Tuple[Any, Any]]" = None
+# ``random``'s instance, reseeded (``_seed_c_half``) in a child forked through the C library.
+_reseed_at_fork: "Optional[Any]" = None
 
 
 def _after_raw_fork_child() -> None:
     """In a child forked through the C library: what of CPython's at-fork work it needs,
     ``random``'s reseed (``Random.seed()``: its C half; the draw is answered as before a
     session: fixed bytes)."""
-    reseed = _reseed_at_fork
-    if reseed is not None:
-        reseed[0](reseed[1], None)
-        if reseed[1].gauss_next is not None:
-            reseed[1].gauss_next = None
+    if _reseed_at_fork is not None:
+        _seed_c_half(_reseed_at_fork)
 
 
 def main(argv: "Optional[List[str]]" = None) -> int:
