@@ -927,6 +927,31 @@ print(json.dumps(out))
     }
 }
 
+/// Runs the Python script `path` in `dir` and parses the JSON it printed (its stderr in the
+/// panic when it printed none).
+fn run_json(path: &std::path::Path, dir: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(PY)
+        .arg(path)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    })
+}
+
+/// Whether process `pid` ended (gone, or a zombie) within 30 s: a backstop, not a timing.
+fn ended_within_30s(pid: u64) -> bool {
+    (0..600).any(|_| {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| !st.contains(") Z "));
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        !alive
+    })
+}
+
 /// `wfjail serve` without a worker command, serving `sock` in zygote mode.
 fn socket_server_args(s: &Scratch, module: &str, sock: &str, extra: &[&str]) -> Vec<String> {
     let mut all: Vec<String> = ["serve", "-q", "-p"].map(String::from).to_vec();
@@ -1018,25 +1043,11 @@ print(json.dumps({{"server": server.pid, "reply": reply}}))
     let prelude = std::fs::read_to_string(s.path("worker.py")).unwrap();
     let prelude = &prelude[..prelude.find("for _ in range").unwrap()];
     std::fs::write(&path, format!("{prelude}{runner}")).unwrap();
-    let out = Command::new(PY)
-        .arg(&path)
-        .current_dir(&s.0)
-        .output()
-        .unwrap();
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
-    });
+    let r = run_json(&path, &s.0);
     assert_eq!(r["reply"], "1:b");
     let pid = r["server"].as_u64().unwrap();
-    // The runner has exited: the server follows (waited for, up to 30 s, not timed).
-    let gone = (0..600).any(|_| {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| !st.contains(") Z "));
-        if alive {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        !alive
-    });
+    // The runner has exited: the server follows.
+    let gone = ended_within_30s(pid);
     assert!(gone, "the server ended with the process that started it");
     assert!(processes_with(&module).is_empty(), "no zygote survives");
 }
@@ -1104,27 +1115,14 @@ print(json.dumps({"server": server, "server_ids": stat(server)[1:], "holder": ho
         ),
     )
     .unwrap();
-    let out = Command::new(PY)
-        .arg(&path)
-        .current_dir(&s.0)
-        .output()
-        .unwrap();
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
-    });
+    let r = run_json(&path, &s.0);
     let server = r["server"].as_u64().unwrap();
     let end_server = || {
         Command::new("kill")
             .args(["-TERM", &server.to_string()])
             .status()
             .unwrap();
-        (0..600).any(|_| {
-            let alive = std::path::Path::new(&format!("/proc/{server}")).exists();
-            if alive {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            !alive
-        })
+        ended_within_30s(server)
     };
     let result = (
         r["stopped"].as_u64(),
